@@ -1,0 +1,1 @@
+"""Front-ends: one module per protocol, all calling the Gateway."""

@@ -1,0 +1,57 @@
+"""Builds the aiohttp application: the Gateway and its resources, the middleware, every route."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from forestflow.api import admin, basic, ops
+from forestflow.api.common import GATEWAY, SETTINGS
+from forestflow.api.middleware import build_middleware
+from forestflow.predlog import make_prediction_log
+from forestflow.registry.artifacts import ArtifactCache
+from forestflow.registry.store import FileStore, Store
+from forestflow.service import Gateway
+from forestflow.settings import Settings
+
+
+def make_store(settings: Settings) -> Store:
+    """The registry store the settings choose: Redis when a URL is set, else the embedded file."""
+    if settings.redis_url:
+        from forestflow.registry.redis_store import RedisStore
+
+        return RedisStore(settings.redis_url, settings.redis_sync_interval_s)
+    return FileStore(settings.data_dir / "state" / "registry.json")
+
+
+def make_gateway(settings: Settings) -> Gateway:
+    """A Gateway wired to the store, artifact cache and prediction log the settings choose."""
+    return Gateway(
+        settings,
+        make_store(settings),
+        ArtifactCache(settings.data_dir / "artifacts"),
+        make_prediction_log(settings),
+    )
+
+
+async def _gateway_context(app: web.Application) -> AsyncIterator[None]:
+    gateway = make_gateway(app[SETTINGS])
+    await gateway.start()
+    app[GATEWAY] = gateway
+    yield
+    await gateway.stop()
+
+
+def build_app(settings: Settings) -> web.Application:
+    """The HTTP application serving ForestFlow's admin and BASIC APIs and the health routes."""
+    app = web.Application(
+        client_max_size=settings.max_body_bytes,
+        middlewares=[build_middleware(settings.access_log)],
+    )
+    app[SETTINGS] = settings
+    app.cleanup_ctx.append(_gateway_context)
+    ops.add_routes(app)
+    admin.add_routes(app)
+    basic.add_routes(app)
+    return app

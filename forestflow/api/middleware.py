@@ -1,0 +1,77 @@
+"""HTTP middleware: request id, error mapping (never a stack trace), one access-log line per request."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from forestflow.api.common import SETTINGS
+from forestflow.api.responses import error_response
+from forestflow.errors import GatewayError, InvalidInput, MethodNotAllowed, NotFound, PayloadTooLarge, ScoringError
+
+access_log = structlog.get_logger("forestflow.access")
+log = structlog.get_logger("forestflow.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_MAX_REQUEST_ID = 128
+
+
+def _http_error(exc: web.HTTPException, request: web.Request) -> GatewayError:
+    if exc.status == 413:
+        return PayloadTooLarge(f"request body over the limit of {request.app[SETTINGS].max_body_bytes} bytes")
+    if exc.status == 404:
+        return NotFound(f"no route for {request.method} {request.path}")
+    if exc.status == 405:
+        return MethodNotAllowed(f"method {request.method} not allowed on {request.path}")
+    return InvalidInput(exc.reason or f"HTTP {exc.status}")
+
+
+def build_middleware(enable_access_log: bool) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """The middleware that gives every request an id, maps errors to JSON, and logs it."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        given = request.headers.get("X-Request-Id", "")
+        request_id = given if 0 < len(given) <= _MAX_REQUEST_ID and given.isprintable() else uuid.uuid4().hex
+        request["request_id"] = request_id
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            response.headers.setdefault("X-Request-Id", request_id)
+            return response
+        except GatewayError as error:
+            status_response = error_response(error, request_id)
+            status = status_response.status
+            return status_response
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                status = exc.status
+                raise
+            error_resp = error_response(_http_error(exc, request), request_id)
+            status = error_resp.status
+            return error_resp
+        except Exception:
+            log.exception("unhandled_error", request_id=request_id, path=request.path)
+            status = 500
+            return error_response(ScoringError(request.get("fqrv"), "internal error; see the gateway log with this request_id"), request_id)
+        finally:
+            if enable_access_log:
+                access_log.info(
+                    "request",
+                    request_id=request_id,
+                    method=request.method,
+                    path=request.path,
+                    status=status,
+                    contract=request.get("contract"),
+                    fqrv=request.get("fqrv"),
+                    ms=round((time.perf_counter() - started) * 1000, 3),
+                )
+
+    return middleware

@@ -1,0 +1,62 @@
+"""Operational routes on the API port: liveness, readiness and a metrics snapshot."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from forestflow.api.common import GATEWAY
+from forestflow.api.responses import json_response
+from forestflow.runtime.scheduler import Priority
+
+
+async def live(request: web.Request) -> web.Response:
+    """The event loop answers: the process is alive."""
+    return json_response({"live": True})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """200 when every registered servable is loaded and the gateway is not draining, else 503."""
+    details = request.app[GATEWAY].readiness()
+    return json_response(details, status=200 if details["ready"] else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Counters of the prediction log and the schedulers, as JSON."""
+    gateway = request.app[GATEWAY]
+    log_stats = gateway.prediction_log.stats
+    schedulers = {
+        str(fqrv): {
+            "running": loaded.scheduler.running,
+            "liveQueued": loaded.scheduler.queued(Priority.LIVE),
+            "shadowQueued": loaded.scheduler.queued(Priority.SHADOW),
+            "liveRejected": loaded.scheduler.stats.live_rejected,
+            "shadowDropped": loaded.scheduler.stats.shadow_dropped,
+            "deadlineExceeded": loaded.scheduler.stats.deadline_exceeded,
+            "microBatches": loaded.scheduler.stats.batches,
+        }
+        for fqrv, loaded in gateway.loaded.items()
+    }
+    return json_response(
+        {
+            "predictionLog": {
+                "sink": gateway.prediction_log.sink.name,
+                "connected": log_stats.connected,
+                "produced": log_stats.produced,
+                "delivered": log_stats.delivered,
+                "dropped": log_stats.dropped,
+                "droppedOverflow": log_stats.dropped_overflow,
+                "droppedShutdown": log_stats.dropped_shutdown,
+                "bufferedEvents": log_stats.buffered,
+                "bufferedBytes": log_stats.buffered_bytes,
+                "sendFailures": log_stats.send_failures,
+            },
+            "schedulers": schedulers,
+        }
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the health and metrics routes."""
+    app.router.add_get("/health/live", live)
+    app.router.add_get("/health/ready", ready)
+    app.router.add_get("/metrics/json", metrics)

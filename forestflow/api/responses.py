@@ -1,0 +1,57 @@
+"""JSON responses and the error body every HTTP front-end answers with.
+
+Errors keep ForestFlow's envelope (``{"UnknownContract": {"contract": {...}}}``) and add the
+fields every client can rely on: ``error`` (a safe message), ``code`` and ``request_id``. The
+Content-Type is exactly ``application/json`` (the kserve SDK only reads errors with that value).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from forestflow.codecs.ff_settings import contract_to_json, fqrv_to_json, servable_settings_to_json
+from forestflow.core.ids import FQRV, Contract
+from forestflow.core.policies import ServableSettings
+from forestflow.errors import GatewayError, Overloaded, http_status
+
+JSON = "application/json"
+
+
+def dumps(payload: Any) -> bytes:
+    """orjson with numpy support (NaN becomes null)."""
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    """A JSON response with ``Content-Type: application/json`` exactly."""
+    return web.Response(body=dumps(payload), status=status, content_type=JSON, headers=headers)
+
+
+def _field_json(value: Any) -> Any:
+    if isinstance(value, FQRV):
+        return fqrv_to_json(value)
+    if isinstance(value, Contract):
+        return contract_to_json(value)
+    if isinstance(value, ServableSettings):
+        return servable_settings_to_json(value)
+    return value
+
+
+def error_payload(error: GatewayError, request_id: str) -> dict[str, Any]:
+    """ForestFlow's envelope plus ``error``, ``code`` and ``request_id``."""
+    body = {k: _field_json(v) for k, v in error.fields.items() if v is not None}
+    return {error.envelope_key: body, "error": error.message, "code": error.code, "request_id": request_id}
+
+
+def error_response(error: GatewayError, request_id: str) -> web.Response:
+    """The HTTP response for a gateway error (503s carry Retry-After)."""
+    headers = {"X-Request-Id": request_id}
+    status = http_status(error)
+    if isinstance(error, Overloaded):
+        headers["Retry-After"] = str(max(1, round(error.retry_after)))
+    elif status == 503:
+        headers["Retry-After"] = "1"
+    return json_response(error_payload(error, request_id), status=status, headers=headers)

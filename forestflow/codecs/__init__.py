@@ -1,0 +1,1 @@
+"""Payload <-> Frame conversions, one module per format."""

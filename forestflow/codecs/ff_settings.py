@@ -1,0 +1,280 @@
+"""ForestFlow's JSON for ids, settings and serve requests <-> the core's types.
+
+Input accepts proto field names or camelCase; output is camelCase with int64 as strings, enums
+by name and oneofs as single-key objects, as ForestFlow (ScalaPB json4s) printed them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forestflow.codecs.jsonread import Obj, oneof
+from forestflow.core.definition import ServableDefinition
+from forestflow.core.ids import FQRV, Contract
+from forestflow.core.policies import (
+    ContractSettings,
+    ExpirationPolicy,
+    ImmediatelyValid,
+    ImmediatePhaseIn,
+    KeepLatest,
+    KeepTopRanked,
+    LinearTimeBasedPhaseIn,
+    LoggingSettings,
+    LogLevel,
+    MinServedEventsBasedValidity,
+    NeverValid,
+    Ordering,
+    PerformanceBasedValidity,
+    PhaseInPolicy,
+    PolicySettings,
+    RouterType,
+    ServableMetrics,
+    ServableSettings,
+    TimeBasedValidity,
+    ValidityRule,
+)
+from forestflow.errors import InvalidInput
+
+FLAVORS = ("H2OMojo", "Python")
+
+
+# ---- ids ------------------------------------------------------------------------------------------
+def contract_to_json(contract: Contract) -> dict[str, Any]:
+    """``{"organization", "project", "contractNumber"}``."""
+    return {"organization": contract.organization, "project": contract.project, "contractNumber": contract.number}
+
+
+def fqrv_to_json(fqrv: FQRV) -> dict[str, Any]:
+    """``{"contract": {...}, "releaseVersion"}``."""
+    return {"contract": contract_to_json(fqrv.contract), "releaseVersion": fqrv.release}
+
+
+def parse_contract(o: Obj) -> Contract:
+    """A Contract object."""
+    return Contract(o.str("organization"), o.str("project"), o.int("contract_number"))
+
+
+def parse_fqrv(o: Obj) -> FQRV:
+    """An FQRV object."""
+    contract = o.obj("contract")
+    assert contract is not None
+    return FQRV(parse_contract(contract), o.str("release_version"))
+
+
+# ---- servable settings ------------------------------------------------------------------------
+_VALIDITY = (
+    "ImmediatelyValid",
+    "NeverValid",
+    "TimeBasedValidity",
+    "PerformanceBasedValidity",
+    "MinServedEventsBasedValidity",
+)
+
+
+def parse_validity(value: Any, path: str) -> ValidityRule:
+    """One ValidityRuleShim."""
+    name, o = oneof(value, path, _VALIDITY)
+    if name == "ImmediatelyValid":
+        return ImmediatelyValid()
+    if name == "NeverValid":
+        return NeverValid()
+    if name == "TimeBasedValidity":
+        return TimeBasedValidity(o.int("validAfterMS"))
+    if name == "PerformanceBasedValidity":
+        return PerformanceBasedValidity(o.float("minThreshold"), o.str("metricName", required=False))
+    n = o.int("validAfterMinServedEvents")
+    if n < 0:
+        raise InvalidInput(f"{o.path}.validAfterMinServedEvents: must be >= 0")
+    return MinServedEventsBasedValidity(n)
+
+
+def parse_phase_in(value: Any, path: str) -> PhaseInPolicy:
+    """One PhaseInPolicyShim."""
+    name, o = oneof(value, path, ("ImmediatePhaseIn", "LinearTimeBasedPhaseIn"))
+    if name == "ImmediatePhaseIn":
+        return ImmediatePhaseIn()
+    secs = o.int("phase_in_over_secs")
+    if secs < 0:
+        raise InvalidInput(f"{o.path}.phase_in_over_secs: must be >= 0")
+    return LinearTimeBasedPhaseIn(secs)
+
+
+def parse_policy(o: Obj) -> PolicySettings:
+    """PolicySettings: validityPolicy (list) and phaseInPolicy (required)."""
+    rules = tuple(parse_validity(v, f"{o.sub('validityPolicy')}[{i}]") for i, v in enumerate(o.list("validityPolicy")))
+    if not o.has("phaseInPolicy"):
+        raise InvalidInput(f"{o.sub('phaseInPolicy')}: required")
+    return PolicySettings(rules, parse_phase_in(o.raw("phaseInPolicy"), o.sub("phaseInPolicy")))
+
+
+def parse_logging(o: Obj) -> LoggingSettings:
+    """LoggingSettings; logging (FULL/SAMPLE) needs at least one key feature, as ForestFlow required."""
+    level_name = o.str("logLevel", required=False, default="NONE")
+    try:
+        level = LogLevel[level_name]
+    except KeyError:
+        raise InvalidInput(f"{o.sub('logLevel')}: expected NONE, FULL or SAMPLE, got {level_name!r}") from None
+    keys = o.list("keyFeatures")
+    if not all(isinstance(k, str) for k in keys):
+        raise InvalidInput(f"{o.sub('keyFeatures')}: expected an array of strings")
+    separator = o.str("keyFeaturesSeparator", required=False, default=".")
+    if level is not LogLevel.NONE and not keys:
+        raise InvalidInput(f"{o.sub('keyFeatures')}: logLevel {level.name} needs at least one key feature")
+    return LoggingSettings(level, tuple(keys), separator)
+
+
+def parse_servable_settings(o: Obj) -> ServableSettings:
+    """ServableSettings: policySettings and loggingSettings are both required (ForestFlow rule)."""
+    policy = o.obj("policySettings")
+    logging = o.obj("loggingSettings")
+    assert policy is not None and logging is not None
+    return ServableSettings(parse_policy(policy), parse_logging(logging))
+
+
+def validity_to_json(rule: ValidityRule) -> dict[str, Any]:
+    """One ValidityRuleShim as JSON."""
+    match rule:
+        case TimeBasedValidity(valid_after_ms=ms):
+            return {"TimeBasedValidity": {"validAfterMS": str(ms)}}
+        case PerformanceBasedValidity(min_threshold=t, metric_name=m):
+            body: dict[str, Any] = {"minThreshold": t}
+            if m:
+                body["metricName"] = m
+            return {"PerformanceBasedValidity": body}
+        case MinServedEventsBasedValidity(valid_after_min_served_events=n):
+            return {"MinServedEventsBasedValidity": {"validAfterMinServedEvents": str(n)}}
+    return {type(rule).__name__: {}}
+
+
+def phase_in_to_json(policy: PhaseInPolicy) -> dict[str, Any]:
+    """One PhaseInPolicyShim as JSON."""
+    if isinstance(policy, LinearTimeBasedPhaseIn):
+        return {"LinearTimeBasedPhaseIn": {"phaseInOverSecs": policy.phase_in_over_secs}}
+    return {"ImmediatePhaseIn": {}}
+
+
+def policy_to_json(policy: PolicySettings) -> dict[str, Any]:
+    """PolicySettings as JSON."""
+    return {
+        "validityPolicy": [validity_to_json(r) for r in policy.validity],
+        "phaseInPolicy": phase_in_to_json(policy.phase_in),
+    }
+
+
+def logging_to_json(logging: LoggingSettings) -> dict[str, Any]:
+    """LoggingSettings as JSON."""
+    return {
+        "logLevel": logging.log_level.name,
+        "keyFeatures": list(logging.key_features),
+        "keyFeaturesSeparator": logging.key_features_separator,
+    }
+
+
+def servable_settings_to_json(settings: ServableSettings) -> dict[str, Any]:
+    """ServableSettings as JSON."""
+    return {"policySettings": policy_to_json(settings.policy), "loggingSettings": logging_to_json(settings.logging)}
+
+
+# ---- contract settings ----------------------------------------------------------------------------
+def parse_expiration(value: Any, path: str) -> ExpirationPolicy:
+    """One ExpirationPolicyShim."""
+    name, o = oneof(value, path, ("KeepLatest", "KeepTopRanked"))
+    keep = o.int("servablesToKeep")
+    if keep < 1:
+        raise InvalidInput(f"{o.sub('servablesToKeep')}: must be >= 1")
+    if name == "KeepLatest":
+        return KeepLatest(keep)
+    ordering_name = o.str("ordering", required=False, default="DESC")
+    if ordering_name not in ("ASC", "DESC"):
+        raise InvalidInput(f"{o.sub('ordering')}: expected ASC or DESC")
+    return KeepTopRanked(keep, o.str("metricToEvaluate"), Ordering[ordering_name])
+
+
+def parse_contract_settings(o: Obj) -> ContractSettings:
+    """ContractSettings: expirationPolicy and router, both required."""
+    if not o.has("expirationPolicy"):
+        raise InvalidInput(f"{o.sub('expirationPolicy')}: required")
+    if not o.has("router"):
+        raise InvalidInput(f"{o.sub('router')}: required")
+    expiration = parse_expiration(o.raw("expirationPolicy"), o.sub("expirationPolicy"))
+    router_name, _ = oneof(o.raw("router"), o.sub("router"), tuple(r.value for r in RouterType))
+    return ContractSettings(expiration, RouterType(router_name))
+
+
+def contract_settings_to_json(settings: ContractSettings) -> dict[str, Any]:
+    """ContractSettings as JSON."""
+    exp = settings.expiration
+    if isinstance(exp, KeepTopRanked):
+        expiration: dict[str, Any] = {
+            "KeepTopRanked": {
+                "servablesToKeep": exp.servables_to_keep,
+                "metricToEvaluate": exp.metric_to_evaluate,
+                "ordering": exp.ordering.name,
+            }
+        }
+    else:
+        expiration = {"KeepLatest": {"servablesToKeep": exp.servables_to_keep}}
+    return {"expirationPolicy": expiration, "router": {settings.router.value: {}}}
+
+
+# ---- serve requests -------------------------------------------------------------------------------
+def parse_serve_request(body: Any, url_fqrv: FQRV | None = None) -> ServableDefinition:
+    """A BasicServeRequest (the flavor decides how the artifact at ``path`` is loaded)."""
+    o = Obj(body, "")
+    path = o.str("path")
+    if o.has("fqrv"):
+        fqrv_obj = o.obj("fqrv")
+        assert fqrv_obj is not None
+        fqrv = parse_fqrv(fqrv_obj)
+        if url_fqrv is not None and url_fqrv != fqrv:
+            raise InvalidInput(f"fqrv: {fqrv} in the body disagrees with {url_fqrv} in the URL")
+    elif url_fqrv is not None:
+        fqrv = url_fqrv
+    else:
+        raise InvalidInput("fqrv: required (or POST to /servable/{org}/{project}/{n}/{release})")
+    if not o.has("flavor"):
+        raise InvalidInput(f"flavor: required, one of {', '.join(FLAVORS)}")
+    flavor, flavor_obj = oneof(o.raw("flavor"), "flavor", FLAVORS)
+    settings_obj = o.obj("servableSettings")
+    assert settings_obj is not None
+    contract_obj = o.obj("contractSettings", required=False)
+    return ServableDefinition(
+        fqrv=fqrv,
+        path=path,
+        flavor=flavor,
+        flavor_settings=dict(flavor_obj.data),
+        settings=parse_servable_settings(settings_obj),
+        contract_settings=parse_contract_settings(contract_obj) if contract_obj else None,
+        tags=o.str_map("tags"),
+        created_at_ms=o.int("createdAtMS", required=False),
+    )
+
+
+def serve_request_to_json(defn: ServableDefinition) -> dict[str, Any]:
+    """A definition back to BasicServeRequest JSON (plus createdAtMS, used for persistence)."""
+    out: dict[str, Any] = {
+        "path": defn.path,
+        "fqrv": fqrv_to_json(defn.fqrv),
+        "flavor": {defn.flavor: dict(defn.flavor_settings)},
+        "servableSettings": servable_settings_to_json(defn.settings),
+        "tags": dict(defn.tags),
+        "createdAtMS": str(defn.created_at_ms),
+    }
+    if defn.contract_settings is not None:
+        out["contractSettings"] = contract_settings_to_json(defn.contract_settings)
+    return out
+
+
+def metrics_to_json(fqrv: FQRV, m: ServableMetrics) -> dict[str, Any]:
+    """ServableMetrics as JSON (int64 as strings; unset stamps left out)."""
+    out: dict[str, Any] = {
+        "fqrv": fqrv_to_json(fqrv),
+        "scoreCount": str(m.score_count),
+        "shadeCount": str(m.shade_count),
+        "createdAtMS": str(m.created_at_ms),
+        "currentPhaseInPct": m.current_phase_in_pct,
+        "performanceMetrics": dict(m.performance_metrics),
+    }
+    if m.became_valid_at_ms is not None:
+        out["becameValidAtMS"] = str(m.became_valid_at_ms)
+    return out

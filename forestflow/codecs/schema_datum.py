@@ -1,0 +1,293 @@
+"""ForestFlow's BASIC tensors (schema + datum, row-major typed groups) <-> Frame.
+
+A request's schema lists, per tensor type, the ordered field names; each datum (record) carries
+one tensor per schema entry whose values fill those fields positionally. The Frame has one column
+per field. Outputs go back grouped by type in column order, one datum per row; a column with
+more than one value per row (a vector) contributes all of its values to its row's tensor.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from forestflow._proto import forestflow_pb2 as pb
+from forestflow.codecs.ff_settings import fqrv_to_json
+from forestflow.core.frame import Frame, datatype_of
+from forestflow.core.ids import FQRV
+from forestflow.errors import InvalidInput
+
+#: ForestFlow tensor type (schema name) -> numpy dtype of the column.
+FF_DTYPES: dict[str, Any] = {
+    "Float16": np.float16,
+    "Float32": np.float32,
+    "Float64": np.float64,
+    "Int8": np.int8,
+    "Int16": np.int16,
+    "Int32": np.int32,
+    "Int64": np.int64,
+    "String": object,
+    "Bool": np.bool_,
+    "Bytes": object,
+}
+#: Tensor oneof key -> schema type name (the oneof calls bytes "Byte").
+_KEY_TO_TYPE = {name: name for name in FF_DTYPES} | {"Byte": "Bytes"}
+_TYPE_TO_KEY = {name: name for name in FF_DTYPES} | {"Bytes": "Byte"}
+#: V2 datatype of an output column -> ForestFlow type.
+_V2_TO_FF = {
+    "FP16": "Float16",
+    "FP32": "Float32",
+    "FP64": "Float64",
+    "INT8": "Int8",
+    "INT16": "Int16",
+    "INT32": "Int32",
+    "INT64": "Int64",
+    "UINT8": "Int32",
+    "UINT16": "Int32",
+    "UINT32": "Int64",
+    "UINT64": "Int64",
+    "BOOL": "Bool",
+}
+
+
+def _column(ff_type: str, values: list[Any], field: str) -> np.ndarray:
+    """Convert one field's values to a typed column, with a 400 naming the field on failure."""
+    if ff_type == "String":
+        if not all(isinstance(v, str) for v in values):
+            raise InvalidInput(f"field {field!r}: String tensors take strings")
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = values
+        return arr
+    if ff_type == "Bytes":
+        arr = np.empty(len(values), dtype=object)
+        try:
+            arr[:] = [v if isinstance(v, bytes) else base64.b64decode(v, validate=True) for v in values]
+        except (binascii.Error, TypeError, ValueError):
+            raise InvalidInput(f"field {field!r}: Byte tensors take base64 strings") from None
+        return arr
+    if ff_type == "Bool":
+        if not all(isinstance(v, bool) for v in values):
+            raise InvalidInput(f"field {field!r}: Bool tensors take true/false")
+        return np.array(values, dtype=np.bool_)
+    if any(isinstance(v, bool) or v is None for v in values):
+        raise InvalidInput(f"field {field!r}: {ff_type} tensors take numbers")
+    try:
+        return np.array(values, dtype=FF_DTYPES[ff_type])
+    except (ValueError, TypeError, OverflowError):
+        raise InvalidInput(f"field {field!r}: values are not valid {ff_type} numbers") from None
+
+
+def _frame(schema: Sequence[tuple[str, list[str]]], datums: Iterable[Sequence[tuple[str, Sequence[Any]]]]) -> Frame:
+    """Assemble columns from parsed schema entries and per-record (type key, values) tensors."""
+    if not schema:
+        raise InvalidInput("schema: at least one entry is required")
+    by_type: dict[str, list[str]] = {}
+    names: set[str] = set()
+    for i, (ff_type, fields) in enumerate(schema):
+        if ff_type in by_type:
+            raise InvalidInput(f"schema[{i}]: a second {ff_type} entry; list all {ff_type} fields in one entry")
+        if not fields:
+            raise InvalidInput(f"schema[{i}]: fields must not be empty")
+        dupes = names.intersection(fields)
+        if dupes or len(set(fields)) != len(fields):
+            raise InvalidInput(f"schema[{i}]: duplicate field name(s) {sorted(dupes) or fields}")
+        names.update(fields)
+        by_type[ff_type] = fields
+    values: dict[str, list[list[Any]]] = {t: [[] for _ in f] for t, f in by_type.items()}
+    rows = 0
+    for r, tensors in enumerate(datums):
+        seen: set[str] = set()
+        for key, data in tensors:
+            ff_type = _KEY_TO_TYPE.get(key)
+            if ff_type is None:
+                raise InvalidInput(f"datum[{r}]: unknown tensor type {key!r}; expected one of {', '.join(_TYPE_TO_KEY.values())}")
+            fields = by_type.get(ff_type)
+            if fields is None:
+                raise InvalidInput(f"datum[{r}]: a {ff_type} tensor but the schema has no {ff_type} entry")
+            if ff_type in seen:
+                raise InvalidInput(f"datum[{r}]: two {ff_type} tensors")
+            if len(data) != len(fields):
+                raise InvalidInput(
+                    f"datum[{r}]: the {ff_type} tensor has {len(data)} value(s) for {len(fields)} schema field(s)"
+                )
+            seen.add(ff_type)
+            for column, value in zip(values[ff_type], data):
+                column.append(value)
+        if len(seen) != len(by_type):
+            missing = ", ".join(t for t in by_type if t not in seen)
+            raise InvalidInput(f"datum[{r}]: no tensor for schema type(s) {missing}")
+        rows += 1
+    if rows == 0:
+        raise InvalidInput("datum: at least one record is required")
+    columns = {
+        field: _column(ff_type, column, field)
+        for ff_type, fields in by_type.items()
+        for field, column in zip(fields, values[ff_type])
+    }
+    return Frame(columns)
+
+
+def _schema_entry(entry: Any, i: int) -> tuple[str, list[str]]:
+    if not isinstance(entry, dict):
+        raise InvalidInput(f"schema[{i}]: expected an object with type and fields")
+    ff_type = entry.get("type")
+    if ff_type not in FF_DTYPES:
+        raise InvalidInput(f"schema[{i}].type: unknown tensor type {ff_type!r}; expected one of {', '.join(FF_DTYPES)}")
+    fields = entry.get("fields")
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise InvalidInput(f"schema[{i}].fields: expected an array of names")
+    return ff_type, fields
+
+
+def _json_tensors(datum: Any, r: int) -> list[tuple[str, Sequence[Any]]]:
+    tensors = datum.get("tensors") if isinstance(datum, dict) else None
+    if not isinstance(tensors, list) or not tensors:
+        raise InvalidInput(f"datum[{r}].tensors: expected a non-empty array")
+    out = []
+    for t, tensor in enumerate(tensors):
+        if not isinstance(tensor, dict) or len(tensor) != 1:
+            raise InvalidInput(f"datum[{r}].tensors[{t}]: expected an object with one type key, e.g. {{\"Float64\": {{\"data\": [...]}}}}")
+        (key, body), = tensor.items()
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list):
+            raise InvalidInput(f"datum[{r}].tensors[{t}].{key}.data: expected an array")
+        out.append((key, data))
+    return out
+
+
+def frame_from_json(body: Any) -> tuple[Frame, dict[str, str]]:
+    """Parse an InferenceRequest JSON body into a Frame and its configs."""
+    if not isinstance(body, dict):
+        raise InvalidInput("body: expected an InferenceRequest object with schema and datum")
+    schema = body.get("schema")
+    datum = body.get("datum")
+    if not isinstance(schema, list):
+        raise InvalidInput("schema: required, an array of {type, fields}")
+    if not isinstance(datum, list):
+        raise InvalidInput("datum: required, an array of records")
+    configs = body.get("configs") or {}
+    if not isinstance(configs, dict) or not all(isinstance(v, str) for v in configs.values()):
+        raise InvalidInput("configs: expected an object of string values")
+    frame = _frame([_schema_entry(e, i) for i, e in enumerate(schema)], (_json_tensors(d, r) for r, d in enumerate(datum)))
+    frame.parameters = dict(configs)
+    return frame, dict(configs)
+
+
+def frame_from_proto(payload: bytes) -> tuple[Frame, dict[str, str]]:
+    """Parse a binary InferenceRequest protobuf."""
+    request = pb.InferenceRequest()
+    try:
+        request.ParseFromString(payload)
+    except Exception:  # protobuf raises DecodeError or RuntimeWarning-ish errors by backend
+        raise InvalidInput("body: not a valid InferenceRequest protobuf") from None
+    schema = []
+    for i, entry in enumerate(request.schema):
+        if not entry.HasField("type"):
+            raise InvalidInput(f"schema[{i}].type: required")
+        schema.append((pb.TensorType.Name(entry.type), list(entry.fields)))
+    datums = (
+        [(t.WhichOneof("sealed_value") or "?", list(getattr(t, t.WhichOneof("sealed_value") or "String").data)) for t in d.tensors]
+        for d in request.datum
+    )
+    frame = _frame(schema, datums)
+    configs = dict(request.configs)
+    frame.parameters = configs
+    return frame, configs
+
+
+# ---- output -----------------------------------------------------------------------------------
+def ff_type_name(datatype: str) -> str:
+    """The ForestFlow TensorType name for a V2 datatype (BYTES -> String)."""
+    return "String" if datatype == "BYTES" else _V2_TO_FF[datatype]
+
+
+def _ff_type(column: np.ndarray) -> str:
+    dt = datatype_of(column)
+    if dt == "BYTES":
+        first = column.flat[0] if column.size else ""
+        return "Bytes" if isinstance(first, (bytes, bytearray)) else "String"
+    return _V2_TO_FF[dt]
+
+
+def _groups(frame: Frame) -> list[tuple[str, list[str]]]:
+    groups: dict[str, list[str]] = {}
+    for name, column in frame.columns.items():
+        groups.setdefault(_ff_type(column), []).append(name)
+    return list(groups.items())
+
+
+def _json_values(ff_type: str, values: list[Any]) -> list[Any]:
+    if ff_type == "Int64":
+        return [str(v) for v in values]
+    if ff_type == "Bytes":
+        return [base64.b64encode(v).decode() for v in values]
+    return values
+
+
+def prediction_to_json(fqrv: FQRV, frame: Frame) -> dict[str, Any]:
+    """The ``Prediction`` body (fqrv, schema, one datum per row), without the envelope."""
+    groups = _groups(frame)
+    n = frame.num_rows
+    per_group_rows: list[list[list[Any]]] = []
+    for ff_type, names in groups:
+        rows: list[list[Any]] = [[] for _ in range(n)]
+        for name in names:
+            col = frame.columns[name]
+            flat = col.reshape(n, -1).tolist() if col.ndim > 1 else [[v] for v in col.tolist()]
+            for row, vals in zip(rows, flat):
+                row.extend(vals)
+        per_group_rows.append([_json_values(ff_type, r) for r in rows])
+    datum = [
+        {"tensors": [{_TYPE_TO_KEY[t]: {"data": group_rows[i]}} for (t, _), group_rows in zip(groups, per_group_rows)]}
+        for i in range(n)
+    ]
+    return {
+        "fqrv": fqrv_to_json(fqrv),
+        "schema": [{"type": t, "fields": names} for t, names in groups],
+        "datum": datum,
+    }
+
+
+def _fill_proto_datums(frame: Frame, schema: Any, datums: Any) -> None:
+    groups = _groups(frame)
+    n = frame.num_rows
+    for ff_type, names in groups:
+        entry = schema.add()
+        entry.type = pb.TensorType.Value(ff_type)
+        entry.fields.extend(names)
+    out = [datums.add() for _ in range(n)]
+    for ff_type, names in groups:
+        key = _TYPE_TO_KEY[ff_type]
+        tensors = [getattr(d.tensors.add(), key) for d in out]
+        for name in names:
+            col = frame.columns[name]
+            flat = col.reshape(n, -1).tolist() if col.ndim > 1 else [[v] for v in col.tolist()]
+            for tensor, vals in zip(tensors, flat):
+                if ff_type in ("Float32", "Float16", "Float64"):
+                    vals = [float(v) for v in vals]
+                elif ff_type not in ("String", "Bytes", "Bool"):
+                    vals = [int(v) for v in vals]
+                tensor.data.extend(vals)
+
+
+def prediction_to_proto(fqrv: FQRV, frame: Frame) -> pb.Prediction:
+    """The ``Prediction`` protobuf of an output frame."""
+    message = pb.Prediction()
+    message.fqrv.contract.organization = fqrv.contract.organization
+    message.fqrv.contract.project = fqrv.contract.project
+    message.fqrv.contract.contract_number = fqrv.contract.number
+    message.fqrv.release_version = fqrv.release
+    _fill_proto_datums(frame, message.schema, message.datum)
+    return message
+
+
+def request_to_proto(frame: Frame, configs: dict[str, str]) -> pb.InferenceRequest:
+    """An InferenceRequest protobuf for an input frame (the prediction log's copy of the request)."""
+    message = pb.InferenceRequest()
+    _fill_proto_datums(frame, message.schema, message.datum)
+    message.configs.update(configs)
+    return message

@@ -1,0 +1,138 @@
+"""One contract's routing state: its servables' settings and metrics, evaluation, routing, shadows.
+
+Pure logic with an injected clock value: the service calls :meth:`ContractState.evaluate` on every
+change and on a timer, :meth:`route` once per request, and :meth:`shadow_targets` for the
+shadow fan-out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from forestflow.core.ids import FQRV, Contract
+from forestflow.core.policies import (
+    ContractSettings,
+    LogLevel,
+    ServableMetrics,
+    ServableSettings,
+    is_valid,
+    phase_in_pct,
+    recency_key,
+    to_expire,
+)
+from forestflow.core.router import WeightedPicker, router_weights
+
+
+@dataclass(slots=True)
+class ServableEntry:
+    """What the contract knows of one of its servables."""
+
+    fqrv: FQRV
+    settings: ServableSettings
+    metrics: ServableMetrics
+
+
+@dataclass(slots=True)
+class Evaluation:
+    """The outcome of one evaluation: which releases to expire, and whether routing changed."""
+
+    expired: list[str] = field(default_factory=list)
+    routing_changed: bool = False
+
+
+class ContractState:
+    """Servables of one contract, their validity/phase-in, and the router built from them."""
+
+    def __init__(self, contract: Contract, settings: ContractSettings) -> None:
+        self.contract = contract
+        self.settings = settings
+        self.servables: dict[str, ServableEntry] = {}
+        self.picker = WeightedPicker()
+        #: Requests that reached this contract (drives SAMPLE shadowing).
+        self.request_count = 0
+
+    # ---- membership ---------------------------------------------------------------------------
+    def add(self, entry: ServableEntry) -> None:
+        """Add (or replace) a servable."""
+        self.servables[entry.fqrv.release] = entry
+
+    def remove(self, release: str) -> ServableEntry | None:
+        """Remove a servable; returns it, or None if unknown."""
+        return self.servables.pop(release, None)
+
+    def update_settings(self, settings: ContractSettings) -> None:
+        """Replace the contract settings; the router is rebuilt fresh at the next evaluation."""
+        self.settings = settings
+        self.picker = WeightedPicker()
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def valid_releases(self, now_ms: int) -> list[str]:
+        """Releases whose validity rules all hold now."""
+        return [r for r, e in self.servables.items() if is_valid(e.settings.policy, e.metrics, now_ms)]
+
+    def evaluate(self, now_ms: int) -> Evaluation:
+        """Stamp newly valid servables, recompute phase-in, pick expirations, rebuild the router.
+
+        Expired servables are removed from this state and returned; the caller unloads them.
+        """
+        valid = self.valid_releases(now_ms)
+        for release, entry in self.servables.items():
+            metrics = entry.metrics
+            if release in valid:
+                if metrics.became_valid_at_ms is None:
+                    metrics.became_valid_at_ms = now_ms
+                metrics.current_phase_in_pct = phase_in_pct(
+                    entry.settings.policy.phase_in, metrics.became_valid_at_ms, now_ms
+                )
+            else:
+                metrics.current_phase_in_pct = 0
+        expired = to_expire(self.settings.expiration, {r: self.servables[r].metrics for r in valid})
+        for release in expired:
+            del self.servables[release]
+        survivors = {r: self.servables[r].metrics for r in valid if r not in expired}
+        weights = router_weights(self.settings.router, survivors)
+        before = [(i.key, i.weight) for i in self.picker.items]
+        self.picker = self.picker.reweighted(weights)
+        after = [(i.key, i.weight) for i in self.picker.items]
+        return Evaluation(expired=expired, routing_changed=before != after)
+
+    # ---- per request --------------------------------------------------------------------------
+    def route(self) -> str | None:
+        """Count the request and pick the release that answers it (None: nothing is active)."""
+        self.request_count += 1
+        return self.picker.next()
+
+    def shadow_targets(self, answered: str | None, sample_every: int) -> list[str]:
+        """Releases that get a shadow copy of the current request.
+
+        Every servable that logs, except the one that answered, whatever its validity: FULL
+        always, SAMPLE when the contract's request counter is a multiple of ``sample_every``.
+        """
+        targets = []
+        for release, entry in self.servables.items():
+            if release == answered:
+                continue
+            level = entry.settings.logging.log_level
+            if level is LogLevel.FULL or (
+                level is LogLevel.SAMPLE and sample_every > 0 and self.request_count % sample_every == 0
+            ):
+                targets.append(release)
+        return targets
+
+    def latest_valid(self) -> str | None:
+        """The most recently valid release with routing weight (for metadata of 'the contract')."""
+        keys = self.picker.keys()
+        if not keys:
+            return None
+        return max(keys, key=lambda r: recency_key(self.servables[r].metrics))
+
+    # ---- persistence --------------------------------------------------------------------------
+    def routing_state(self) -> dict[str, Any]:
+        """Router counters and the request counter, as plain data."""
+        return {"picker": self.picker.to_state(), "requestCount": self.request_count}
+
+    def restore_routing_state(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`routing_state` (unknown releases are dropped at next evaluation)."""
+        self.picker = WeightedPicker.from_state(state.get("picker", {}))
+        self.request_count = int(state.get("requestCount", 0))

@@ -1,0 +1,228 @@
+"""Servable and contract settings, and the rules that evaluate them (no I/O).
+
+Validity rules are ANDed; phase-in gives a percentage; expiration picks servables to remove.
+Unlike ForestFlow, TimeBased, PerformanceBased and MinServedEvents validity really evaluate,
+a 0-second linear phase-in means immediate, and KeepTopRanked does not divide by zero.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Union
+
+
+# ---- validity -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ImmediatelyValid:
+    """Always valid."""
+
+
+@dataclass(frozen=True, slots=True)
+class NeverValid:
+    """Never valid: the servable only shadows (when it logs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBasedValidity:
+    """Valid from ``valid_after_ms`` (ms since the epoch) on."""
+
+    valid_after_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PerformanceBasedValidity:
+    """Valid once a reported performance metric reaches ``min_threshold``.
+
+    ``metric_name`` names the ``performanceMetrics`` entry; when empty, the servable's only
+    metric (or, with several, the lowest of them) is compared.
+    """
+
+    min_threshold: float
+    metric_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MinServedEventsBasedValidity:
+    """Valid once the servable has scored (served + shadow) at least this many requests."""
+
+    valid_after_min_served_events: int
+
+
+ValidityRule = Union[
+    ImmediatelyValid, NeverValid, TimeBasedValidity, PerformanceBasedValidity, MinServedEventsBasedValidity
+]
+
+
+# ---- phase-in -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ImmediatePhaseIn:
+    """100 % as soon as valid."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinearTimeBasedPhaseIn:
+    """0 -> 100 % linearly over ``phase_in_over_secs`` from the moment it became valid."""
+
+    phase_in_over_secs: int
+
+
+PhaseInPolicy = Union[ImmediatePhaseIn, LinearTimeBasedPhaseIn]
+
+
+# ---- logging ----------------------------------------------------------------------------------
+class LogLevel(enum.Enum):
+    """How much a servable logs: nothing, every request, or a sample of shadow copies."""
+
+    NONE = 1
+    FULL = 2
+    SAMPLE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingSettings:
+    """Prediction-log level and the ``configs`` names that make the Kafka key."""
+
+    log_level: LogLevel = LogLevel.NONE
+    key_features: tuple[str, ...] = ()
+    key_features_separator: str = "."
+
+    def key_for(self, configs: dict[str, str]) -> str | None:
+        """``configs[name]`` for each key feature present, joined; None when nothing matched."""
+        parts = [configs[name] for name in self.key_features if name in configs]
+        return self.key_features_separator.join(parts) if parts else None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySettings:
+    """Validity rules (ANDed) and the phase-in policy of a servable."""
+
+    validity: tuple[ValidityRule, ...] = (ImmediatelyValid(),)
+    phase_in: PhaseInPolicy = ImmediatePhaseIn()
+
+
+@dataclass(frozen=True, slots=True)
+class ServableSettings:
+    """Everything an admin sets on one servable."""
+
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+
+
+# ---- contract settings ------------------------------------------------------------------------
+class Ordering(enum.Enum):
+    """Sort direction for KeepTopRanked."""
+
+    DESC = 1
+    ASC = 2
+
+
+@dataclass(frozen=True, slots=True)
+class KeepLatest:
+    """Keep the ``servables_to_keep`` most recently valid servables; expire older valid ones."""
+
+    servables_to_keep: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class KeepTopRanked:
+    """Keep the ``servables_to_keep`` valid servables ranked best by a performance metric."""
+
+    servables_to_keep: int
+    metric_to_evaluate: str
+    ordering: Ordering = Ordering.DESC
+
+
+ExpirationPolicy = Union[KeepLatest, KeepTopRanked]
+
+
+class RouterType(enum.Enum):
+    """How a contract splits its traffic among valid servables."""
+
+    FAIR = "FairPhaseInPctBasedRouter"
+    LATEST = "LatestPhaseInPctBasedRouter"
+
+
+@dataclass(frozen=True, slots=True)
+class ContractSettings:
+    """Router and expiration policy of a contract (defaults as ForestFlow: KeepLatest(1) + Fair)."""
+
+    expiration: ExpirationPolicy = KeepLatest(1)
+    router: RouterType = RouterType.FAIR
+
+
+# ---- evaluation -------------------------------------------------------------------------------
+@dataclass(slots=True)
+class ServableMetrics:
+    """Counters and stamps of one servable (ForestFlow's ServableMetrics)."""
+
+    created_at_ms: int
+    score_count: int = 0
+    shade_count: int = 0
+    became_valid_at_ms: int | None = None
+    current_phase_in_pct: int = 0
+    performance_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def rule_holds(rule: ValidityRule, metrics: ServableMetrics, now_ms: int) -> bool:
+    """Whether one validity rule passes now."""
+    match rule:
+        case ImmediatelyValid():
+            return True
+        case NeverValid():
+            return False
+        case TimeBasedValidity(valid_after_ms=after):
+            return now_ms >= after
+        case MinServedEventsBasedValidity(valid_after_min_served_events=n):
+            return metrics.score_count + metrics.shade_count >= n
+        case PerformanceBasedValidity(min_threshold=threshold, metric_name=name):
+            values = metrics.performance_metrics
+            if name:
+                return name in values and values[name] >= threshold
+            return bool(values) and min(values.values()) >= threshold
+    raise TypeError(f"unknown validity rule {rule!r}")
+
+
+def is_valid(policy: PolicySettings, metrics: ServableMetrics, now_ms: int) -> bool:
+    """All rules must hold (an empty list is valid)."""
+    return all(rule_holds(rule, metrics, now_ms) for rule in policy.validity)
+
+
+def phase_in_pct(policy: PhaseInPolicy, became_valid_at_ms: int, now_ms: int) -> int:
+    """The phase-in percentage (0..100) of a valid servable."""
+    match policy:
+        case ImmediatePhaseIn():
+            return 100
+        case LinearTimeBasedPhaseIn(phase_in_over_secs=secs):
+            if secs <= 0:
+                return 100
+            elapsed = max(0, now_ms - became_valid_at_ms)
+            return min(100, elapsed * 100 // (secs * 1000))
+    raise TypeError(f"unknown phase-in policy {policy!r}")
+
+
+def recency_key(metrics: ServableMetrics) -> tuple[int, int]:
+    """Sort key: when it became valid, then when it was created (larger = newer)."""
+    return (metrics.became_valid_at_ms or 0, metrics.created_at_ms)
+
+
+def to_expire(policy: ExpirationPolicy, valid: dict[str, ServableMetrics]) -> list[str]:
+    """Which of the valid servables (by id) the expiration policy removes."""
+    match policy:
+        case KeepLatest(servables_to_keep=keep):
+            if len(valid) <= keep:
+                return []
+            ordered = sorted(valid, key=lambda k: recency_key(valid[k]), reverse=True)
+            return ordered[max(keep, 0) :]
+        case KeepTopRanked(servables_to_keep=keep, metric_to_evaluate=metric, ordering=ordering):
+            if len(valid) <= keep:
+                return []
+
+            def score(k: str) -> tuple[float, tuple[int, int]]:
+                value = valid[k].performance_metrics.get(metric, 0.0)
+                # Ties go to the newer servable in both orderings.
+                return (value if ordering is Ordering.DESC else -value, recency_key(valid[k]))
+
+            ordered = sorted(valid, key=score, reverse=True)
+            return ordered[max(keep, 0) :]
+    raise TypeError(f"unknown expiration policy {policy!r}")

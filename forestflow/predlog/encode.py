@@ -1,0 +1,71 @@
+"""PredictionRecord -> ForestFlow's PredictionEvent / PredictionEventGP protobuf, and back to JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import json_format
+
+from forestflow._proto import forestflow_pb2 as pb
+from forestflow.codecs.schema_datum import prediction_to_proto, request_to_proto
+from forestflow.core.ids import FQRV
+from forestflow.core.policies import LoggingSettings
+from forestflow.predlog.record import PredictionRecord
+
+
+def _fill_fqrv(message: Any, fqrv: FQRV) -> None:
+    message.contract.organization = fqrv.contract.organization
+    message.contract.project = fqrv.contract.project
+    message.contract.contract_number = fqrv.contract.number
+    message.release_version = fqrv.release
+
+
+def _fill_logging(message: Any, logging: LoggingSettings) -> None:
+    message.logLevel = logging.log_level.value
+    message.keyFeatures.extend(logging.key_features)
+    message.keyFeaturesSeparator = logging.key_features_separator
+
+
+def _fill_common(event: Any, record: PredictionRecord) -> None:
+    event.servedRequest = record.served
+    _fill_logging(event.loggingSettings, record.logging)
+    event.eventTimeMS = record.event_time_ms
+    event.requestId = record.request_id
+    _fill_fqrv(event.fqrv, record.fqrv)
+    event.latencyMs = record.latency_ms
+    event.status = record.status
+    if record.error:
+        event.error = record.error
+        event.errorCode = record.error_code
+    event.protocol = record.protocol
+
+
+def encode_event(record: PredictionRecord) -> bytes:
+    """The serialized event: PredictionEventGP for GraphPipe records, else PredictionEvent."""
+    if record.is_graphpipe:
+        gp = pb.PredictionEventGP()
+        _fill_common(gp, record)
+        assert record.raw_request is not None
+        gp.inferBytes = record.raw_request
+        if record.raw_response is not None:
+            gp.prediction.inferResponse = record.raw_response
+            _fill_fqrv(gp.prediction.fqrv, record.fqrv)
+        return gp.SerializeToString()
+    event = pb.PredictionEvent()
+    _fill_common(event, record)
+    event.inferenceRequest.CopyFrom(request_to_proto(record.request, record.configs))
+    if record.response is not None:
+        event.prediction.CopyFrom(prediction_to_proto(record.fqrv, record.response))
+    return event.SerializeToString()
+
+
+def decode_event(payload: bytes, graphpipe: bool = False) -> Any:
+    """Parse an event written by :func:`encode_event`."""
+    message = pb.PredictionEventGP() if graphpipe else pb.PredictionEvent()
+    message.ParseFromString(payload)
+    return message
+
+
+def event_to_dict(payload: bytes, graphpipe: bool = False) -> dict[str, Any]:
+    """An event as a JSON-ready dict (camelCase, as ``forestflow logs tail`` prints it)."""
+    return json_format.MessageToDict(decode_event(payload, graphpipe))

@@ -1,0 +1,69 @@
+"""The embedded default sink: prediction events appended to a local file.
+
+``jsonl``: one JSON object per line (``{"topic": "basic"|"graphpipe", "key": ..., "event": {...}}``,
+the event in protobuf's JSON mapping). ``protobuf``: length-delimited records (varint length +
+serialized event), the way protobuf's ``writeDelimitedTo`` writes them; GraphPipe events go to a
+sibling file with ``.gp`` before the suffix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import BinaryIO
+
+import orjson
+from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
+
+from forestflow.predlog.encode import event_to_dict
+from forestflow.predlog.log import LogEntry
+
+
+class FileSink:
+    """Appends events to a file; each batch is written and flushed in a worker thread."""
+
+    name = "file"
+
+    def __init__(self, path: Path, fmt: str = "jsonl") -> None:
+        self.path = path
+        self.gp_path = path.with_name(f"{path.stem}.gp{path.suffix}")
+        self.fmt = fmt
+        self._files: dict[bool, BinaryIO] = {}
+
+    async def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    async def send(self, entries: list[LogEntry]) -> list[LogEntry]:
+        await asyncio.to_thread(self._write, entries)
+        return []
+
+    def _write(self, entries: list[LogEntry]) -> None:
+        for graphpipe in (False, True):
+            chosen = [e for e in entries if e.graphpipe == graphpipe]
+            if not chosen:
+                continue
+            fh = self._files.get(graphpipe)
+            if fh is None:
+                fh = self._files[graphpipe] = open(self.gp_path if graphpipe else self.path, "ab")
+            if self.fmt == "protobuf":
+                fh.write(b"".join(_VarintBytes(len(e.value)) + e.value for e in chosen))
+            else:
+                fh.write(
+                    b"".join(
+                        orjson.dumps(
+                            {
+                                "topic": "graphpipe" if graphpipe else "basic",
+                                "key": e.key.decode() if e.key is not None else None,
+                                "event": event_to_dict(e.value, graphpipe),
+                            }
+                        )
+                        + b"\n"
+                        for e in chosen
+                    )
+                )
+            fh.flush()
+
+    async def close(self) -> None:
+        files, self._files = self._files, {}
+        for fh in files.values():
+            fh.close()

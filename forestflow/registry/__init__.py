@@ -1,0 +1,1 @@
+"""Where servable definitions live (stores) and where artifacts come from (fetchers)."""

@@ -1,0 +1,1 @@
+"""Servables, flavors and the scheduler that runs them."""

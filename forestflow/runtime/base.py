@@ -1,0 +1,101 @@
+"""The Servable interface every flavor implements, and the flavor registry."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forestflow.core.frame import Frame, TensorSpec
+from forestflow.core.ids import FQRV
+from forestflow.errors import CreateServableRequestInvalidError
+
+
+@dataclass(frozen=True, slots=True)
+class ServableMetadata:
+    """What a servable takes and gives: used by every protocol's metadata call."""
+
+    name: str
+    platform: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Servable(abc.ABC):
+    """One loaded release of a model.
+
+    ``load`` and ``predict`` are synchronous and may be CPU-bound: the registry runs ``load`` in a
+    worker thread and the scheduler runs ``predict`` off the event loop. ``predict`` must be safe
+    to call from several threads at once unless the flavor says otherwise via ``max_concurrency``.
+    """
+
+    #: How many ``predict`` calls may run at once for this servable (None = scheduler default).
+    max_concurrency: int | None = None
+
+    def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
+        self.fqrv = fqrv
+        self.artifact_dir = artifact_dir
+        self.settings = settings
+        self.ready = False
+
+    @abc.abstractmethod
+    def load(self) -> None:
+        """Load the artifact and warm the model; raise ``CreateServableRequestInvalidError`` on failure."""
+
+    @abc.abstractmethod
+    def predict(self, frame: Frame) -> Frame:
+        """Score a batch: one output row per input row, in order."""
+
+    @abc.abstractmethod
+    def metadata(self) -> ServableMetadata:
+        """Inputs and outputs of the loaded model."""
+
+    def unload(self) -> None:
+        """Release what ``load`` acquired."""
+        self.ready = False
+
+
+FlavorFactory = Callable[[FQRV, Path, dict[str, Any]], Servable]
+
+_FLAVORS: dict[str, Callable[[], FlavorFactory]] = {}
+
+
+def register_flavor(name: str, loader: Callable[[], FlavorFactory]) -> None:
+    """Register a flavor under its ForestFlow JSON key; ``loader`` imports it lazily."""
+    _FLAVORS[name] = loader
+
+
+def flavor_names() -> list[str]:
+    """The names of every registered flavor."""
+    return sorted(_FLAVORS)
+
+
+def create_servable(flavor: str, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> Servable:
+    """Instantiate (not load) a servable of the named flavor."""
+    try:
+        loader = _FLAVORS[flavor]
+    except KeyError:
+        raise CreateServableRequestInvalidError(
+            f"unknown flavor {flavor!r}; supported: {', '.join(flavor_names())}"
+        ) from None
+    return loader()(fqrv, artifact_dir, settings)
+
+
+def _python_flavor() -> FlavorFactory:
+    from forestflow.runtime.python_flavor import PythonServable
+
+    return PythonServable
+
+
+def _h2o_flavor() -> FlavorFactory:
+    from forestflow.runtime.h2o_mojo import H2OMojoServable
+
+    return H2OMojoServable
+
+
+register_flavor("Python", _python_flavor)
+register_flavor("H2OMojo", _h2o_flavor)

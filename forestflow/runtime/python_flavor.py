@@ -1,0 +1,111 @@
+"""The ``Python`` flavor: a module in the artifact directory scores frames.
+
+Definition: ``{"flavor": {"Python": {"modulePath": "model.py", "entryPoint": "predict"}}}``.
+``entryPoint`` names either a function ``predict(frame: Frame) -> Frame`` (or returning a mapping
+of columns), or a class whose instances have such a ``predict`` method (instantiated once at load;
+its constructor may take the artifact directory as its only argument). An optional module-level
+``METADATA = {"inputs": [...], "outputs": [...]}`` (each ``{"name", "datatype", "shape"}``)
+describes the model. Off unless the operator allows it: it runs code an admin request names.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import itertools
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from forestflow.core.frame import Frame, TensorSpec
+from forestflow.core.ids import FQRV
+from forestflow.errors import CreateServableRequestInvalidError, GatewayError, InvalidInput
+from forestflow.runtime.base import Servable, ServableMetadata
+
+_module_ids = itertools.count()
+
+
+def _specs(items: Any, what: str) -> tuple[TensorSpec, ...]:
+    if not isinstance(items, list):
+        raise CreateServableRequestInvalidError(f"METADATA[{what!r}] must be a list")
+    return tuple(
+        TensorSpec(str(i["name"]), str(i.get("datatype", "FP64")), tuple(i.get("shape", (-1,))), str(i.get("description", "")))
+        for i in items
+    )
+
+
+class PythonServable(Servable):
+    """Scores with a Python function or class loaded from the artifact directory."""
+
+    def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
+        super().__init__(fqrv, artifact_dir, settings)
+        self._predict: Callable[[Frame], Any] | None = None
+        self._metadata: ServableMetadata | None = None
+
+    def load(self) -> None:
+        module_path = self.settings.get("modulePath") or self.settings.get("module_path")
+        entry = self.settings.get("entryPoint") or self.settings.get("entry_point") or "predict"
+        if not isinstance(module_path, str) or not module_path:
+            raise CreateServableRequestInvalidError("flavor.Python.modulePath: required (a .py file in the artifact)")
+        root = self.artifact_dir.resolve()
+        file = (root / module_path).resolve()
+        if root not in file.parents and file != root:
+            raise CreateServableRequestInvalidError(f"flavor.Python.modulePath {module_path!r} leaves the artifact directory")
+        if not file.is_file():
+            raise CreateServableRequestInvalidError(f"flavor.Python.modulePath {module_path!r} not found in the artifact")
+        name = f"forestflow_servable_{next(_module_ids)}"
+        spec = importlib.util.spec_from_file_location(name, file)
+        if spec is None or spec.loader is None:
+            raise CreateServableRequestInvalidError(f"cannot import {module_path!r}")
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+            target = getattr(module, entry)
+            if inspect.isclass(target):
+                params = inspect.signature(target).parameters
+                instance = target(self.artifact_dir) if params else target()
+                self._predict = instance.predict
+            else:
+                self._predict = target
+        except CreateServableRequestInvalidError:
+            raise
+        except Exception as exc:  # any failure in user code is a load failure with its reason
+            raise CreateServableRequestInvalidError(f"loading {module_path!r} failed: {type(exc).__name__}: {exc}") from exc
+        meta = getattr(module, "METADATA", {}) or {}
+        self._metadata = ServableMetadata(
+            name=entry,
+            platform="python",
+            inputs=_specs(meta.get("inputs", []), "inputs"),
+            outputs=_specs(meta.get("outputs", []), "outputs"),
+            description=str(getattr(module, "__doc__", "") or "").strip(),
+        )
+        sys.modules.pop(name, None)
+        self.ready = True
+
+    def predict(self, frame: Frame) -> Frame:
+        assert self._predict is not None, "predict before load"
+        try:
+            result = self._predict(frame)
+        except GatewayError:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            # The model rejected its input: a client error, reported without a stack trace.
+            raise InvalidInput(f"the model rejected the input: {type(exc).__name__}: {exc}") from exc
+        if isinstance(result, Frame):
+            out = result
+        elif isinstance(result, Mapping):
+            out = Frame.from_columns(result)
+        else:
+            raise TypeError(f"{self.fqrv}: predict returned {type(result).__name__}, expected a Frame or a mapping")
+        if out.num_rows != frame.num_rows:
+            raise ValueError(f"{self.fqrv}: predict returned {out.num_rows} rows for {frame.num_rows} input rows")
+        return out
+
+    def metadata(self) -> ServableMetadata:
+        assert self._metadata is not None, "metadata before load"
+        return self._metadata
+
+    def unload(self) -> None:
+        self._predict = None
+        self.ready = False

@@ -1,0 +1,215 @@
+"""Per-servable scheduling: a bounded two-level queue in front of a few scoring slots.
+
+LIVE work always starts before SHADOW work (no preemption of work already running). A full live
+queue refuses at once (:class:`Overloaded`, answered 503 + Retry-After); a full shadow queue drops
+the copy and counts it. Every job carries a deadline: one that passes while queued or scoring
+fails the caller with :class:`DeadlineExceeded` and gives the slot back at once (a scoring thread
+that cannot be interrupted finishes in the background; its result is discarded).
+
+Queued live jobs whose frames have the same columns may be scored as one batch (micro-batching)
+when the servable allows it: one model call for many small concurrent requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections import deque
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from forestflow.core.frame import Frame
+from forestflow.errors import DeadlineExceeded, GatewayError, Overloaded, ScoringError
+from forestflow.runtime.base import Servable
+
+
+class Priority(enum.IntEnum):
+    """LIVE answers a caller; SHADOW only feeds the prediction log."""
+
+    LIVE = 0
+    SHADOW = 1
+
+
+class ShadowDropped(GatewayError):
+    """A shadow copy refused because its queue was full (counted, never returned to a caller)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Job:
+    frame: Frame
+    priority: Priority
+    deadline: float  # loop.time() by which it must finish
+    future: asyncio.Future[Frame]
+    enqueued_at: float = field(default=0.0)
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Counters a scheduler keeps (exposed in metrics)."""
+
+    live_rejected: int = 0
+    shadow_dropped: int = 0
+    deadline_exceeded: int = 0
+    batches: int = 0
+    batched_jobs: int = 0
+
+
+class ServableScheduler:
+    """Queues and runs ``predict`` calls of one servable."""
+
+    def __init__(
+        self,
+        servable: Servable,
+        executor: Executor,
+        slots: int,
+        live_queue: int,
+        shadow_queue: int,
+        max_batch_rows: int = 0,
+    ) -> None:
+        self.servable = servable
+        self.executor = executor
+        self.slots = max(1, slots)
+        self.live_limit = live_queue
+        self.shadow_limit = shadow_queue
+        #: 0 disables micro-batching; otherwise the most rows one combined call may hold.
+        self.max_batch_rows = max_batch_rows
+        self.running = 0
+        self.queues: dict[Priority, deque[_Job]] = {Priority.LIVE: deque(), Priority.SHADOW: deque()}
+        self.stats = SchedulerStats()
+        self.closed = False
+
+    def queued(self, priority: Priority) -> int:
+        """Jobs waiting at one priority."""
+        return len(self.queues[priority])
+
+    async def submit(self, frame: Frame, priority: Priority, timeout_s: float) -> Frame:
+        """Score ``frame``; raises Overloaded / ShadowDropped / DeadlineExceeded / the model's error."""
+        if self.closed:
+            raise Overloaded(f"servable {self.servable.fqrv} is unloading", retry_after=1.0)
+        loop = asyncio.get_running_loop()
+        job = _Job(frame, priority, loop.time() + timeout_s, loop.create_future(), loop.time())
+        queue = self.queues[priority]
+        if self.running >= self.slots or self.queues[Priority.LIVE] or (priority is Priority.SHADOW and queue):
+            limit = self.live_limit if priority is Priority.LIVE else self.shadow_limit
+            if len(queue) >= limit:
+                if priority is Priority.LIVE:
+                    self.stats.live_rejected += 1
+                    raise Overloaded(
+                        f"servable {self.servable.fqrv} is overloaded ({self.running} scoring, {len(queue)} queued)",
+                        retry_after=1.0,
+                    )
+                self.stats.shadow_dropped += 1
+                raise ShadowDropped(f"shadow queue of {self.servable.fqrv} is full")
+            queue.append(job)
+            self._dispatch()
+        else:
+            self._start([job])
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.future), max(0.0, job.deadline - loop.time()))
+        except TimeoutError:
+            self.stats.deadline_exceeded += 1
+            if not job.future.done():
+                job.future.cancel()  # if running, frees its slot (see on_abandoned)
+            if job in queue:
+                queue.remove(job)
+            raise DeadlineExceeded(
+                f"deadline of {timeout_s * 1000:.0f} ms exceeded for {self.servable.fqrv}"
+            ) from None
+
+    def _dispatch(self) -> None:
+        """Start queued jobs while slots are free: all live work before any shadow work."""
+        while self.running < self.slots:
+            batch = self._take_batch()
+            if not batch:
+                return
+            self._start(batch)
+
+    def _take_batch(self) -> list[_Job]:
+        now = asyncio.get_running_loop().time()
+        for priority in (Priority.LIVE, Priority.SHADOW):
+            queue = self.queues[priority]
+            while queue and (queue[0].future.done() or queue[0].deadline <= now):
+                stale = queue.popleft()
+                if not stale.future.done():
+                    stale.future.set_exception(DeadlineExceeded("deadline exceeded while queued"))
+            if not queue:
+                continue
+            first = queue.popleft()
+            batch = [first]
+            if self.max_batch_rows and priority is Priority.LIVE:
+                rows = first.frame.num_rows
+                shape = _signature(first.frame)
+                while queue and not queue[0].future.done() and _signature(queue[0].frame) == shape:
+                    if rows + queue[0].frame.num_rows > self.max_batch_rows:
+                        break
+                    job = queue.popleft()
+                    rows += job.frame.num_rows
+                    batch.append(job)
+            return batch
+        return []
+
+    def _start(self, batch: list[_Job]) -> None:
+        loop = asyncio.get_running_loop()
+        self.running += 1
+        frame = batch[0].frame if len(batch) == 1 else Frame.concat([j.frame for j in batch])
+        if len(batch) > 1:
+            self.stats.batches += 1
+            self.stats.batched_jobs += len(batch)
+        task = loop.run_in_executor(self.executor, self.servable.predict, frame)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.running -= 1
+                self._dispatch()
+
+        def on_done(fut: asyncio.Future[Frame]) -> None:
+            release()
+            exc = fut.exception()
+            offset = 0
+            for job in batch:
+                if job.future.done():
+                    continue
+                if exc is not None:
+                    error = exc if isinstance(exc, GatewayError) else ScoringError(self.servable.fqrv)
+                    if error is not exc:
+                        error.__cause__ = exc  # the service logs the model's own exception
+                    job.future.set_exception(error)
+                    continue
+                rows = job.frame.num_rows
+                result = fut.result()
+                job.future.set_result(result if len(batch) == 1 else result.slice(offset, offset + rows))
+                offset += rows
+            for job in batch:  # retrieve to silence "exception never retrieved" for abandoned jobs
+                if job.future.done() and not job.future.cancelled():
+                    job.future.exception()
+
+        def on_abandoned(_: asyncio.Future[Frame]) -> None:
+            # Every caller of this batch gave up (deadline): free the slot now.
+            if all(j.future.cancelled() for j in batch):
+                release()
+
+        task.add_done_callback(on_done)
+        for job in batch:
+            job.future.add_done_callback(on_abandoned)
+
+    async def close(self) -> None:
+        """Refuse new work; queued jobs fail fast."""
+        self.closed = True
+        for queue in self.queues.values():
+            while queue:
+                job = queue.popleft()
+                if not job.future.done():
+                    job.future.set_exception(Overloaded(f"servable {self.servable.fqrv} was unloaded"))
+
+
+def _signature(frame: Frame) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    return tuple((n, c.dtype.str, c.shape[1:]) for n, c in frame.columns.items())
+
+
+def monotonic_ms() -> float:
+    """A monotonic clock in ms (for latency figures)."""
+    return time.perf_counter() * 1000.0

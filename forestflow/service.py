@@ -1,0 +1,577 @@
+"""The Gateway: the protocol-free service every front-end calls.
+
+It owns the registry state (contracts, servable definitions, loaded servables and their
+schedulers), routes each request batch to one servable, fans shadow copies out, and hands every
+outcome to the prediction log. Front-ends convert their payloads to a Frame and call
+:meth:`Gateway.infer`; admin front-ends call the ``create_*``/``update_*``/``delete_*`` methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+import structlog
+
+from forestflow.codecs.ff_settings import (
+    contract_settings_to_json,
+    parse_contract_settings,
+    parse_serve_request,
+    serve_request_to_json,
+)
+from forestflow.codecs.jsonread import Obj
+from forestflow.core.contract_state import ContractState, ServableEntry
+from forestflow.core.definition import ServableDefinition
+from forestflow.core.frame import Frame
+from forestflow.core.ids import FQRV, Contract
+from forestflow.core.policies import ContractSettings, LoggingSettings, LogLevel, PolicySettings, ServableMetrics
+from forestflow.errors import (
+    ContractValidationError,
+    CreateServableRequestInvalidError,
+    GatewayError,
+    InvalidInput,
+    NoActiveServablesForContract,
+    ServableAlreadyExistsError,
+    ServableNotReady,
+    StoreUnavailable,
+    UnknownContract,
+    UnknownServable,
+    http_status,
+)
+from forestflow.predlog.log import PredictionLog
+from forestflow.predlog.record import PredictionRecord
+from forestflow.registry.artifacts import ArtifactCache
+from forestflow.registry.store import Store, contract_key, metrics_key, routing_key, servable_key
+from forestflow.runtime.base import Servable, ServableMetadata, create_servable
+from forestflow.runtime.scheduler import Priority, ServableScheduler, ShadowDropped
+from forestflow.settings import Settings
+
+log = structlog.get_logger("forestflow.service")
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class InferResult:
+    """What a front-end gets back: who answered and the output batch."""
+
+    fqrv: FQRV
+    frame: Frame
+    latency_ms: float
+
+
+@dataclass(slots=True)
+class Loaded:
+    """A servable in memory with its scheduler."""
+
+    definition: ServableDefinition
+    servable: Servable
+    scheduler: ServableScheduler
+
+
+class Gateway:
+    """Routing, scoring, shadowing and the registry, independent of any protocol."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        artifacts: ArtifactCache,
+        prediction_log: PredictionLog,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.artifacts = artifacts
+        self.prediction_log = prediction_log
+        self.clock = clock
+        self.contracts: dict[Contract, ContractState] = {}
+        self.loaded: dict[FQRV, Loaded] = {}
+        self.failed: dict[FQRV, str] = {}
+        self.executor = ThreadPoolExecutor(settings.scoring_threads, thread_name_prefix="predict")
+        self._pending: set[FQRV] = set()
+        self._admin_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._timers: list[asyncio.Task[None]] = []
+        self._metrics_dirty = False
+        self.started = False
+        self.draining = False
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Restore the registry from the store, load every servable, start the timers."""
+        docs = await self.store.load()
+        await self._restore(docs)
+        self.prediction_log.start()
+        self._timers = [
+            asyncio.create_task(self._every(self.settings.evaluation_interval_s, self.evaluate_all), name="evaluate"),
+            asyncio.create_task(self._every(self.settings.metrics_flush_interval_s, self.flush_metrics), name="flush"),
+        ]
+        self.started = True
+
+    async def stop(self) -> None:
+        """Stop timers, wait briefly for shadow work, persist counters, flush the log, unload."""
+        self.draining = True
+        for timer in self._timers:
+            timer.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5.0)
+        await self.flush_metrics(force=True)
+        await self.prediction_log.close(self.settings.log_flush_timeout_s)
+        for loaded in list(self.loaded.values()):
+            await loaded.scheduler.close()
+            loaded.servable.unload()
+        self.loaded.clear()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        await self.store.close()
+
+    async def _every(self, seconds: float, action: Callable[[], Any]) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await action()
+            except Exception:  # a timer must survive a failed round (e.g. store away)
+                log.exception("timer_failed", action=getattr(action, "__name__", str(action)))
+
+    async def _restore(self, docs: dict[str, Any]) -> None:
+        for key, doc in docs.items():
+            if key.startswith("contract/"):
+                contract = Contract.parse(key.removeprefix("contract/"))
+                self.contracts[contract] = ContractState(contract, parse_contract_settings(Obj(doc, key)))
+        definitions = [parse_serve_request(doc) for key, doc in docs.items() if key.startswith("servable/")]
+        results = await asyncio.gather(*(self._load(d) for d in definitions), return_exceptions=True)
+        for defn, result in zip(definitions, results):
+            state = self.contracts.setdefault(
+                defn.fqrv.contract, ContractState(defn.fqrv.contract, defn.contract_settings or ContractSettings())
+            )
+            metrics = _metrics_from_doc(docs.get(metrics_key(defn.fqrv)), defn.created_at_ms)
+            if isinstance(result, BaseException):
+                reason = result.message if isinstance(result, GatewayError) else repr(result)
+                self.failed[defn.fqrv] = reason
+                log.error("servable_restore_failed", fqrv=str(defn.fqrv), reason=reason)
+                continue
+            self.loaded[defn.fqrv] = result
+            state.add(ServableEntry(defn.fqrv, defn.settings, metrics))
+        for contract, state in self.contracts.items():
+            routing = docs.get(routing_key(contract))
+            if routing:
+                state.restore_routing_state(routing)
+        await self.evaluate_all()
+        log.info("registry_restored", contracts=len(self.contracts), servables=len(self.loaded), failed=len(self.failed))
+
+    # ---- health -------------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Serving: started, not draining, every registered servable loaded."""
+        return self.started and not self.draining and not self.failed and not self._pending
+
+    def readiness(self) -> dict[str, Any]:
+        """Details behind :attr:`ready`."""
+        return {
+            "ready": self.ready,
+            "servables": len(self.loaded),
+            "loading": sorted(str(f) for f in self._pending),
+            "failed": {str(f): r for f, r in self.failed.items()},
+            "draining": self.draining,
+        }
+
+    # ---- data plane ---------------------------------------------------------------------------------
+    def contract_state(self, contract: Contract) -> ContractState:
+        """The state of a contract or UnknownContract."""
+        state = self.contracts.get(contract)
+        if state is None:
+            raise UnknownContract(contract)
+        return state
+
+    async def infer(
+        self,
+        contract: Contract,
+        frame: Frame,
+        *,
+        configs: dict[str, str],
+        request_id: str,
+        protocol: str,
+        timeout_s: float | None = None,
+        release: str | None = None,
+        raw_request: bytes | None = None,
+        encode_raw_response: Callable[[FQRV, Frame], bytes] | None = None,
+    ) -> InferResult:
+        """Score one batch on the contract's routed servable (or ``release`` directly).
+
+        Shadow copies go to every other logging servable and are never awaited. Both the answer
+        and failures are logged for servables that log.
+        """
+        if frame.num_rows > self.settings.max_rows:
+            raise InvalidInput(f"batch of {frame.num_rows} records is over the limit of {self.settings.max_rows}")
+        state = self.contract_state(contract)
+        timeout = timeout_s if timeout_s is not None else self.settings.request_timeout_ms / 1000
+        if release is not None:
+            if release not in state.servables:
+                raise UnknownServable(FQRV(contract, release))
+            answered: str | None = release
+            shadows: list[str] = []
+        else:
+            answered = state.route()
+            shadows = state.shadow_targets(answered, self.settings.log_sample_every)
+        context = _RequestContext(frame, configs, request_id, protocol, raw_request, encode_raw_response)
+        if answered is None:
+            self._fan_out(state, shadows, context)
+            raise NoActiveServablesForContract(contract)
+        entry = state.servables[answered]
+        entry.metrics.score_count += 1
+        self._metrics_dirty = True
+        fqrv = entry.fqrv
+        started = time.perf_counter()
+        loaded = self.loaded.get(fqrv)
+        try:
+            if loaded is None:
+                raise ServableNotReady(f"servable {fqrv} is not loaded")
+            submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout)
+            self._fan_out(state, shadows, context)
+            out = await submitted
+        except GatewayError as error:
+            self._log_outcome(entry, context, True, started, error=error)
+            if error.__cause__ is not None:
+                log.error("predict_failed", fqrv=str(fqrv), request_id=request_id, exc_info=error.__cause__)
+            raise
+        latency = self._log_outcome(entry, context, True, started, output=out)
+        return InferResult(fqrv, out, latency)
+
+    def _fan_out(self, state: ContractState, releases: list[str], context: _RequestContext) -> None:
+        for release in releases:
+            entry = state.servables[release]
+            loaded = self.loaded.get(entry.fqrv)
+            if loaded is None:
+                continue
+            entry.metrics.shade_count += 1
+            self._metrics_dirty = True
+            task = asyncio.create_task(self._shadow(entry, loaded, context))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _shadow(self, entry: ServableEntry, loaded: Loaded, context: _RequestContext) -> None:
+        started = time.perf_counter()
+        try:
+            out = await loaded.scheduler.submit(context.frame, Priority.SHADOW, self.settings.request_timeout_ms / 1000)
+        except ShadowDropped:
+            return  # counted by the scheduler; nothing was scored, so nothing to log
+        except GatewayError as error:
+            self._log_outcome(entry, context, False, started, error=error)
+            return
+        self._log_outcome(entry, context, False, started, output=out)
+
+    def _log_outcome(
+        self,
+        entry: ServableEntry,
+        context: _RequestContext,
+        served: bool,
+        started: float,
+        output: Frame | None = None,
+        error: GatewayError | None = None,
+    ) -> float:
+        latency = (time.perf_counter() - started) * 1000
+        logging = entry.settings.logging
+        if logging.log_level is LogLevel.NONE:
+            return latency
+        raw_response = None
+        if context.raw_request is not None and context.encode_raw_response is not None and output is not None:
+            raw_response = context.encode_raw_response(entry.fqrv, output)
+        self.prediction_log.emit(
+            PredictionRecord(
+                fqrv=entry.fqrv,
+                served=served,
+                request=context.frame,
+                configs=context.configs,
+                logging=logging,
+                request_id=context.request_id,
+                protocol=context.protocol,
+                event_time_ms=self.clock(),
+                latency_ms=latency,
+                status=200 if error is None else http_status(error),
+                response=output,
+                error=error.message if error else "",
+                error_code=error.code if error else "",
+                raw_request=context.raw_request,
+                raw_response=raw_response,
+            )
+        )
+        return latency
+
+    # ---- lookups ----------------------------------------------------------------------------------
+    def definition(self, fqrv: FQRV) -> ServableDefinition:
+        """The definition of a loaded servable or UnknownServable."""
+        loaded = self.loaded.get(fqrv)
+        if loaded is None:
+            raise UnknownServable(fqrv)
+        return loaded.definition
+
+    def metadata(self, fqrv: FQRV) -> ServableMetadata:
+        """A servable's inputs and outputs."""
+        loaded = self.loaded.get(fqrv)
+        if loaded is None:
+            raise UnknownServable(fqrv)
+        return loaded.servable.metadata()
+
+    def active_release(self, contract: Contract) -> FQRV:
+        """The servable that represents the contract in metadata calls (the newest routed one)."""
+        state = self.contract_state(contract)
+        release = state.latest_valid()
+        if release is None:
+            raise NoActiveServablesForContract(contract)
+        return state.servables[release].fqrv
+
+    def servable_entries(self, contract: Contract) -> list[ServableEntry]:
+        """The contract's servables, oldest first; 422 when it has none (as ForestFlow)."""
+        state = self.contract_state(contract)
+        if not state.servables:
+            raise NoActiveServablesForContract(contract)
+        return sorted(state.servables.values(), key=lambda e: (e.metrics.created_at_ms, e.fqrv.release))
+
+    def entry(self, fqrv: FQRV) -> ServableEntry:
+        """One servable's entry or UnknownServable."""
+        state = self.contracts.get(fqrv.contract)
+        if state is None or fqrv.release not in state.servables:
+            raise UnknownServable(fqrv)
+        return state.servables[fqrv.release]
+
+    # ---- admin --------------------------------------------------------------------------------------
+    async def create_servable(self, defn: ServableDefinition) -> FQRV:
+        """Fetch, load and register a servable; answers only once it is ready."""
+        fqrv = defn.fqrv
+        if defn.flavor == "Python" and not self.settings.allow_python:
+            raise CreateServableRequestInvalidError(
+                "the Python flavor is disabled on this gateway (it runs code named by the request); "
+                "start it with FORESTFLOW_ALLOW_PYTHON=1 to allow it"
+            )
+        async with self._admin_lock:
+            if fqrv in self.loaded or fqrv in self._pending:
+                raise ServableAlreadyExistsError(fqrv, self.loaded[fqrv].definition.settings if fqrv in self.loaded else None)
+            existing = self.contracts.get(fqrv.contract)
+            if existing is not None and defn.contract_settings is not None and existing.settings != defn.contract_settings:
+                raise ContractValidationError(
+                    fqrv.contract, f"contract {fqrv.contract} exists: change its settings with PUT /{fqrv.contract.organization}/{fqrv.contract.project}/{fqrv.contract.number}"
+                )
+            self._pending.add(fqrv)
+        try:
+            defn = replace(defn, created_at_ms=defn.created_at_ms or self.clock())
+            loaded = await self._load(defn)
+            async with self._admin_lock:
+                state = self.contracts.get(fqrv.contract)
+                new_contract = state is None
+                if state is None:
+                    state = ContractState(fqrv.contract, defn.contract_settings or ContractSettings())
+                changes: dict[str, Any] = {servable_key(fqrv): serve_request_to_json(defn)}
+                if new_contract:
+                    changes[contract_key(fqrv.contract)] = contract_settings_to_json(state.settings)
+                try:
+                    await self.store.apply(changes)
+                except GatewayError:
+                    await self._unload(loaded)
+                    raise
+                except Exception as exc:
+                    await self._unload(loaded)
+                    raise StoreUnavailable(f"registry store unavailable: {exc}") from exc
+                self.contracts[fqrv.contract] = state
+                self.loaded[fqrv] = loaded
+                self.failed.pop(fqrv, None)
+                state.add(ServableEntry(fqrv, defn.settings, ServableMetrics(created_at_ms=defn.created_at_ms)))
+                await self._evaluate(state)
+        finally:
+            self._pending.discard(fqrv)
+        log.info("servable_created", fqrv=str(fqrv), flavor=defn.flavor)
+        return fqrv
+
+    async def _load(self, defn: ServableDefinition) -> Loaded:
+        directory = await self.artifacts.fetch(defn.path)
+        servable = create_servable(defn.flavor, defn.fqrv, directory, defn.flavor_settings)
+        try:
+            await asyncio.to_thread(servable.load)
+        except GatewayError:
+            raise
+        except Exception as exc:  # a flavor bug or an unexpected artifact: a 422 with the reason
+            log.exception("servable_load_failed", fqrv=str(defn.fqrv))
+            raise CreateServableRequestInvalidError(f"loading {defn.fqrv} failed: {type(exc).__name__}: {exc}") from exc
+        slots = servable.max_concurrency or self.settings.scoring_slots
+        scheduler = ServableScheduler(
+            servable,
+            self.executor,
+            slots=slots,
+            live_queue=self.settings.live_queue,
+            shadow_queue=self.settings.shadow_queue,
+            max_batch_rows=self.settings.max_batch_rows if getattr(servable, "batchable", False) else 0,
+        )
+        return Loaded(defn, servable, scheduler)
+
+    async def _unload(self, loaded: Loaded) -> None:
+        await loaded.scheduler.close()
+        await asyncio.to_thread(loaded.servable.unload)
+
+    async def create_contract(self, contract: Contract, settings: ContractSettings) -> None:
+        """Register an empty contract (422 if it exists)."""
+        async with self._admin_lock:
+            if contract in self.contracts:
+                raise ContractValidationError(contract, f"contract {contract} already exists")
+            await self._apply({contract_key(contract): contract_settings_to_json(settings)})
+            self.contracts[contract] = ContractState(contract, settings)
+
+    async def update_contract(self, contract: Contract, settings: ContractSettings) -> None:
+        """Replace a contract's settings and rebuild its router."""
+        async with self._admin_lock:
+            state = self.contract_state(contract)
+            await self._apply({contract_key(contract): contract_settings_to_json(settings)})
+            state.update_settings(settings)
+            await self._evaluate(state)
+
+    async def update_policy(self, fqrv: FQRV, policy: PolicySettings) -> None:
+        """Replace a servable's policy settings (counters kept, unlike ForestFlow) and re-evaluate."""
+        await self._update_definition(fqrv, lambda d: d.with_policy(policy))
+
+    async def update_logging(self, fqrv: FQRV, logging: LoggingSettings) -> None:
+        """Replace a servable's logging settings; takes effect on the next request."""
+        await self._update_definition(fqrv, lambda d: d.with_logging(logging))
+
+    async def update_performance(self, fqrv: FQRV, values: dict[str, float]) -> None:
+        """Merge reported performance metrics (drives PerformanceBased validity and KeepTopRanked)."""
+        async with self._admin_lock:
+            entry = self.entry(fqrv)
+            entry.metrics.performance_metrics.update(values)
+            await self._apply({metrics_key(fqrv): _metrics_to_doc(entry.metrics)})
+            await self._evaluate(self.contracts[fqrv.contract])
+
+    async def _update_definition(self, fqrv: FQRV, change: Callable[[ServableDefinition], ServableDefinition]) -> None:
+        async with self._admin_lock:
+            entry = self.entry(fqrv)
+            loaded = self.loaded[fqrv]
+            new = change(loaded.definition)
+            await self._apply({servable_key(fqrv): serve_request_to_json(new)})
+            loaded.definition = new
+            entry.settings = new.settings
+            await self._evaluate(self.contracts[fqrv.contract])
+
+    async def delete_servable(self, fqrv: FQRV) -> list[FQRV]:
+        """Remove a servable (and its contract when it was the last); unknown ones are a no-op."""
+        async with self._admin_lock:
+            state = self.contracts.get(fqrv.contract)
+            if state is None or fqrv.release not in state.servables:
+                return []
+            await self._remove(state, [fqrv.release])
+            if state.servables:
+                await self._evaluate(state)
+        return [fqrv]
+
+    async def _remove(self, state: ContractState, releases: list[str]) -> None:
+        """Persist and apply the removal of servables (the caller holds the admin lock)."""
+        changes: dict[str, Any] = {}
+        for release in releases:
+            fqrv = FQRV(state.contract, release)
+            changes[servable_key(fqrv)] = None
+            changes[metrics_key(fqrv)] = None
+        remaining = set(state.servables) - set(releases)
+        if not remaining:
+            changes[contract_key(state.contract)] = None
+            changes[routing_key(state.contract)] = None
+        await self._apply(changes)
+        for release in releases:
+            state.remove(release)
+            loaded = self.loaded.pop(FQRV(state.contract, release), None)
+            if loaded is not None:
+                await self._unload(loaded)
+            log.info("servable_removed", fqrv=f"{state.contract}.{release}")
+        if not remaining:
+            self.contracts.pop(state.contract, None)
+
+    async def _apply(self, changes: dict[str, Any]) -> None:
+        try:
+            await self.store.apply(changes)
+        except GatewayError:
+            raise
+        except Exception as exc:
+            raise StoreUnavailable(f"registry store unavailable: {exc}") from exc
+
+    # ---- evaluation and persistence ----------------------------------------------------------------
+    async def evaluate_all(self) -> None:
+        """Re-evaluate every contract (timer)."""
+        async with self._admin_lock:
+            for state in list(self.contracts.values()):
+                await self._evaluate(state)
+
+    async def _evaluate(self, state: ContractState) -> None:
+        """Evaluate one contract; persist and unload what its expiration policy removed."""
+        stamps_before = {r: e.metrics.became_valid_at_ms for r, e in state.servables.items()}
+        result = state.evaluate(self.clock())
+        if result.expired:
+            changes: dict[str, Any] = {}
+            for release in result.expired:
+                fqrv = FQRV(state.contract, release)
+                changes[servable_key(fqrv)] = None
+                changes[metrics_key(fqrv)] = None
+            await self._apply(changes)
+            for release in result.expired:
+                fqrv = FQRV(state.contract, release)
+                log.info("servable_expired", fqrv=str(fqrv), policy=type(state.settings.expiration).__name__)
+                loaded = self.loaded.pop(fqrv, None)
+                if loaded is not None:
+                    await self._unload(loaded)
+        stamped = any(stamps_before.get(r) != e.metrics.became_valid_at_ms for r, e in state.servables.items())
+        if stamped or result.routing_changed:
+            self._metrics_dirty = True
+
+    async def flush_metrics(self, force: bool = False) -> None:
+        """Persist counters and router state when they changed."""
+        if not (self._metrics_dirty or force):
+            return
+        self._metrics_dirty = False
+        changes: dict[str, Any] = {}
+        for contract, state in self.contracts.items():
+            for entry in state.servables.values():
+                changes[metrics_key(entry.fqrv)] = _metrics_to_doc(entry.metrics)
+            if state.servables:
+                changes[routing_key(contract)] = state.routing_state()
+        if not changes:
+            return
+        try:
+            await self.store.apply(changes)
+        except Exception:
+            self._metrics_dirty = True
+            raise
+
+
+@dataclass(slots=True)
+class _RequestContext:
+    frame: Frame
+    configs: dict[str, str]
+    request_id: str
+    protocol: str
+    raw_request: bytes | None
+    encode_raw_response: Callable[[FQRV, Frame], bytes] | None
+
+
+def _metrics_to_doc(m: ServableMetrics) -> dict[str, Any]:
+    return {
+        "createdAtMS": m.created_at_ms,
+        "scoreCount": m.score_count,
+        "shadeCount": m.shade_count,
+        "becameValidAtMS": m.became_valid_at_ms,
+        "currentPhaseInPct": m.current_phase_in_pct,
+        "performanceMetrics": m.performance_metrics,
+    }
+
+
+def _metrics_from_doc(doc: dict[str, Any] | None, created_at_ms: int) -> ServableMetrics:
+    if not doc:
+        return ServableMetrics(created_at_ms=created_at_ms)
+    return ServableMetrics(
+        created_at_ms=int(doc.get("createdAtMS") or created_at_ms),
+        score_count=int(doc.get("scoreCount", 0)),
+        shade_count=int(doc.get("shadeCount", 0)),
+        became_valid_at_ms=doc.get("becameValidAtMS"),
+        current_phase_in_pct=int(doc.get("currentPhaseInPct", 0)),
+        performance_metrics={str(k): float(v) for k, v in (doc.get("performanceMetrics") or {}).items()},
+    )

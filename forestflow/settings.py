@@ -1,0 +1,190 @@
+"""Gateway settings: one typed object, from defaults, a TOML file, then ``FORESTFLOW_*`` variables.
+
+Every field below can be set in the TOML file (flat, or in sections: ``[kafka] topic = "x"`` is
+``kafka_topic``) and by the environment variable ``FORESTFLOW_<FIELD>`` in upper case. Values
+are validated at start; a bad one raises :class:`SettingsError` with one clear line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "FORESTFLOW_"
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message is one line naming it."""
+
+
+def _doc(text: str, **kw: Any) -> Any:
+    return field(metadata={"doc": text}, **kw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the gateway can be configured with."""
+
+    host: str = _doc("address the HTTP API binds", default="127.0.0.1")
+    port: int = _doc("HTTP API port (0 = any free port)", default=8090)
+    data_dir: Path = _doc("where registry state, the artifact cache and the local log live", default=Path("forestflow-data"))
+    admin_token: str = _doc("bearer token required on admin routes (empty = no auth)", default="")
+    insecure_admin: bool = _doc("allow a non-loopback bind without an admin token", default=False)
+    allow_python: bool = _doc("allow the Python flavor (runs code an admin request names)", default=False)
+    log_level: str = _doc("structlog level: debug, info, warning, error", default="info")
+    access_log: bool = _doc("one JSON line per request", default=True)
+
+    grpc_port: int = _doc("V2 gRPC port (-1 disables it, 0 = any free port)", default=8081)
+
+    redis_url: str = _doc("redis://... to share the registry between replicas (empty = file store)", default="")
+    redis_sync_interval_s: float = _doc("period of the registry version check against Redis", default=2.0)
+
+    kafka_bootstrap_servers: str = _doc("host:port[,host:port] of Kafka (empty = local file log)", default="")
+    kafka_topic: str = _doc("topic for BASIC and V2 prediction events", default="forestflow.predictions")
+    kafka_gp_topic: str = _doc("topic for GraphPipe prediction events", default="forestflow.predictions.gp")
+    kafka_compression: str = _doc("none or gzip", default="gzip")
+    kafka_acks: str = _doc("0, 1 or all", default="all")
+    kafka_linger_ms: int = _doc("producer batching delay", default=5)
+    kafka_enable_idempotence: bool = _doc("idempotent producer (off for brokers that lack it)", default=True)
+    kafka_request_timeout_ms: int = _doc("per produce request", default=10000)
+
+    log_file: str = _doc("local prediction log (relative to data_dir) used without Kafka", default="predictions.jsonl")
+    log_file_format: str = _doc("jsonl or protobuf (length-delimited)", default="jsonl")
+    log_buffer_bytes: int = _doc("bytes of prediction events held while the sink is slow or away", default=64 * 1024 * 1024)
+    log_sample_every: int = _doc("SAMPLE logging shadows one request in this many", default=100)
+    log_flush_timeout_s: float = _doc("how long shutdown waits to flush the prediction log", default=10.0)
+
+    request_timeout_ms: int = _doc("default deadline of a scoring request", default=30000)
+    scoring_slots: int = _doc("concurrent predict calls per servable (when its flavor sets none)", default=2)
+    scoring_threads: int = _doc("threads shared by all servables for predict calls", default=16)
+    live_queue: int = _doc("live requests queued per servable before 503", default=64)
+    shadow_queue: int = _doc("shadow copies queued per servable before they are dropped", default=64)
+    max_batch_rows: int = _doc("micro-batch limit for queued requests (0 = off)", default=512)
+    max_body_bytes: int = _doc("largest request body accepted (after decompression)", default=64 * 1024 * 1024)
+    max_rows: int = _doc("largest batch (records) accepted", default=100000)
+    evaluation_interval_s: float = _doc("contract re-evaluation period (phase-in, validity)", default=5.0)
+    metrics_flush_interval_s: float = _doc("how often counters are persisted", default=1.0)
+    shutdown_timeout_s: float = _doc("grace period for in-flight requests at shutdown", default=30.0)
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.port <= 65535, "port", self.port, "an integer 0..65535")
+        _check(-1 <= self.grpc_port <= 65535, "grpc_port", self.grpc_port, "an integer -1..65535")
+        _check(bool(self.host), "host", self.host, "an address")
+        _check(self.log_level in ("debug", "info", "warning", "error"), "log_level", self.log_level, "debug, info, warning or error")
+        _check(self.kafka_compression in ("none", "gzip"), "kafka_compression", self.kafka_compression, "none or gzip")
+        _check(self.kafka_acks in ("0", "1", "all"), "kafka_acks", self.kafka_acks, "0, 1 or all")
+        _check(self.log_file_format in ("jsonl", "protobuf"), "log_file_format", self.log_file_format, "jsonl or protobuf")
+        _check(bool(self.kafka_topic), "kafka_topic", self.kafka_topic, "a topic name")
+        _check(bool(self.kafka_gp_topic), "kafka_gp_topic", self.kafka_gp_topic, "a topic name")
+        _check(not self.redis_url or self.redis_url.startswith(("redis://", "rediss://", "unix://")), "redis_url", self.redis_url, "a redis:// URL")
+        for name in ("scoring_slots", "scoring_threads", "log_sample_every", "request_timeout_ms", "max_body_bytes", "max_rows", "log_buffer_bytes"):
+            _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")
+        for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms"):
+            _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")
+        for name in ("evaluation_interval_s", "metrics_flush_interval_s", "redis_sync_interval_s", "log_flush_timeout_s"):
+            _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number of seconds")
+        if not self.admin_token and not self.insecure_admin and not _is_loopback(self.host):
+            raise SettingsError(
+                f"refusing to bind {self.host} with no admin token: set FORESTFLOW_ADMIN_TOKEN or pass --insecure-admin"
+            )
+
+    @property
+    def kafka_enabled(self) -> bool:
+        """Whether prediction events go to Kafka (else to the local file)."""
+        return bool(self.kafka_bootstrap_servers)
+
+    @classmethod
+    def load(
+        cls,
+        config_file: str | Path | None = None,
+        environ: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> Settings:
+        """Defaults <- TOML file <- environment <- explicit overrides (CLI flags)."""
+        values: dict[str, Any] = {}
+        if config_file:
+            values.update(_read_toml(Path(config_file)))
+        env = os.environ if environ is None else environ
+        names = {f.name for f in dataclasses.fields(cls)}
+        for name in names:
+            key = ENV_PREFIX + name.upper()
+            if key in env:
+                values[name] = env[key]
+        unknown_env = [k for k in env if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() not in names]
+        if unknown_env:
+            raise SettingsError(f"unknown setting {unknown_env[0]}")
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls(**{name: _coerce(cls, name, value) for name, value in values.items()})
+
+
+def _check(ok: bool, name: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise SettingsError(f"invalid {name} = {value!r}: expected {expected} (FORESTFLOW_{name.upper()})")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SettingsError(f"config file {path} not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"config file {path} is not valid TOML: {exc}") from None
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, table: dict[str, Any]) -> None:
+        for key, value in table.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict):
+                walk(f"{name}_", value)
+            else:
+                flat[name] = value
+
+    walk("", data)
+    names = {f.name for f in dataclasses.fields(Settings)}
+    for name in flat:
+        if name not in names:
+            raise SettingsError(f"unknown setting {name!r} in {path}")
+    return flat
+
+
+def _coerce(cls: type[Settings], name: str, value: Any) -> Any:
+    if name not in {f.name for f in dataclasses.fields(cls)}:
+        raise SettingsError(f"unknown setting {name!r}")
+    default = next(f.default for f in dataclasses.fields(cls) if f.name == name)
+    try:
+        if isinstance(default, bool):
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError
+        if isinstance(default, int):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(str(value).strip()) if not isinstance(value, (int, float)) else int(value)
+        if isinstance(default, float):
+            return float(value)
+        if isinstance(default, Path):
+            return Path(str(value))
+        return str(value)
+    except (TypeError, ValueError):
+        kind = type(default).__name__
+        raise SettingsError(f"invalid {name} = {value!r}: expected {kind} (FORESTFLOW_{name.upper()})") from None
