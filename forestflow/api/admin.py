@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from forestflow.api.common import GATEWAY, SETTINGS, contract_from, fqrv_from, read_json, request_id_of
+from forestflow.api.common import FQRV_TAG, GATEWAY, SETTINGS, contract_from, fqrv_from, read_json, request_id_of
 from forestflow.api.responses import json_response
 from forestflow.codecs.ff_settings import (
     contract_settings_to_json,
@@ -65,7 +65,7 @@ async def create_servable(request: web.Request) -> web.Response:
     if isinstance(body, dict) and "MLmodel" in str(body.get("path", "")):
         raise InvalidInput("MLflow serve requests are not supported yet; deploy the MOJO with an H2OMojo flavor")
     definition = parse_serve_request(body, url_fqrv)
-    request["fqrv"] = str(definition.fqrv)
+    request[FQRV_TAG] = str(definition.fqrv)
     fqrv = await request.app[GATEWAY].create_servable(definition)
     return json_response({"ServableCreatedSuccessfully": {"fqrv": fqrv_to_json(fqrv)}})
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from forestflow.api.common import GATEWAY, contract_from, fqrv_from, read_json, request_id_of, timeout_from
+from forestflow.api.common import FQRV_TAG, GATEWAY, contract_from, fqrv_from, read_json, request_id_of, timeout_from
 from forestflow.api.responses import json_response
 from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_from_proto, prediction_to_json, prediction_to_proto
@@ -35,7 +35,7 @@ async def score(request: web.Request) -> web.Response:
         protocol="basic",
         timeout_s=timeout_from(request),
     )
-    request["fqrv"] = str(result.fqrv)
+    request[FQRV_TAG] = str(result.fqrv)
     unknown = result.frame.parameters.get("unknown_inputs") or []
     headers = {"X-Forestflow-Unknown-Inputs": ",".join(unknown)} if unknown else None
     if as_proto:

@@ -14,6 +14,10 @@ from forestflow.settings import Settings
 
 GATEWAY = web.AppKey("gateway", Gateway)
 SETTINGS = web.AppKey("settings", Settings)
+#: Per-request values the middleware and the access log read.
+REQUEST_ID = web.RequestKey("request_id", str)
+CONTRACT = web.RequestKey("contract", str)
+FQRV_TAG = web.RequestKey("fqrv", str)
 
 #: Per-request deadline header (milliseconds), lowering or raising the configured default.
 DEADLINE_HEADER = "X-Request-Timeout-Ms"
@@ -21,21 +25,21 @@ DEADLINE_HEADER = "X-Request-Timeout-Ms"
 
 def request_id_of(request: web.Request) -> str:
     """The id the middleware gave this request (``X-Request-Id`` when the client sent a sane one)."""
-    return request.get("request_id") or ""
+    return request.get(REQUEST_ID) or ""
 
 
 def contract_from(request: web.Request) -> Contract:
     """The contract named by ``/{org}/{project}/{n}`` in the path."""
     info = request.match_info
     contract = Contract(info["org"], info["project"], int(info["n"]))
-    request["contract"] = str(contract)
+    request[CONTRACT] = str(contract)
     return contract
 
 
 def fqrv_from(request: web.Request) -> FQRV:
     """The servable named by ``/{org}/{project}/{n}/{release}`` in the path."""
     fqrv = FQRV(contract_from(request), request.match_info["release"])
-    request["fqrv"] = str(fqrv)
+    request[FQRV_TAG] = str(fqrv)
     return fqrv
 
 

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from forestflow.api.common import SETTINGS
+from forestflow.api.common import CONTRACT, FQRV_TAG, REQUEST_ID, SETTINGS
 from forestflow.api.responses import error_response
 from forestflow.errors import GatewayError, InvalidInput, MethodNotAllowed, NotFound, PayloadTooLarge, ScoringError
 
@@ -39,7 +39,7 @@ def build_middleware(enable_access_log: bool) -> Callable[[web.Request, Handler]
         started = time.perf_counter()
         given = request.headers.get("X-Request-Id", "")
         request_id = given if 0 < len(given) <= _MAX_REQUEST_ID and given.isprintable() else uuid.uuid4().hex
-        request["request_id"] = request_id
+        request[REQUEST_ID] = request_id
         status = 500
         try:
             response = await handler(request)
@@ -60,7 +60,7 @@ def build_middleware(enable_access_log: bool) -> Callable[[web.Request, Handler]
         except Exception:
             log.exception("unhandled_error", request_id=request_id, path=request.path)
             status = 500
-            return error_response(ScoringError(request.get("fqrv"), "internal error; see the gateway log with this request_id"), request_id)
+            return error_response(ScoringError(request.get(FQRV_TAG), "internal error; see the gateway log with this request_id"), request_id)
         finally:
             if enable_access_log:
                 access_log.info(
@@ -69,8 +69,8 @@ def build_middleware(enable_access_log: bool) -> Callable[[web.Request, Handler]
                     method=request.method,
                     path=request.path,
                     status=status,
-                    contract=request.get("contract"),
-                    fqrv=request.get("fqrv"),
+                    contract=request.get(CONTRACT),
+                    fqrv=request.get(FQRV_TAG),
                     ms=round((time.perf_counter() - started) * 1000, 3),
                 )
 

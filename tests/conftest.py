@@ -1,0 +1,32 @@
+"""Shared fixtures: an in-process gateway on a real port, and gateway child processes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import GatewayProcess, InProcessGateway, serve_in_process
+
+
+@pytest.fixture
+async def gw(tmp_path: Path) -> AsyncIterator[InProcessGateway]:
+    """A gateway (file store, file log, Python flavor allowed) served on a free loopback port."""
+    async with serve_in_process(tmp_path / "data") as server:
+        yield server
+
+
+@pytest.fixture
+def gateway_process(tmp_path: Path) -> Iterator[type[GatewayProcess]]:
+    """Factory for gateway child processes; all are stopped at the end of the test."""
+    started: list[GatewayProcess] = []
+
+    class Tracked(GatewayProcess):
+        def start(self, timeout_s: float = 30.0) -> GatewayProcess:
+            started.append(self)
+            return super().start(timeout_s)
+
+    yield Tracked
+    for proc in started:
+        proc.kill()

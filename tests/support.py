@@ -1,0 +1,169 @@
+"""Test helpers: real gateway servers (in-process or as a child process) and request builders."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import requests
+from aiohttp import web
+
+from forestflow.api.app import build_app
+from forestflow.api.common import GATEWAY
+from forestflow.service import Gateway
+from forestflow.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+ECHO_DIR = FIXTURES / "servables" / "echo"
+H2O_DIR = FIXTURES / "h2o"
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def python_servable(
+    contract: tuple[str, str, int] = ("acme", "demo", 1),
+    release: str = "v1",
+    *,
+    validity: list[dict[str, Any]] | None = None,
+    phase_in: dict[str, Any] | None = None,
+    log_level: str = "NONE",
+    key_features: list[str] | None = None,
+    contract_settings: dict[str, Any] | None = None,
+    directory: Path = ECHO_DIR,
+    module: str = "model.py",
+) -> dict[str, Any]:
+    """A BasicServeRequest for a Python-flavor test servable."""
+    org, project, n = contract
+    body: dict[str, Any] = {
+        "path": directory.as_uri(),
+        "fqrv": {"contract": {"organization": org, "project": project, "contract_number": n}, "release_version": release},
+        "flavor": {"Python": {"modulePath": module, "entryPoint": "predict"}},
+        "servableSettings": {
+            "policySettings": {
+                "validityPolicy": validity if validity is not None else [{"ImmediatelyValid": {}}],
+                "phaseInPolicy": phase_in or {"ImmediatePhaseIn": {}},
+            },
+            "loggingSettings": {"logLevel": log_level, "keyFeatures": key_features if key_features is not None else (["reqid"] if log_level != "NONE" else [])},
+        },
+    }
+    if contract_settings is not None:
+        body["contractSettings"] = contract_settings
+    return body
+
+
+def score_body(xs: list[float], labels: list[str] | None = None, configs: dict[str, str] | None = None) -> dict[str, Any]:
+    """A mixed String + Float64 InferenceRequest with one record per value."""
+    labels = labels or [f"r{i}" for i in range(len(xs))]
+    return {
+        "schema": [{"type": "String", "fields": ["label"]}, {"type": "Float64", "fields": ["x"]}],
+        "datum": [{"tensors": [{"String": {"data": [lab]}}, {"Float64": {"data": [x]}}]} for x, lab in zip(xs, labels)],
+        "configs": configs or {},
+    }
+
+
+@dataclass
+class InProcessGateway:
+    """A gateway app served on a real loopback port inside the test's event loop."""
+
+    url: str
+    app: web.Application
+    session: aiohttp.ClientSession
+
+    @property
+    def gateway(self) -> Gateway:
+        """The service object behind the app."""
+        return self.app[GATEWAY]
+
+
+@asynccontextmanager
+async def serve_in_process(data_dir: Path, **overrides: Any) -> AsyncIterator[InProcessGateway]:
+    """Run the real app on a free port; yields its URL and a client session."""
+    settings = Settings.load(environ={}, overrides={"data_dir": data_dir, "port": 0, "grpc_port": -1, "allow_python": True, **overrides})
+    app = build_app(settings)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield InProcessGateway(f"http://127.0.0.1:{port}", app, session)
+    finally:
+        await runner.cleanup()
+
+
+class GatewayProcess:
+    """``forestflow serve`` in a child process on a free port (for restarts and multi-process tests)."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None, args: list[str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "FORESTFLOW_ALLOW_PYTHON": "1", "FORESTFLOW_GRPC_PORT": "-1", **(env or {})}
+        self.args = args or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"gateway-{self.port}.log"
+
+    def start(self, timeout_s: float = 30.0) -> GatewayProcess:
+        """Start and wait until /health/live answers."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "forestflow.cli", "serve", "--port", str(self.port), "--data-dir", str(self.data_dir), *self.args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.log()}")
+            try:
+                if requests.get(self.url + "/health/live", timeout=1).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"gateway did not start: {self.log()}")
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait (graceful shutdown); returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL (no graceful shutdown)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log(self) -> str:
+        """What the process printed so far (last 4 kB)."""
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""

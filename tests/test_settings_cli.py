@@ -1,0 +1,59 @@
+"""Settings load from TOML and environment; bad values exit non-zero with one clear line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forestflow.settings import Settings, SettingsError
+from tests.support import ROOT
+
+
+def test_toml_then_env_then_overrides(tmp_path: Path) -> None:
+    config = tmp_path / "ff.toml"
+    config.write_text('port = 9000\n[kafka]\ntopic = "preds"\n')
+    settings = Settings.load(config, environ={"FORESTFLOW_PORT": "9100", "FORESTFLOW_ALLOW_PYTHON": "true"})
+    assert (settings.port, settings.kafka_topic, settings.allow_python) == (9100, "preds", True)
+    assert Settings.load(config, environ={}, overrides={"port": 9200}).port == 9200
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FORESTFLOW_PORT": "eighty"}, "invalid port"),
+        ({"FORESTFLOW_PORT": "70000"}, "invalid port"),
+        ({"FORESTFLOW_HOST": "0.0.0.0"}, "no admin token"),
+        ({"FORESTFLOW_KAFKA_ACKS": "2"}, "invalid kafka_acks"),
+        ({"FORESTFLOW_NOPE": "1"}, "unknown setting FORESTFLOW_NOPE"),
+    ],
+)
+def test_bad_settings_raise(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        Settings.load(environ=env)
+
+
+def test_non_loopback_bind_allowed_with_token_or_flag() -> None:
+    assert Settings.load(environ={"FORESTFLOW_HOST": "0.0.0.0", "FORESTFLOW_ADMIN_TOKEN": "t"}).host == "0.0.0.0"
+    assert Settings.load(environ={"FORESTFLOW_HOST": "0.0.0.0"}, overrides={"insecure_admin": True}).insecure_admin
+
+
+def test_serve_with_bad_value_exits_with_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "forestflow.cli", "serve", "--data-dir", str(tmp_path)],
+        env={"FORESTFLOW_PORT": "-5", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "invalid port" in lines[0], result.stderr
+
+
+def test_generated_protobuf_code_is_fresh() -> None:
+    result = subprocess.run([sys.executable, "scripts/gen_proto.py", "--check"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
