@@ -1,0 +1,228 @@
+"""The Kafka sink: prediction events produced with aiokafka, every delivery confirmed or handed back.
+
+``send`` produces a batch of entries (GraphPipe ones to the GraphPipe topic, the rest to the basic
+topic, each with its key), waits for the broker's acknowledgement of each, and returns the entries
+whose delivery was not confirmed so the :class:`~forestflow.predlog.log.PredictionLog` retries them.
+Every wait is bounded by the request timeout (plus a small margin): aiokafka's own ``send()``
+waits for metadata and for room in its batch, and an idempotent producer never gives up on a batch
+while the broker is away, so without that bound a dead broker would stall the drain task forever.
+
+When a batch fails, whatever the producer still holds for it is discarded on the spot (its
+futures are failed) before the entries are handed back, so the old producer cannot deliver them
+later behind our back while the log retries them through a new one: a broker that was cleanly
+down never sees an entry twice. (A produce request already on the wire when the connection died
+may or may not have been written; that ambiguity is Kafka's at-least-once and cannot be removed
+without the idempotent producer across restarts.) ``start`` always builds a fresh producer, and
+``close`` discards rather than flushes, for the same reason: by the time the log closes its sink,
+everything it still cares about has either been confirmed or been counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+
+from forestflow.predlog.log import LogEntry
+
+log = structlog.get_logger("forestflow.predlog.kafka")
+
+#: Added to the request timeout for every bounded wait (connect, one batch, close).
+_MARGIN_S = 1.0
+#: Upper bound for stopping a producer (it holds nothing we still want at that point).
+_CLOSE_TIMEOUT_S = 5.0
+
+
+def _consume_exception(fut: asyncio.Future[Any]) -> None:
+    # Mark a discarded delivery future's exception as seen so asyncio does not log it.
+    if not fut.cancelled():
+        fut.exception()
+
+
+class KafkaSink:
+    """A :class:`~forestflow.predlog.log.Sink` that writes to two Kafka topics with aiokafka."""
+
+    name = "kafka"
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        gp_topic: str,
+        *,
+        compression: str = "gzip",
+        acks: str = "all",
+        linger_ms: int = 5,
+        enable_idempotence: bool = True,
+        request_timeout_ms: int = 10000,
+        max_request_size: int = 1024 * 1024,
+        client_id: str = "forestflow-predlog",
+    ) -> None:
+        if compression not in ("none", "gzip"):
+            raise ValueError(f"kafka compression must be none or gzip, got {compression!r}")
+        if acks not in ("0", "1", "all"):
+            raise ValueError(f"kafka acks must be 0, 1 or all, got {acks!r}")
+        if enable_idempotence and acks != "all":
+            raise ValueError(f"the idempotent producer needs acks=all, got acks={acks}")
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.gp_topic = gp_topic
+        self.compression = compression
+        self.acks = acks
+        self.linger_ms = linger_ms
+        self.enable_idempotence = enable_idempotence
+        self.request_timeout_ms = request_timeout_ms
+        self.max_request_size = max_request_size
+        self.client_id = client_id
+        #: Longest one ``send`` call may take before unconfirmed entries are handed back.
+        self.delivery_timeout_s = request_timeout_ms / 1000 + _MARGIN_S
+        #: Events the producer refused outright as too large; they can never be delivered, so
+        #: they are not handed back (that would retry them forever) but counted here.
+        self.rejected = 0
+        self._producer: AIOKafkaProducer | None = None
+        self._broken = False
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> KafkaSink:
+        """A sink configured from the gateway's ``kafka_*`` settings."""
+        return cls(
+            settings.kafka_bootstrap_servers,
+            settings.kafka_topic,
+            settings.kafka_gp_topic,
+            compression=settings.kafka_compression,
+            acks=settings.kafka_acks,
+            linger_ms=settings.kafka_linger_ms,
+            enable_idempotence=settings.kafka_enable_idempotence,
+            request_timeout_ms=settings.kafka_request_timeout_ms,
+        )
+
+    @property
+    def connected(self) -> bool:
+        """Whether a started producer is ready for the next batch."""
+        return self._producer is not None and not self._broken
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        acks: int | str = "all" if self.acks == "all" else int(self.acks)
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=self.client_id,
+            acks=acks,
+            compression_type=None if self.compression == "none" else self.compression,
+            linger_ms=self.linger_ms,
+            enable_idempotence=self.enable_idempotence,
+            request_timeout_ms=self.request_timeout_ms,
+            max_request_size=self.max_request_size,
+        )
+
+    async def start(self) -> None:
+        """Connect a fresh producer (any previous one is discarded); raises if the broker is away."""
+        await self.close()
+        producer = self._new_producer()
+        try:
+            await asyncio.wait_for(producer.start(), self.request_timeout_ms / 1000 + _MARGIN_S)
+        except BaseException:
+            await self._shutdown(producer)
+            raise
+        self._producer = producer
+        self._broken = False
+
+    async def send(self, entries: list[LogEntry]) -> list[LogEntry]:
+        """Produce ``entries``; return those whose delivery was not confirmed, in their order."""
+        producer = self._producer
+        if producer is None or self._broken:
+            return list(entries)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.delivery_timeout_s
+        pending: list[tuple[LogEntry, asyncio.Future[Any]]] = []
+        unsent_from = len(entries)  # entries from here on were never handed to the producer
+        error: BaseException | None = None
+        i = 0
+        try:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    for i, entry in enumerate(entries):
+                        topic = self.gp_topic if entry.graphpipe else self.topic
+                        try:
+                            fut = await producer.send(topic, entry.value, key=entry.key)
+                        except MessageSizeTooLargeError as exc:
+                            self.rejected += 1
+                            log.error("prediction_log_event_too_large", topic=topic, bytes=len(entry.value), error=str(exc))
+                            continue
+                        except Exception as exc:
+                            unsent_from, error = i, exc
+                            break
+                        pending.append((entry, fut))
+            except TimeoutError as exc:
+                # Cancelling aiokafka's send() while it waits for metadata or for room means the
+                # entry it was handling was not queued.
+                unsent_from = i
+                error = exc
+            if pending:
+                await asyncio.wait([fut for _, fut in pending], timeout=max(0.0, deadline - loop.time()))
+        except asyncio.CancelledError:
+            # The log is shutting down and counts these entries as not delivered: make sure the
+            # producer does not deliver them anyway.
+            self._discard_pending(producer, [fut for _, fut in pending])
+            raise
+
+        def confirmed(fut: asyncio.Future[Any]) -> bool:
+            return fut.done() and not fut.cancelled() and fut.exception() is None
+
+        if unsent_from == len(entries) and all(confirmed(fut) for _, fut in pending):
+            return []
+        self._broken = True
+        self._discard_pending(producer, [fut for _, fut in pending])
+        failed: list[LogEntry] = []
+        for entry, fut in pending:
+            if confirmed(fut):
+                continue
+            failed.append(entry)
+            if error is None and fut.done() and not fut.cancelled():
+                error = fut.exception()
+        failed.extend(entries[unsent_from:])
+        log.warning(
+            "prediction_log_kafka_delivery_failed",
+            failed=len(failed),
+            batch=len(entries),
+            error=repr(error) if error is not None else "not confirmed in time",
+        )
+        return failed
+
+    async def close(self) -> None:
+        """Stop the producer within a bounded time, discarding anything it still holds."""
+        producer, self._producer = self._producer, None
+        self._broken = False
+        if producer is not None:
+            await self._shutdown(producer)
+
+    # ---- internals --------------------------------------------------------------------------------
+    @staticmethod
+    def _discard_pending(producer: AIOKafkaProducer, futures: Sequence[asyncio.Future[Any]] = ()) -> None:
+        # aiokafka has no public "abort": fail every batch still queued or in flight, which also
+        # makes this producer refuse further sends (the log replaces it through start()).
+        accumulator = getattr(producer, "_message_accumulator", None)
+        if accumulator is not None:
+            accumulator.fail_all(KafkaConnectionError("delivery not confirmed in time; discarded for retry"))
+        for fut in futures:
+            if fut.done():
+                _consume_exception(fut)
+            else:
+                fut.add_done_callback(_consume_exception)
+
+    async def _shutdown(self, producer: AIOKafkaProducer) -> None:
+        self._discard_pending(producer)
+        timeout = min(_CLOSE_TIMEOUT_S, self.request_timeout_ms / 1000 + _MARGIN_S)
+        try:
+            await asyncio.wait_for(producer.stop(), timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a hung or dead connection: drop the sockets ourselves
+            log.warning("prediction_log_kafka_close_timeout", error=repr(exc))
+            try:
+                await asyncio.wait_for(producer.client.close(), 1.0)
+            except Exception:  # nothing more we can do about a socket that will not close
+                pass
