@@ -1,0 +1,273 @@
+"""KafkaSink and ``logs tail`` against a real Kafka-protocol broker (tansu, see tests/kafka_broker.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from aiokafka.errors import KafkaConnectionError
+
+from forestflow._proto import forestflow_pb2 as pb
+from forestflow.predlog.encode import encode_event
+from forestflow.predlog.kafka_sink import KafkaSink
+from forestflow.predlog.log import LogEntry
+from forestflow.predlog.record import PredictionRecord
+from forestflow.predlog.tail import add_tail_arguments, run_tail, tail
+from forestflow.settings import Settings
+from tests.kafka_broker import KafkaBroker, free_port, running_broker
+from tests.predlog import kafka_sink, make_record, produce_raw, read_topic
+
+
+@pytest.fixture(scope="module")
+def module_broker() -> Iterator[KafkaBroker]:
+    with running_broker() as broker:
+        yield broker
+
+
+@pytest.fixture
+def broker(module_broker: KafkaBroker) -> KafkaBroker:
+    """The module's broker, running (a previous test may have stopped or paused it)."""
+    module_broker.start()
+    return module_broker
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"predlog-{uuid.uuid4().hex[:10]}"
+
+
+def entry(record: PredictionRecord) -> LogEntry:
+    key = record.key
+    return LogEntry(record.is_graphpipe, key.encode() if key is not None else None, encode_event(record))
+
+
+def request_ids(records: list, graphpipe: bool = False) -> Counter[str]:
+    message = pb.PredictionEventGP if graphpipe else pb.PredictionEvent
+    return Counter(message.FromString(r.value).requestId for r in records)
+
+
+# ---- the sink ---------------------------------------------------------------------------------------
+async def test_send_routes_by_topic_with_keys(broker: KafkaBroker, topic: str) -> None:
+    sink = kafka_sink(broker.bootstrap, topic)
+    await sink.start()
+    basic = [
+        make_record(0, {"user": "u0", "session": "s0"}),
+        make_record(1, {"session": "s1"}),
+        make_record(2, {"other": "x"}),
+    ]
+    gp = [make_record(3, {"user": "u3"}, graphpipe=True)]
+    entries = [entry(r) for r in basic + gp]
+    try:
+        assert await sink.send(entries) == []
+    finally:
+        await sink.close()
+    got = await read_topic(broker.bootstrap, topic, expect=3)
+    got_gp = await read_topic(broker.bootstrap, topic + ".gp", expect=1)
+    assert sorted(((r.key, r.value) for r in got), key=str) == sorted(
+        [(b"u0|s0", entries[0].value), (b"s1", entries[1].value), (None, entries[2].value)], key=str
+    )
+    assert [(r.key, r.value) for r in got_gp] == [(b"u3", entries[3].value)]
+
+
+async def test_start_raises_promptly_without_broker() -> None:
+    sink = kafka_sink(f"127.0.0.1:{free_port()}", "nowhere")
+    started = time.monotonic()
+    with pytest.raises((KafkaConnectionError, TimeoutError)):
+        await sink.start()
+    assert time.monotonic() - started < sink.delivery_timeout_s + 1
+    assert not sink.connected
+    assert await sink.send([entry(make_record(1))]) != []
+
+
+async def test_broker_death_mid_run_hands_back_everything_then_fresh_producer_delivers_once(
+    broker: KafkaBroker, topic: str
+) -> None:
+    sink = kafka_sink(broker.bootstrap, topic)
+    await sink.start()
+    first_producer = sink._producer
+    try:
+        assert await sink.send([entry(make_record(i, {"user": f"u{i}"})) for i in range(5)]) == []
+        await asyncio.to_thread(broker.stop)
+        lost = [entry(make_record(i, {"user": f"u{i}"})) for i in range(5, 55)]
+        started = time.monotonic()
+        failed = await sink.send(lost)
+        assert time.monotonic() - started < sink.delivery_timeout_s + 1.0
+        assert failed == lost  # every entry, in order
+        assert not sink.connected
+        assert await sink.send(lost[:3]) == lost[:3]  # a broken producer is not used again
+
+        await asyncio.to_thread(broker.restart)
+        await sink.start()
+        assert sink.connected and sink._producer is not first_producer
+        assert await sink.send(failed) == []
+    finally:
+        await sink.close()
+    ids = request_ids(await read_topic(broker.bootstrap, topic, expect=55))
+    assert ids == Counter(f"req-{i}" for i in range(55))
+
+
+async def test_send_is_bounded_when_the_broker_hangs(broker: KafkaBroker, topic: str) -> None:
+    sink = kafka_sink(broker.bootstrap, topic, request_timeout_ms=1500)
+    await sink.start()
+    try:
+        assert await sink.send([entry(make_record(0))]) == []
+        broker.pause()  # connections stay open, nothing answers
+        batch = [entry(make_record(i)) for i in range(1, 40)]
+        started = time.monotonic()
+        failed = await sink.send(batch)
+        elapsed = time.monotonic() - started
+        assert failed == batch
+        assert elapsed < sink.delivery_timeout_s + 1.0
+        started = time.monotonic()
+        await sink.close()
+        assert time.monotonic() - started < 6.0
+        broker.resume()
+        await sink.start()
+        assert await sink.send(failed) == []
+    finally:
+        broker.resume()
+        await sink.close()
+    # A request the hung broker received may be written once it answers again: at least once.
+    ids = request_ids(await read_topic(broker.bootstrap, topic, expect=40))
+    assert set(ids) == {f"req-{i}" for i in range(40)}
+
+
+async def test_cut_short_send_is_not_delivered_later_and_close_is_bounded(broker: KafkaBroker, topic: str) -> None:
+    sink = kafka_sink(broker.bootstrap, topic)
+    await sink.start()
+    assert await sink.send([entry(make_record(0))]) == []
+    await asyncio.to_thread(broker.stop)
+    # A send cut short (PredictionLog.close cancels its drain at the deadline and counts these
+    # entries as dropped) must not leave them in the producer to go out when the broker returns.
+    task = asyncio.create_task(sink.send([entry(make_record(i)) for i in range(1, 20)]))
+    await asyncio.sleep(0.3)  # let the producer take them
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.to_thread(broker.restart)
+    # aiokafka retries every 100 ms; an undiscarded batch would land within this window.
+    assert request_ids(await read_topic(broker.bootstrap, topic, expect=2, timeout_s=3)) == Counter(["req-0"])
+    await asyncio.to_thread(broker.stop)
+    started = time.monotonic()
+    await sink.close()
+    assert time.monotonic() - started < 3.0
+
+
+async def test_oversized_event_is_counted_not_retried(broker: KafkaBroker, topic: str) -> None:
+    sink = kafka_sink(broker.bootstrap, topic, max_request_size=2000)
+    await sink.start()
+    big, small = entry(make_record(1, pad=5000)), entry(make_record(2))
+    try:
+        assert await sink.send([big, small]) == []
+    finally:
+        await sink.close()
+    assert sink.rejected == 1
+    assert request_ids(await read_topic(broker.bootstrap, topic, expect=1)) == Counter(["req-2"])
+
+
+def test_from_settings_and_validation() -> None:
+    settings = Settings(
+        kafka_bootstrap_servers="127.0.0.1:1",
+        kafka_topic="a",
+        kafka_gp_topic="a.gp",
+        kafka_compression="none",
+        kafka_acks="1",
+        kafka_linger_ms=7,
+        kafka_enable_idempotence=False,
+        kafka_request_timeout_ms=1234,
+    )
+    sink = KafkaSink.from_settings(settings)
+    assert (sink.bootstrap_servers, sink.topic, sink.gp_topic) == ("127.0.0.1:1", "a", "a.gp")
+    assert (sink.compression, sink.acks, sink.linger_ms) == ("none", "1", 7)
+    assert (sink.enable_idempotence, sink.request_timeout_ms) == (False, 1234)
+    with pytest.raises(ValueError, match="acks=all"):
+        KafkaSink("x:1", "a", "b", acks="1", enable_idempotence=True)
+    with pytest.raises(ValueError, match="compression"):
+        KafkaSink("x:1", "a", "b", compression="zstd")
+
+
+# ---- logs tail --------------------------------------------------------------------------------------
+async def _fill(broker: KafkaBroker, topic: str, records: list[PredictionRecord]) -> list[LogEntry]:
+    sink = kafka_sink(broker.bootstrap, topic)
+    await sink.start()
+    entries = [entry(r) for r in records]
+    try:
+        assert await sink.send(entries) == []
+    finally:
+        await sink.close()
+    return entries
+
+
+async def test_tail_from_beginning_prints_json_lines(broker: KafkaBroker, topic: str) -> None:
+    records = [make_record(i, {"user": f"u{i % 3}", "session": "s"}) for i in range(12)]
+    await _fill(broker, topic, records)
+    out = io.StringIO()
+    n = await tail(broker.bootstrap, topic, True, None, out, max_events=12, idle_timeout_s=10)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert n == len(lines) == 12
+    by_id = {line["requestId"]: line for line in lines}
+    assert set(by_id) == {f"req-{i}" for i in range(12)}
+    line = by_id["req-4"]
+    assert line["key"] == "u1|s"
+    assert isinstance(line["partition"], int) and isinstance(line["offset"], int) and line["timestamp"] > 0
+    assert line["servedRequest"] is True
+    assert line["inferenceRequest"]["configs"] == {"user": "u1", "session": "s"}
+    assert line["fqrv"]["releaseVersion"] == "v1.2"
+
+
+async def test_tail_filters_by_exact_key(broker: KafkaBroker, topic: str) -> None:
+    records = [make_record(i, {"user": f"u{i % 3}"}) for i in range(9)] + [make_record(9, {"user": "u11"})]
+    await _fill(broker, topic, records)
+    out = io.StringIO()
+    n = await tail(broker.bootstrap, topic, True, "u1", out, idle_timeout_s=1.5)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert n == 3
+    assert sorted(line["requestId"] for line in lines) == ["req-1", "req-4", "req-7"]
+    assert {line["key"] for line in lines} == {"u1"}
+
+
+async def test_tail_without_from_beginning_prints_only_new_events(broker: KafkaBroker, topic: str) -> None:
+    await produce_raw(broker.bootstrap, topic, [(b"old", entry(make_record(i)).value) for i in range(6)])
+    out = io.StringIO()
+    task = asyncio.create_task(tail(broker.bootstrap, topic, False, None, out, max_events=3, idle_timeout_s=20))
+    # The tail positions itself at some point; keep writing new events until it has seen three.
+    i = 100
+    while not task.done():
+        await produce_raw(broker.bootstrap, topic, [(b"new", entry(make_record(i)).value)])
+        i += 1
+        await asyncio.wait([task], timeout=0.2)
+    assert await task == 3
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(lines) == 3
+    assert all(line["key"] == "new" and int(line["requestId"][4:]) >= 100 for line in lines)
+
+
+async def test_tail_detects_graphpipe_topics(broker: KafkaBroker, topic: str) -> None:
+    records = [make_record(i, {"user": "g"}, graphpipe=True) for i in range(3)]
+    await _fill(broker, topic, records)
+    out = io.StringIO()
+    assert await tail(broker.bootstrap, topic + ".gp", True, None, out, max_events=3, idle_timeout_s=10) == 3
+    lines = sorted((json.loads(line) for line in out.getvalue().splitlines()), key=lambda d: d["requestId"])
+    assert [base64.b64decode(line["inferBytes"]) for line in lines] == [r.raw_request for r in records]
+    assert [base64.b64decode(line["prediction"]["inferResponse"]) for line in lines] == [r.raw_response for r in records]
+
+
+def test_run_tail_cli_arguments(broker: KafkaBroker, topic: str, capsys: pytest.CaptureFixture[str]) -> None:
+    asyncio.run(_fill(broker, topic, [make_record(1, {"user": "a"}), make_record(2, {"user": "b"})]))
+    parser = argparse.ArgumentParser()
+    add_tail_arguments(parser)
+    args = parser.parse_args(
+        ["--bootstrap", broker.bootstrap, "--topic", topic, "--from-beginning", "--key", "b", "--idle-timeout", "1.5"]
+    )
+    assert run_tail(args) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(line["requestId"], line["key"]) for line in lines] == [("req-2", "b")]
+    assert run_tail(parser.parse_args(["--bootstrap", f"127.0.0.1:{free_port()}", "--topic", topic])) == 1
