@@ -1,0 +1,103 @@
+"""Load drivers: wrk with a Lua body script (pinned to core 1), or an asyncio client when wrk is missing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+LUA = """
+local f = io.open(os.getenv("BENCH_BODY"), "rb")
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = os.getenv("BENCH_CT")
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.stderr:write(string.format(
+    '{"requests":%d,"duration_us":%d,"p50_us":%d,"p99_us":%d,"status_errors":%d,"socket_errors":%d}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.status, e.connect + e.read + e.write + e.timeout))
+end
+"""
+
+
+@dataclass
+class Result:
+    """One load run's figures."""
+
+    requests: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+def drive(url: str, body: bytes, content_type: str, concurrency: int, duration_s: float) -> Result:
+    """POST ``body`` to ``url`` at ``concurrency`` for ``duration_s`` seconds."""
+    if shutil.which("wrk"):
+        return _wrk(url, body, content_type, concurrency, duration_s)
+    return asyncio.run(_asyncio_client(url, body, content_type, concurrency, duration_s))
+
+
+def _wrk(url: str, body: bytes, content_type: str, concurrency: int, duration_s: float) -> Result:
+    with tempfile.TemporaryDirectory() as tmp:
+        body_file = Path(tmp) / "body"
+        body_file.write_bytes(body)
+        script = Path(tmp) / "post.lua"
+        script.write_text(LUA)
+        threads = 1 if concurrency < 4 else 2
+        argv = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(duration_s))}s", "--latency", "-s", str(script), url]
+        if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
+            argv = ["taskset", "-c", "1", *argv]
+        done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "BENCH_BODY": str(body_file), "BENCH_CT": content_type}, timeout=duration_s + 60)
+    line = next((l for l in done.stderr.splitlines() if l.startswith("{")), None)
+    if line is None:
+        raise RuntimeError(f"wrk failed: {done.stdout}\n{done.stderr}")
+    data = json.loads(line)
+    seconds = data["duration_us"] / 1e6
+    return Result(
+        requests=data["requests"],
+        rps=data["requests"] / seconds if seconds else 0.0,
+        p50_ms=data["p50_us"] / 1000,
+        p99_ms=data["p99_us"] / 1000,
+        errors=data["status_errors"] + data["socket_errors"],
+    )
+
+
+async def _asyncio_client(url: str, body: bytes, content_type: str, concurrency: int, duration_s: float) -> Result:
+    import aiohttp
+
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + duration_s
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal errors
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers={"Content-Type": content_type}) as r:
+                    await r.read()
+                    if r.status != 200:
+                        errors += 1
+            except aiohttp.ClientError:
+                errors += 1
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else float("nan")
+
+    return Result(len(latencies), len(latencies) / elapsed, pct(0.5), pct(0.99), errors)

@@ -1,0 +1,74 @@
+"""Request bodies for the benchmarks: the same prostate rows as /score, V2 and GraphPipe payloads."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "h2o" / "prostate_gbm_binomial"
+CATEGORICAL = ["RACE", "DPROS", "DCAPS"]
+NUMERIC = ["AGE", "PSA", "VOL", "GLEASON"]
+
+
+def rows(n: int) -> list[dict[str, str]]:
+    """``n`` input rows taken (cyclically) from the fixture's golden file, missing values skipped."""
+    with open(FIXTURE.with_suffix(".golden.csv")) as fh:
+        data = [r for r in csv.DictReader(fh) if r["kind"] == "data" and all(r[c] not in ("", "NA") for c in CATEGORICAL + NUMERIC)]
+    return [data[i % len(data)] for i in range(n)]
+
+
+def _number(text: str) -> float:
+    return float(text)
+
+
+def score_body(n: int, configs: dict[str, str] | None = None) -> bytes:
+    """A ForestFlow InferenceRequest with ``n`` records."""
+    body: dict[str, Any] = {
+        "schema": [{"type": "String", "fields": CATEGORICAL}, {"type": "Float64", "fields": NUMERIC}],
+        "datum": [
+            {"tensors": [{"String": {"data": [r[c] for c in CATEGORICAL]}}, {"Float64": {"data": [_number(r[c]) for c in NUMERIC]}}]}
+            for r in rows(n)
+        ],
+        "configs": configs or {"reqid": "bench"},
+    }
+    return orjson.dumps(body)
+
+
+def v2_body(n: int) -> bytes:
+    """A V2 inference request in the pd layout (one tensor per feature)."""
+    data = rows(n)
+    inputs = [{"name": c, "shape": [n], "datatype": "BYTES", "data": [r[c] for r in data]} for c in CATEGORICAL]
+    inputs += [{"name": c, "shape": [n], "datatype": "FP64", "data": [_number(r[c]) for r in data]} for c in NUMERIC]
+    return orjson.dumps({"inputs": inputs, "parameters": {"reqid": "bench"}})
+
+
+def graphpipe_body(n: int) -> bytes | None:
+    """A GraphPipe InferRequest (categorical strings + numeric floats), or None without the codec."""
+    try:
+        import numpy as np
+
+        from forestflow.codecs.graphpipe import encode_infer_request  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    data = rows(n)
+    strings = np.array([[r[c] for c in CATEGORICAL] for r in data], dtype=object)
+    numbers = np.array([[_number(r[c]) for c in NUMERIC] for r in data], dtype=np.float64)
+    return bytes(encode_infer_request([strings, numbers], config="reqid:bench"))
+
+
+def definition(contract: tuple[str, str, int], log_level: str) -> dict[str, Any]:
+    """The BasicServeRequest deploying the binomial prostate GBM fixture."""
+    org, project, n = contract
+    return {
+        "path": FIXTURE.parent.as_uri(),
+        "fqrv": {"contract": {"organization": org, "project": project, "contract_number": n}, "release_version": "gbm"},
+        "flavor": {"H2OMojo": {"mojoPath": FIXTURE.name + ".zip"}},
+        "servableSettings": {
+            "policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
+            "loggingSettings": {"logLevel": log_level, "keyFeatures": ["reqid"] if log_level != "NONE" else []},
+        },
+    }

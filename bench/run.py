@@ -1,0 +1,276 @@
+"""The benchmark matrix: the gateway against the bare-server floor, measured in the same run.
+
+Starts the floor server (bench/floor_server.py) and the gateway itself, each pinned to core 0 when
+``taskset`` exists, drives them with wrk (pinned to core 1) or, without wrk, an asyncio client,
+and prints req/s, p50/p99 and the gateway/floor ratio per cell, then which targets hold.
+
+    python bench/run.py              # the whole matrix (several minutes)
+    python bench/run.py --smoke      # a few seconds; asserts nothing about speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import payloads  # noqa: E402
+from bench.driver import Result, drive  # noqa: E402
+
+PYTHON = sys.executable
+TASKSET = shutil.which("taskset")
+
+
+def pinned(cpu: int, argv: list[str]) -> list[str]:
+    """``argv`` under taskset on one core when possible."""
+    return [TASKSET, "-c", str(cpu), *argv] if TASKSET and (os.cpu_count() or 1) > 1 else argv
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url, timeout=1).status_code < 500:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+@dataclass
+class Server:
+    """A child server process and its base URL."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+
+def start_floor(log_dir: Path) -> Server:
+    port = free_port()
+    proc = subprocess.Popen(pinned(0, [PYTHON, str(ROOT / "bench" / "floor_server.py"), str(port)]),
+                            stdout=open(log_dir / "floor.log", "wb"), stderr=subprocess.STDOUT)
+    server = Server(proc, f"http://127.0.0.1:{port}")
+    wait_http(server.url + "/")
+    return server
+
+
+def start_gateway(data_dir: Path, env: dict[str, str], log_dir: Path, name: str) -> Server:
+    port = free_port()
+    full_env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1", **env}
+    proc = subprocess.Popen(
+        pinned(0, [PYTHON, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]),
+        env=full_env, cwd=ROOT, stdout=open(log_dir / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
+    )
+    server = Server(proc, f"http://127.0.0.1:{port}")
+    wait_http(server.url + "/health/live")
+    return server
+
+
+def deploy(server: Server, contract: tuple[str, str, int], log_level: str) -> None:
+    r = requests.post(server.url + "/servable", json=payloads.definition(contract, log_level), timeout=120)
+    r.raise_for_status()
+
+
+@dataclass
+class Cell:
+    endpoint: str
+    rows: int
+    concurrency: int
+    logging: str
+    result: Result
+    floor: Result | None
+
+    @property
+    def ratio(self) -> float:
+        return self.result.rps / self.floor.rps if self.floor and self.floor.rps else float("nan")
+
+
+def endpoints(rows: int, contract: str) -> dict[str, tuple[str, bytes, str]]:
+    """endpoint name -> (path, body, content type) for one contract."""
+    org, project, n = contract.split(".")
+    out = {
+        "score": (f"/{org}/{project}/{n}/score", payloads.score_body(rows), "application/json"),
+        "v2": (f"/v2/models/{contract}/infer", payloads.v2_body(rows), "application/json"),
+    }
+    gp = payloads.graphpipe_body(rows)
+    if gp is not None:
+        out["gp"] = (f"/{org}/{project}/{n}/gp", gp, "application/octet-stream")
+    return out
+
+
+def available(server: Server, path: str, body: bytes, content_type: str) -> bool:
+    r = requests.post(server.url + path, data=body, headers={"Content-Type": content_type}, timeout=30)
+    return r.status_code == 200
+
+
+def run_matrix(args: argparse.Namespace) -> list[Cell]:
+    work = Path(tempfile.mkdtemp(prefix="ff-bench-"))
+    print(f"# logs and data under {work}", flush=True)
+    concurrencies = [1] if args.smoke else args.concurrency
+    row_counts = [1] if args.smoke else args.rows
+    duration = 1.0 if args.smoke else args.duration
+    cells: list[Cell] = []
+    floor = start_floor(work)
+    floor_results: dict[tuple[str, int, int], Result] = {}
+    try:
+        gw = start_gateway(work / "data-file", {}, work, "gateway-file")
+        try:
+            deploy(gw, ("bench", "none", 1), "NONE")
+            deploy(gw, ("bench", "full", 1), "FULL")
+            loggings = [("NONE", "bench.none.1"), ("FULL-file", "bench.full.1")]
+            for rows in row_counts:
+                for name, (path, body, ctype) in endpoints(rows, "bench.none.1").items():
+                    if args.smoke and name != "score":
+                        continue
+                    if not available(gw, path, body, ctype):
+                        print(f"# skipping {name}: the gateway does not answer 200 on {path}", flush=True)
+                        continue
+                    drive(gw.url + path, body, ctype, 16, min(2.0, duration))  # warm-up
+                    for conc in concurrencies:
+                        floor_results[(name, rows, conc)] = drive(floor.url + path, body, ctype, conc, duration)
+                        for logging, contract in loggings:
+                            cpath, cbody, _ = endpoints(rows, contract)[name]
+                            result = drive(gw.url + cpath, cbody, ctype, conc, duration)
+                            cells.append(Cell(name, rows, conc, logging, result, floor_results[(name, rows, conc)]))
+                            print_cell(cells[-1])
+        finally:
+            gw.stop()
+        if not args.smoke and not args.no_kafka:
+            cells += kafka_cells(args, work, row_counts, concurrencies, duration, floor_results)
+    finally:
+        floor.stop()
+    if not args.smoke:
+        report_rss(work)
+    return cells
+
+
+def kafka_cells(args: argparse.Namespace, work: Path, row_counts: list[int], concurrencies: list[int],
+                duration: float, floor_results: dict[tuple[str, int, int], Result]) -> list[Cell]:
+    from tests.kafka_broker import running_broker
+
+    cells: list[Cell] = []
+    with running_broker() as broker:
+        env = {"FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "FORESTFLOW_KAFKA_ENABLE_IDEMPOTENCE": "false"}
+        gw = start_gateway(work / "data-kafka", env, work, "gateway-kafka")
+        try:
+            deploy(gw, ("bench", "full", 1), "FULL")
+            for rows in row_counts:
+                for name, (path, body, ctype) in endpoints(rows, "bench.full.1").items():
+                    if (name, rows, concurrencies[0]) not in floor_results:
+                        continue
+                    drive(gw.url + path, body, ctype, 16, min(2.0, duration))
+                    for conc in concurrencies:
+                        result = drive(gw.url + path, body, ctype, conc, duration)
+                        cells.append(Cell(name, rows, conc, "FULL-kafka", result, floor_results[(name, rows, conc)]))
+                        print_cell(cells[-1])
+            metrics = requests.get(gw.url + "/metrics/json", timeout=10).json()["predictionLog"]
+            print(f"# kafka prediction log: {metrics}", flush=True)
+        finally:
+            gw.stop()
+    return cells
+
+
+def report_rss(work: Path) -> None:
+    gw = start_gateway(work / "data-rss", {}, work, "gateway-rss")
+    try:
+        for i in range(5):
+            deploy(gw, ("rss", "model", i), "NONE")
+        print(f"# RSS of the gateway with the JVM and 5 H2O servables loaded: {gw.rss_mb():.0f} MiB", flush=True)
+    finally:
+        gw.stop()
+
+
+HEADER = f"{'endpoint':8} {'rows':>4} {'conc':>4} {'logging':10} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'floor':>8} {'ratio':>6} {'errors':>6}"
+
+
+def print_cell(c: Cell) -> None:
+    if print_cell.first:  # type: ignore[attr-defined]
+        print(HEADER, flush=True)
+        print_cell.first = False  # type: ignore[attr-defined]
+    r, f = c.result, c.floor
+    print(f"{c.endpoint:8} {c.rows:>4} {c.concurrency:>4} {c.logging:10} {r.rps:>8.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} "
+          f"{(f.rps if f else float('nan')):>8.0f} {c.ratio:>6.2f} {r.errors:>6}", flush=True)
+
+
+print_cell.first = True  # type: ignore[attr-defined]
+
+
+def check_targets(cells: list[Cell]) -> None:
+    def cell(endpoint: str, rows: int, conc: int, logging: str) -> Cell | None:
+        return next((c for c in cells if (c.endpoint, c.rows, c.concurrency, c.logging) == (endpoint, rows, conc, logging)), None)
+
+    print("\n# targets (ratios from this run)")
+    for endpoint in ("score", "v2"):
+        c = cell(endpoint, 1, 16, "NONE")
+        if c:
+            print(f"1-row {endpoint} c16 >= 0.5x floor: {c.ratio:.2f} {'HOLDS' if c.ratio >= 0.5 else 'MISSED'}")
+        c = cell(endpoint, 100, 16, "NONE")
+        if c:
+            print(f"100-row {endpoint} c16 >= 0.35x floor: {c.ratio:.2f} {'HOLDS' if c.ratio >= 0.35 else 'MISSED'}")
+    for c in cells:
+        if c.logging.startswith("FULL"):
+            base = cell(c.endpoint, c.rows, c.concurrency, "NONE")
+            if base and base.result.rps:
+                cost = 1 - c.result.rps / base.result.rps
+                if c.concurrency == 16:
+                    print(f"logging {c.logging} cost {c.endpoint} {c.rows}-row c16 <= 10%: {cost * 100:.1f}% {'HOLDS' if cost <= 0.10 else 'MISSED'}")
+    for c in cells:
+        if c.concurrency == 64:
+            ok = c.result.p99_ms <= 3 * c.result.p50_ms
+            print(f"p99 <= 3x p50 at c64 {c.endpoint} {c.rows}-row {c.logging}: {c.result.p99_ms:.2f} vs {c.result.p50_ms:.2f} {'HOLDS' if ok else 'MISSED'}")
+    errors = sum(c.result.errors for c in cells)
+    print(f"errors in all cells: {errors} {'HOLDS' if errors == 0 else 'MISSED'}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="one short cell; asserts nothing about speed")
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds per cell")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--no-kafka", action="store_true", help="skip the Kafka sink cells")
+    args = parser.parse_args()
+    started = time.monotonic()
+    cells = run_matrix(args)
+    if not args.smoke:
+        check_targets(cells)
+    print(f"# {len(cells)} cells in {time.monotonic() - started:.0f} s")
+    return 0 if cells and all(c.result.requests > 0 for c in cells) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
