@@ -6,8 +6,8 @@ the copy and counts it. Every job carries a deadline: one that passes while queu
 fails the caller with :class:`DeadlineExceeded` and gives the slot back at once (a scoring thread
 that cannot be interrupted finishes in the background; its result is discarded).
 
-Queued live jobs whose frames have the same columns may be scored as one batch (micro-batching)
-when the servable allows it: one model call for many small concurrent requests.
+Queued live jobs whose frames have the same columns and parameters may be scored as one batch
+(micro-batching) when the servable allows it: one model call for many small concurrent requests.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import asyncio
 import enum
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -42,6 +43,8 @@ class _Job:
     deadline: float  # loop.time() by which it must finish
     future: asyncio.Future[Frame]
     enqueued_at: float = field(default=0.0)
+    #: Set while the job runs: frees the slot once every caller of its batch has given up.
+    on_abandon: Callable[[], None] | None = None
 
 
 @dataclass(slots=True)
@@ -53,6 +56,8 @@ class SchedulerStats:
     deadline_exceeded: int = 0
     batches: int = 0
     batched_jobs: int = 0
+    #: predict calls still running in a thread after every caller gave up (their slot is free).
+    abandoned_running: int = 0
 
 
 class ServableScheduler:
@@ -84,12 +89,20 @@ class ServableScheduler:
         return len(self.queues[priority])
 
     async def submit(self, frame: Frame, priority: Priority, timeout_s: float) -> Frame:
-        """Score ``frame``; raises Overloaded / ShadowDropped / DeadlineExceeded / the model's error."""
+        """Score ``frame``; raises Overloaded / ShadowDropped / DeadlineExceeded / the model's error.
+
+        Admission is decided before the first ``await``: a refused job costs the caller nothing,
+        and a caller that gives up (deadline or cancellation) takes its job out of the queue, or
+        gives its slot back if the job was already running.
+        """
         if self.closed:
             raise Overloaded(f"servable {self.servable.fqrv} is unloading", retry_after=1.0)
         loop = asyncio.get_running_loop()
-        job = _Job(frame, priority, loop.time() + timeout_s, loop.create_future(), loop.time())
+        now = loop.time()
+        job = _Job(frame, priority, now + timeout_s, loop.create_future(), now)
         queue = self.queues[priority]
+        # Queue when no slot is free, or when older work of this or a higher priority is waiting
+        # (so a newcomer never overtakes it).
         if self.running >= self.slots or self.queues[Priority.LIVE] or (priority is Priority.SHADOW and queue):
             limit = self.live_limit if priority is Priority.LIVE else self.shadow_limit
             if len(queue) >= limit:
@@ -108,14 +121,29 @@ class ServableScheduler:
         try:
             return await asyncio.wait_for(asyncio.shield(job.future), max(0.0, job.deadline - loop.time()))
         except TimeoutError:
+            if job.future.done() and not job.future.cancelled() and job.future.exception() is None:
+                return job.future.result()  # finished in the very instant the deadline fired
+            self._abandon(job)
             self.stats.deadline_exceeded += 1
-            if not job.future.done():
-                job.future.cancel()  # if running, frees its slot (see on_abandoned)
-            if job in queue:
-                queue.remove(job)
             raise DeadlineExceeded(
                 f"deadline of {timeout_s * 1000:.0f} ms exceeded for {self.servable.fqrv}"
             ) from None
+        except asyncio.CancelledError:
+            self._abandon(job)  # the caller went away (client disconnect, shutdown)
+            raise
+
+    def _abandon(self, job: _Job) -> None:
+        """Forget a job whose caller stopped waiting: unqueue it, or free its slot if running."""
+        if not job.future.done():
+            job.future.cancel()
+        if job.on_abandon is not None:
+            job.on_abandon()
+            return
+        queue = self.queues[job.priority]
+        try:
+            queue.remove(job)
+        except ValueError:
+            pass  # already started or already taken out
 
     def _dispatch(self) -> None:
         """Start queued jobs while slots are free: all live work before any shadow work."""
@@ -132,7 +160,9 @@ class ServableScheduler:
             while queue and (queue[0].future.done() or queue[0].deadline <= now):
                 stale = queue.popleft()
                 if not stale.future.done():
-                    stale.future.set_exception(DeadlineExceeded("deadline exceeded while queued"))
+                    # Its waiter's timer is about to fire; never start work nobody will read.
+                    self.stats.deadline_exceeded += 1
+                    stale.future.set_exception(DeadlineExceeded(f"deadline exceeded while queued for {self.servable.fqrv}"))
             if not queue:
                 continue
             first = queue.popleft()
@@ -140,7 +170,9 @@ class ServableScheduler:
             if self.max_batch_rows and priority is Priority.LIVE:
                 rows = first.frame.num_rows
                 shape = _signature(first.frame)
-                while queue and not queue[0].future.done() and _signature(queue[0].frame) == shape:
+                # A combined call sees one set of parameters (configs), so only requests that
+                # agree on them may share it.
+                while queue and not queue[0].future.done() and _signature(queue[0].frame) == shape and _same_parameters(queue[0].frame, first.frame):
                     if rows + queue[0].frame.num_rows > self.max_batch_rows:
                         break
                     job = queue.popleft()
@@ -151,13 +183,20 @@ class ServableScheduler:
 
     def _start(self, batch: list[_Job]) -> None:
         loop = asyncio.get_running_loop()
-        self.running += 1
         frame = batch[0].frame if len(batch) == 1 else Frame.concat([j.frame for j in batch])
+        try:
+            task = loop.run_in_executor(self.executor, self.servable.predict, frame)
+        except RuntimeError:  # the executor was shut down (gateway stopping)
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_exception(Overloaded(f"servable {self.servable.fqrv} is unloading"))
+            return
+        self.running += 1
         if len(batch) > 1:
             self.stats.batches += 1
             self.stats.batched_jobs += len(batch)
-        task = loop.run_in_executor(self.executor, self.servable.predict, frame)
         released = False
+        abandoned = False
 
         def release() -> None:
             nonlocal released
@@ -167,11 +206,22 @@ class ServableScheduler:
                 self._dispatch()
 
         def on_done(fut: asyncio.Future[Frame]) -> None:
+            nonlocal abandoned
+            if abandoned:
+                abandoned = False
+                self.stats.abandoned_running -= 1
             release()
+            if fut.cancelled():  # executor shut down with cancel_futures
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(Overloaded(f"servable {self.servable.fqrv} was unloaded"))
+                return
             exc = fut.exception()
             offset = 0
             for job in batch:
+                rows = job.frame.num_rows
                 if job.future.done():
+                    offset += rows
                     continue
                 if exc is not None:
                     error = exc if isinstance(exc, GatewayError) else ScoringError(self.servable.fqrv)
@@ -179,7 +229,6 @@ class ServableScheduler:
                         error.__cause__ = exc  # the service logs the model's own exception
                     job.future.set_exception(error)
                     continue
-                rows = job.frame.num_rows
                 result = fut.result()
                 job.future.set_result(result if len(batch) == 1 else result.slice(offset, offset + rows))
                 offset += rows
@@ -187,14 +236,18 @@ class ServableScheduler:
                 if job.future.done() and not job.future.cancelled():
                     job.future.exception()
 
-        def on_abandoned(_: asyncio.Future[Frame]) -> None:
-            # Every caller of this batch gave up (deadline): free the slot now.
-            if all(j.future.cancelled() for j in batch):
+        def on_abandon() -> None:
+            # Every caller of this batch gave up: free the slot now. The thread cannot be
+            # interrupted; it finishes in the background and its result is dropped.
+            nonlocal abandoned
+            if not released and not task.done() and all(j.future.cancelled() for j in batch):
+                abandoned = True
+                self.stats.abandoned_running += 1
                 release()
 
         task.add_done_callback(on_done)
         for job in batch:
-            job.future.add_done_callback(on_abandoned)
+            job.on_abandon = on_abandon
 
     async def close(self) -> None:
         """Refuse new work; queued jobs fail fast."""
@@ -208,6 +261,13 @@ class ServableScheduler:
 
 def _signature(frame: Frame) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
     return tuple((n, c.dtype.str, c.shape[1:]) for n, c in frame.columns.items())
+
+
+def _same_parameters(a: Frame, b: Frame) -> bool:
+    try:
+        return bool(a.parameters == b.parameters)
+    except Exception:  # e.g. arrays among the parameters: ambiguous truth value
+        return False
 
 
 def monotonic_ms() -> float:

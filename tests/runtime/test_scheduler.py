@@ -1,0 +1,309 @@
+"""ServableScheduler on a real thread pool: priorities, admission, deadlines, batching.
+
+The probe servable blocks on ``threading.Event`` gates passed in the frame parameters, so every
+test controls which jobs are running and which are queued, and asserts on order and counts
+rather than on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from forestflow.core.frame import Frame
+from forestflow.core.ids import FQRV, Contract
+from forestflow.errors import DeadlineExceeded, InvalidInput, Overloaded, ScoringError
+from forestflow.runtime.base import Servable, ServableMetadata
+from forestflow.runtime.scheduler import Priority, ServableScheduler, ShadowDropped
+
+LIVE, SHADOW = Priority.LIVE, Priority.SHADOW
+LONG = 30.0  # a deadline no test reaches
+
+
+class Probe(Servable):
+    """Doubles ``x``; records when each call starts and ends; waits on ``parameters["gate"]``."""
+
+    def __init__(self) -> None:
+        super().__init__(FQRV(Contract("t", "sched", 1), "probe"), Path("."), {})
+        self.lock = threading.Lock()
+        self.started: list[str] = []
+        self.finished: list[str] = []
+        self.rows_per_call: list[int] = []
+        self.concurrent = 0
+        self.max_concurrent = 0
+
+    def load(self) -> None:
+        self.ready = True
+
+    def metadata(self) -> ServableMetadata:
+        return ServableMetadata("probe", "test", (), ())
+
+    def predict(self, frame: Frame) -> Frame:
+        params = frame.parameters
+        tag = str(params.get("tag", frame["x"][0]))
+        with self.lock:
+            self.started.append(tag)
+            self.rows_per_call.append(frame.num_rows)
+            self.concurrent += 1
+            self.max_concurrent = max(self.max_concurrent, self.concurrent)
+        try:
+            gate = params.get("gate")
+            if gate is not None:
+                assert gate.wait(10), "test gate never opened"
+            if "raise" in params:
+                raise params["raise"]
+            return Frame({"y": frame["x"] * 2})
+        finally:
+            with self.lock:
+                self.concurrent -= 1
+                self.finished.append(tag)
+
+
+def job(tag: str, gate: threading.Event | None = None, x: float = 1.0, rows: int = 1, **extra: Any) -> Frame:
+    """A frame the probe recognises by ``tag``."""
+    params: dict[str, Any] = {"tag": tag, **extra}
+    if gate is not None:
+        params["gate"] = gate
+    return Frame({"x": np.full(rows, x)}, params)
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``condition`` on the loop until it holds; fail the test after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.002)
+
+
+@pytest.fixture
+def executor() -> Iterator[ThreadPoolExecutor]:
+    pool = ThreadPoolExecutor(8, thread_name_prefix="test-predict")
+    yield pool
+    pool.shutdown(wait=True)
+
+
+@pytest.fixture
+def gates() -> Iterator[Callable[[], threading.Event]]:
+    """Make gates; every gate is opened at the end so no thread stays blocked."""
+    made: list[threading.Event] = []
+
+    def make() -> threading.Event:
+        made.append(threading.Event())
+        return made[-1]
+
+    yield make
+    for gate in made:
+        gate.set()
+
+
+def make_scheduler(executor: ThreadPoolExecutor, slots: int = 1, live_queue: int = 16, shadow_queue: int = 16,
+                   max_batch_rows: int = 0) -> tuple[ServableScheduler, Probe]:
+    probe = Probe()
+    return ServableScheduler(probe, executor, slots, live_queue, shadow_queue, max_batch_rows), probe
+
+
+def spawn(scheduler: ServableScheduler, frame: Frame, priority: Priority, timeout: float = LONG) -> asyncio.Task[Frame]:
+    return asyncio.create_task(scheduler.submit(frame, priority, timeout))
+
+
+async def test_every_queued_live_job_starts_before_any_shadow_job(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=1)
+    gate = gates()
+    blocker = spawn(scheduler, job("blocker", gate), LIVE)
+    await wait_until(lambda: probe.started == ["blocker"])
+    tasks = []
+    for i in range(4):  # interleaved arrivals: shadow first each time
+        tasks.append(spawn(scheduler, job(f"s{i}"), SHADOW))
+        tasks.append(spawn(scheduler, job(f"l{i}"), LIVE))
+    await wait_until(lambda: scheduler.queued(LIVE) == 4 and scheduler.queued(SHADOW) == 4)
+    gate.set()
+    await asyncio.gather(blocker, *tasks)
+    assert probe.started == ["blocker", "l0", "l1", "l2", "l3", "s0", "s1", "s2", "s3"]
+    assert probe.max_concurrent == 1
+
+
+async def test_running_shadow_is_not_preempted_and_live_goes_next(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=1)
+    gate = gates()
+    shadow = spawn(scheduler, job("shadow", gate), SHADOW)
+    await wait_until(lambda: probe.started == ["shadow"])
+    later_shadow = spawn(scheduler, job("later-shadow"), SHADOW)
+    live = spawn(scheduler, job("live"), LIVE)
+    await wait_until(lambda: scheduler.queued(LIVE) == 1 and scheduler.queued(SHADOW) == 1)
+    assert probe.started == ["shadow"]  # the live job waits for the running shadow job
+    gate.set()
+    await asyncio.gather(shadow, later_shadow, live)
+    assert probe.started == ["shadow", "live", "later-shadow"]
+
+
+async def test_slots_bound_concurrent_predict_calls(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=2)
+    gate = gates()
+    tasks = [spawn(scheduler, job(f"j{i}", gate), LIVE) for i in range(6)]
+    await wait_until(lambda: len(probe.started) == 2 and scheduler.queued(LIVE) == 4)
+    assert scheduler.running == 2
+    gate.set()
+    results = await asyncio.gather(*tasks)
+    assert [float(r["y"][0]) for r in results] == [2.0] * 6
+    assert probe.max_concurrent == 2
+    assert scheduler.running == 0
+
+
+async def test_full_live_queue_rejects_exactly_the_excess_at_once(executor, gates) -> None:
+    slots, queue, excess = 2, 3, 4
+    scheduler, probe = make_scheduler(executor, slots=slots, live_queue=queue)
+    gate = gates()
+    tasks = [spawn(scheduler, job(f"j{i}", gate), LIVE) for i in range(slots + queue + excess)]
+    # The gate stays closed: refused jobs must finish without any slot becoming free.
+    await wait_until(lambda: sum(t.done() for t in tasks) == excess)
+    refused = [t for t in tasks if t.done()]
+    assert all(isinstance(t.exception(), Overloaded) for t in refused)
+    assert all(t.exception().retry_after > 0 for t in refused)
+    assert scheduler.stats.live_rejected == excess
+    assert scheduler.running == slots and scheduler.queued(LIVE) == queue
+    gate.set()
+    accepted = [t for t in tasks if t not in refused]
+    assert len(await asyncio.gather(*accepted)) == slots + queue
+    assert scheduler.stats.live_rejected == excess
+
+
+async def test_full_shadow_queue_drops_copies_and_counts_them(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=1, live_queue=4, shadow_queue=2)
+    gate = gates()
+    blocker = spawn(scheduler, job("blocker", gate), LIVE)
+    await wait_until(lambda: scheduler.running == 1)
+    shadows = [spawn(scheduler, job(f"s{i}"), SHADOW) for i in range(7)]
+    await wait_until(lambda: sum(t.done() for t in shadows) == 5)
+    assert all(isinstance(t.exception(), ShadowDropped) for t in shadows if t.done())
+    assert scheduler.stats.shadow_dropped == 5
+    # A full shadow queue does not refuse live work.
+    live = spawn(scheduler, job("live"), LIVE)
+    await wait_until(lambda: scheduler.queued(LIVE) == 1)
+    gate.set()
+    await asyncio.gather(blocker, live, *[t for t in shadows if not t.done()])
+    assert probe.started == ["blocker", "live", "s0", "s1"]
+    assert scheduler.stats.shadow_dropped == 5 and scheduler.stats.live_rejected == 0
+
+
+async def test_deadline_while_scoring_frees_the_slot_for_the_next_job(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=1)
+    gate = gates()
+    with pytest.raises(DeadlineExceeded):
+        await scheduler.submit(job("slow", gate), LIVE, 0.2)
+    assert scheduler.running == 0
+    assert scheduler.stats.deadline_exceeded == 1
+    assert scheduler.stats.abandoned_running == 1
+    # The slot is reused while the abandoned call is still blocked in its thread.
+    out = await asyncio.wait_for(scheduler.submit(job("next", x=5.0), LIVE, LONG), 5.0)
+    assert float(out["y"][0]) == 10.0
+    assert probe.finished == ["next"]
+    gate.set()
+    await wait_until(lambda: scheduler.stats.abandoned_running == 0)
+    assert scheduler.running == 0
+
+
+async def test_deadline_while_queued_never_runs_the_job(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=1)
+    gate = gates()
+    blocker = spawn(scheduler, job("blocker", gate), LIVE)
+    await wait_until(lambda: scheduler.running == 1)
+    with pytest.raises(DeadlineExceeded):
+        await scheduler.submit(job("queued"), LIVE, 0.2)
+    assert scheduler.queued(LIVE) == 0
+    gate.set()
+    await blocker
+    after = await scheduler.submit(job("after"), LIVE, LONG)
+    assert float(after["y"][0]) == 2.0
+    assert probe.started == ["blocker", "after"]
+    assert scheduler.stats.deadline_exceeded == 1
+
+
+async def test_cancelled_caller_leaves_the_queue(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=1)
+    gate = gates()
+    blocker = spawn(scheduler, job("blocker", gate), LIVE)
+    await wait_until(lambda: scheduler.running == 1)
+    doomed = spawn(scheduler, job("doomed"), LIVE)
+    await wait_until(lambda: scheduler.queued(LIVE) == 1)
+    doomed.cancel()
+    await wait_until(lambda: scheduler.queued(LIVE) == 0)
+    gate.set()
+    await blocker
+    await scheduler.submit(job("after"), LIVE, LONG)
+    assert probe.started == ["blocker", "after"]
+
+
+async def test_model_errors_reach_the_caller_and_free_the_slot(executor) -> None:
+    scheduler, _ = make_scheduler(executor, slots=1)
+    with pytest.raises(ScoringError) as info:
+        await scheduler.submit(job("boom", **{"raise": RuntimeError("model bug")}), LIVE, LONG)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(InvalidInput):  # gateway errors from a model pass through unchanged
+        await scheduler.submit(job("bad", **{"raise": InvalidInput("bad input")}), LIVE, LONG)
+    assert scheduler.running == 0
+    assert float((await scheduler.submit(job("ok"), LIVE, LONG))["y"][0]) == 2.0
+
+
+async def test_queued_live_jobs_are_micro_batched_and_answered_separately(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=1, max_batch_rows=10)
+    first, second = gates(), gates()
+    blocker = spawn(scheduler, job("blocker", first), LIVE)
+    await wait_until(lambda: scheduler.running == 1)
+    shared = {"gate": second}  # equal parameters: these may share one call
+    frames = [Frame({"x": np.array([10.0 * i, 10.0 * i + 1])}, dict(shared)) for i in range(1, 5)]
+    # The second caller has a short deadline: it gives up while the combined call runs, and the
+    # callers after it must still get their own rows back.
+    tasks = [spawn(scheduler, f, LIVE, 1.0 if i == 1 else LONG) for i, f in enumerate(frames)]
+    await wait_until(lambda: scheduler.queued(LIVE) == 4)
+    first.set()
+    await wait_until(lambda: len(probe.started) == 2)
+    assert probe.rows_per_call == [1, 8]
+    await wait_until(tasks[1].done)
+    assert isinstance(tasks[1].exception(), DeadlineExceeded)
+    assert scheduler.running == 1  # the others still wait for the call: the slot stays taken
+    second.set()
+    await blocker
+    for i, task in enumerate(tasks):
+        if i != 1:
+            out = await task
+            assert out["y"].tolist() == [20.0 * (i + 1), 20.0 * (i + 1) + 2]
+    assert scheduler.stats.batches == 1 and scheduler.stats.batched_jobs == 4
+
+
+async def test_jobs_with_different_parameters_are_not_batched(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=1, max_batch_rows=10)
+    gate = gates()
+    blocker = spawn(scheduler, job("blocker", gate), LIVE)
+    await wait_until(lambda: scheduler.running == 1)
+    tasks = [spawn(scheduler, job(f"j{i}", x=float(i)), LIVE) for i in range(3)]
+    await wait_until(lambda: scheduler.queued(LIVE) == 3)
+    gate.set()
+    results = await asyncio.gather(blocker, *tasks)
+    assert probe.rows_per_call == [1, 1, 1, 1]
+    assert [float(r["y"][0]) for r in results[1:]] == [0.0, 2.0, 4.0]
+
+
+async def test_close_fails_queued_work_and_refuses_new_work(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=1)
+    gate = gates()
+    running = spawn(scheduler, job("running", gate), LIVE)
+    await wait_until(lambda: scheduler.running == 1)
+    queued = spawn(scheduler, job("queued"), SHADOW)
+    await wait_until(lambda: scheduler.queued(SHADOW) == 1)
+    await scheduler.close()
+    with pytest.raises(Overloaded):
+        await queued
+    with pytest.raises(Overloaded):
+        await scheduler.submit(job("late"), LIVE, LONG)
+    gate.set()
+    assert float((await running)["y"][0]) == 2.0  # work already running completes
+    assert probe.started == ["running"]
