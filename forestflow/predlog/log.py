@@ -203,6 +203,10 @@ class PredictionLog:
             batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
             try:
                 failed = await self.sink.send(batch)
+            except asyncio.CancelledError:
+                # close() hit its deadline mid-send: put the batch back so it is counted as dropped.
+                self._queue.extendleft(reversed(batch))
+                raise
             except Exception as exc:
                 log.warning("prediction_log_send_failed", sink=self.sink.name, error=str(exc), events=len(batch))
                 failed = batch
