@@ -159,6 +159,40 @@ def _json_tensors(datum: Any, r: int) -> list[tuple[str, Sequence[Any]]]:
     return out
 
 
+def _fast_columns(schema: list[tuple[str, list[str]]], datum: list[Any]) -> dict[str, np.ndarray] | None:
+    """Columns for the common, well-formed case (tensors in schema order); None -> take the slow path.
+
+    The slow path re-validates everything and produces the precise error message, so this one
+    only has to recognise the regular shape quickly.
+    """
+    keys = [_TYPE_TO_KEY[t] for t, _ in schema]
+    widths = [len(f) for _, f in schema]
+    n = len(keys)
+    if not datum or len(set(t for t, _ in schema)) != n:
+        return None
+    per_entry: list[list[Any]] = [[] for _ in range(n)]
+    try:
+        for d in datum:
+            tensors = d["tensors"]
+            if len(tensors) != n:
+                return None
+            for i in range(n):
+                tensor = tensors[i]
+                if len(tensor) != 1:
+                    return None
+                data = tensor[keys[i]]["data"]
+                if type(data) is not list or len(data) != widths[i]:
+                    return None
+                per_entry[i].append(data)
+    except (KeyError, TypeError, AttributeError):
+        return None
+    columns: dict[str, np.ndarray] = {}
+    for (ff_type, fields), rows in zip(schema, per_entry):
+        for field, values in zip(fields, zip(*rows)):
+            columns[field] = _column(ff_type, list(values), field)
+    return columns
+
+
 def frame_from_json(body: Any) -> tuple[Frame, dict[str, str]]:
     """Parse an InferenceRequest JSON body into a Frame and its configs."""
     if not isinstance(body, dict):
@@ -172,7 +206,13 @@ def frame_from_json(body: Any) -> tuple[Frame, dict[str, str]]:
     configs = body.get("configs") or {}
     if not isinstance(configs, dict) or not all(isinstance(v, str) for v in configs.values()):
         raise InvalidInput("configs: expected an object of string values")
-    frame = _frame([_schema_entry(e, i) for i, e in enumerate(schema)], (_json_tensors(d, r) for r, d in enumerate(datum)))
+    entries = [_schema_entry(e, i) for i, e in enumerate(schema)]
+    fields = [f for _, names in entries for f in names]
+    columns = _fast_columns(entries, datum) if entries and len(set(fields)) == len(fields) else None
+    if columns is not None:
+        frame = Frame(columns)
+    else:
+        frame = _frame(entries, (_json_tensors(d, r) for r, d in enumerate(datum)))
     frame.parameters = dict(configs)
     return frame, dict(configs)
 
@@ -228,23 +268,33 @@ def _json_values(ff_type: str, values: list[Any]) -> list[Any]:
     return values
 
 
+def _row_values(frame: Frame, names: list[str]) -> list[list[Any]]:
+    """Per row, the values of the named columns concatenated (vector columns contribute all theirs)."""
+    n = frame.num_rows
+    cols = [frame.columns[name] for name in names]
+    if all(c.ndim == 1 for c in cols):
+        if len(cols) == 1:
+            return [[v] for v in cols[0].tolist()]
+        return [list(row) for row in zip(*(c.tolist() for c in cols))]
+    rows: list[list[Any]] = [[] for _ in range(n)]
+    for col in cols:
+        flat = col.reshape(n, -1).tolist() if col.ndim > 1 else [[v] for v in col.tolist()]
+        for row, vals in zip(rows, flat):
+            row.extend(vals)
+    return rows
+
+
 def prediction_to_json(fqrv: FQRV, frame: Frame) -> dict[str, Any]:
     """The ``Prediction`` body (fqrv, schema, one datum per row), without the envelope."""
     groups = _groups(frame)
-    n = frame.num_rows
-    per_group_rows: list[list[list[Any]]] = []
+    per_group = []
     for ff_type, names in groups:
-        rows: list[list[Any]] = [[] for _ in range(n)]
-        for name in names:
-            col = frame.columns[name]
-            flat = col.reshape(n, -1).tolist() if col.ndim > 1 else [[v] for v in col.tolist()]
-            for row, vals in zip(rows, flat):
-                row.extend(vals)
-        per_group_rows.append([_json_values(ff_type, r) for r in rows])
-    datum = [
-        {"tensors": [{_TYPE_TO_KEY[t]: {"data": group_rows[i]}} for (t, _), group_rows in zip(groups, per_group_rows)]}
-        for i in range(n)
-    ]
+        key = _TYPE_TO_KEY[ff_type]
+        rows = _row_values(frame, names)
+        if ff_type in ("Int64", "Bytes"):
+            rows = [_json_values(ff_type, r) for r in rows]
+        per_group.append([{key: {"data": r}} for r in rows])
+    datum = [{"tensors": list(tensors)} for tensors in zip(*per_group)]
     return {
         "fqrv": fqrv_to_json(fqrv),
         "schema": [{"type": t, "fields": names} for t, names in groups],
