@@ -1,0 +1,339 @@
+"""The Redis registry store: one registry shared by many gateway replicas.
+
+Layout under a namespace (default ``forestflow``):
+
+- ``<ns>:docs``     hash, document key -> JSON: ``servable/*``, ``contract/*`` and the *shared* part
+  of ``metrics/*`` (createdAtMS, becameValidAtMS, performanceMetrics).
+- ``<ns>:meta``     hash: ``epoch`` (random, set when the registry is first written or re-seeded)
+  and ``version`` (bumped in the same MULTI/EXEC as every change of ``<ns>:docs``).
+- ``<ns>:counters`` hash, ``<fqrv>@<replica>`` -> ``"<scoreCount> <shadeCount>"``: every replica
+  writes only its own counters, so none is lost to another's stale write; peers' sums feed /stats.
+- ``<ns>:changes``  pub/sub channel; every change publishes ``<epoch>:<version>``.
+
+Router state (``routing/*``) stays in each replica's memory and is not written. Replicas follow
+changes by pub/sub *and* by checking ``(epoch, version)`` every ``sync_interval_s`` (pub/sub is
+at-most-once: a subscriber that is reconnecting misses messages and is not told). Requests never
+touch Redis; writes while it is away raise :class:`StoreUnavailable`. If Redis comes back empty
+(restarted without persistence), the first replica to notice writes its last snapshot back under a
+new epoch and every other replica follows that snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import structlog
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import RedisError, WatchError
+
+from forestflow.core.ids import FQRV
+from forestflow.errors import StoreUnavailable
+
+log = structlog.get_logger("forestflow.registry.redis")
+
+#: Fields of a ``metrics/*`` document that all replicas share (counters are per replica).
+SHARED_METRICS = ("createdAtMS", "becameValidAtMS", "performanceMetrics")
+
+
+def _dumps(doc: Any) -> str:
+    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS).decode()
+
+
+class RedisStore:
+    """A :class:`~forestflow.registry.store.Store` in Redis, followed by every replica.
+
+    ``watch(on_change)`` starts following: ``on_change()`` is awaited whenever the registry moved
+    past what :meth:`load` last returned; it is expected to call :meth:`load` and apply the result.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        sync_interval_s: float = 2.0,
+        *,
+        namespace: str = "forestflow",
+        replica_id: str | None = None,
+        pool_size: int = 8,
+        pool_timeout_s: float = 2.0,
+        socket_timeout_s: float = 2.0,
+    ) -> None:
+        self.url = url
+        self.sync_interval_s = sync_interval_s
+        self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.docs_key, self.meta_key = f"{namespace}:docs", f"{namespace}:meta"
+        self.counters_key, self.channel = f"{namespace}:counters", f"{namespace}:changes"
+        self._conn_kwargs: dict[str, Any] = {
+            "socket_connect_timeout": socket_timeout_s,
+            "socket_timeout": socket_timeout_s,
+            "decode_responses": True,
+            "client_name": f"forestflow:{self.replica_id}",
+        }
+        # Blocking pool: under load callers wait (up to pool_timeout_s) for a connection instead of
+        # failing with "Too many connections" (redis-py#2517); the pool never grows past pool_size.
+        self._pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=pool_size,
+            timeout=pool_timeout_s,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
+            **self._conn_kwargs,
+        )
+        self._redis = Redis(connection_pool=self._pool)
+        #: ``(epoch, version)`` of the registry this replica has loaded (or written on top of).
+        self.epoch: str | None = None
+        self.version = 0
+        self._known: dict[str, Any] = {}
+        self._own_counters: dict[str, str] = {}
+        self._peer_counts: dict[str, tuple[int, int]] = {}
+        self._on_change: Callable[[], Awaitable[None]] | None = None
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.available = True
+
+    # ---- Store ----------------------------------------------------------------------------------
+    async def load(self) -> dict[str, Any]:
+        """Every document; ``metrics/*`` carry this replica's own counters."""
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hmget(self.meta_key, "epoch", "version")
+                pipe.hgetall(self.docs_key)
+                pipe.hgetall(self.counters_key)
+                (epoch, version), raw_docs, counters = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise self._unavailable(exc) from exc
+        self._mark_available()
+        if epoch is None and self.version > 0:  # Redis came back empty: re-seed, then read that
+            await self.apply({})
+            return await self.load()
+        docs = {key: orjson.loads(value) for key, value in raw_docs.items()}
+        self._known = dict(docs)
+        if epoch is not None:
+            self.epoch, self.version = epoch, int(version or 0)
+        own = self._read_counters(counters)
+        out = dict(docs)
+        for key, doc in docs.items():
+            if key.startswith("metrics/"):
+                score, shade = own.get(key.removeprefix("metrics/"), (0, 0))
+                out[key] = {**doc, "scoreCount": score, "shadeCount": shade}
+        return out
+
+    async def apply(self, changes: dict[str, Any | None]) -> None:
+        """Write a batch atomically; bump the version and publish when registry documents changed."""
+        for _ in range(20):
+            try:
+                await self._apply_once(changes)
+                self._mark_available()
+                return
+            except WatchError:
+                await asyncio.sleep(0.005)  # another replica wrote meanwhile: read again, retry
+            except (RedisError, OSError) as exc:
+                raise self._unavailable(exc) from exc
+        raise StoreUnavailable("registry store (Redis) is busy with concurrent writes; try again")
+
+    async def close(self) -> None:
+        """Stop following and release every connection."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        await self._redis.aclose()
+        await self._pool.disconnect()
+
+    # ---- counters ---------------------------------------------------------------------------------
+    def peer_counters(self, fqrv: FQRV) -> tuple[int, int]:
+        """``(scoreCount, shadeCount)`` summed over the other replicas, as of the last sync round."""
+        return self._peer_counts.get(str(fqrv), (0, 0))
+
+    def _read_counters(self, counters: dict[str, str]) -> dict[str, tuple[int, int]]:
+        own: dict[str, tuple[int, int]] = {}
+        peers: dict[str, tuple[int, int]] = {}
+        for field, value in counters.items():
+            fqrv, _, replica = field.rpartition("@")
+            try:
+                score, shade = (int(v) for v in value.split())
+            except ValueError:
+                continue
+            target = own if replica == self.replica_id else peers
+            s, h = target.get(fqrv, (0, 0))
+            target[fqrv] = (s + score, h + shade)
+        self._peer_counts = peers
+        return own
+
+    # ---- writing ----------------------------------------------------------------------------------
+    async def _apply_once(self, changes: dict[str, Any | None]) -> None:
+        changes = {k: v for k, v in changes.items() if not k.startswith("routing/")}
+        async with self._redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(self.docs_key, self.meta_key)
+            epoch, version = await pipe.hmget(self.meta_key, "epoch", "version")
+            reseed = epoch is None and self.version > 0  # Redis lost the registry: write ours back
+            keys = list(changes) + [f"servable/{k.removeprefix('metrics/')}" for k in changes if k.startswith("metrics/")]
+            stored = dict(zip(keys, await pipe.hmget(self.docs_key, *keys))) if keys else {}
+            drop_counters = [k.removeprefix("metrics/") for k, v in changes.items() if k.startswith("metrics/") and v is None]
+            counter_fields = await pipe.hkeys(self.counters_key) if drop_counters else []
+
+            writes: dict[str, str] = {_k: _dumps(doc) for _k, doc in self._known.items()} if reseed else {}
+            deletes: list[str] = []
+            counters: dict[str, str] = dict(self._own_counters) if reseed else {}
+            for key, doc in changes.items():
+                if doc is None:
+                    if stored.get(key) is not None:
+                        deletes.append(key)
+                    writes.pop(key, None)
+                    continue
+                if not key.startswith("metrics/"):
+                    if _dumps(doc) != stored.get(key):
+                        writes[key] = _dumps(doc)
+                    continue
+                fqrv = key.removeprefix("metrics/")
+                servable = f"servable/{fqrv}"
+                if changes.get(servable, stored.get(servable)) is None and servable not in writes:
+                    continue  # deleted meanwhile: do not bring its counters back
+                counters[f"{fqrv}@{self.replica_id}"] = f"{int(doc.get('scoreCount', 0))} {int(doc.get('shadeCount', 0))}"
+                current = orjson.loads(stored[key]) if stored.get(key) else None
+                merged = _merge_shared(current, self._known.get(key), doc)
+                if merged != current:
+                    writes[key] = _dumps(merged)
+            dropped = [f for f in counter_fields if f.rpartition("@")[0] in drop_counters]
+
+            pipe.multi()
+            if writes:
+                pipe.hset(self.docs_key, mapping=writes)
+            if deletes:
+                pipe.hdel(self.docs_key, *deletes)
+            if counters:
+                pipe.hset(self.counters_key, mapping=counters)
+            if dropped:
+                pipe.hdel(self.counters_key, *dropped)
+            bump = bool(writes or deletes or reseed)
+            new_epoch = epoch if epoch is not None else secrets.token_hex(8)
+            new_version = (self.version if reseed else int(version or 0)) + 1
+            if bump:
+                pipe.hset(self.meta_key, mapping={"epoch": new_epoch, "version": new_version})
+                pipe.publish(self.channel, f"{new_epoch}:{new_version}")
+            if not (bump or counters or dropped):
+                await pipe.reset()
+                return
+            await pipe.execute()
+
+        if reseed:
+            log.warning("registry_reseeded", epoch=new_epoch, version=new_version, documents=len(writes))
+        for key in deletes:
+            self._known.pop(key, None)
+        for key, value in writes.items():
+            self._known[key] = orjson.loads(value)
+        self._own_counters.update({f: v for f, v in counters.items() if f.endswith("@" + self.replica_id)})
+        for field in dropped:
+            self._own_counters.pop(field, None)
+        # Only claim the new version when nothing else happened in between; otherwise the next
+        # check sees a version we have not loaded and reloads.
+        if bump and (reseed or (epoch, int(version or 0)) == (self.epoch, self.version)):
+            self.epoch, self.version = new_epoch, new_version
+
+    # ---- following --------------------------------------------------------------------------------
+    def watch(self, on_change: Callable[[], Awaitable[None]]) -> None:
+        """Follow the registry: pub/sub plus a version check every ``sync_interval_s``."""
+        self._on_change = on_change
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="redis-store-listen"),
+            asyncio.create_task(self._sync_loop(), name="redis-store-sync"),
+        ]
+
+    async def check(self) -> None:
+        """One sync round: refresh peer counters; reload (or re-seed) if the registry moved."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(self.meta_key, "epoch", "version")
+            pipe.hgetall(self.counters_key)
+            (epoch, version), counters = await pipe.execute()
+        self._read_counters(counters)
+        if epoch is None:
+            if self.version > 0:
+                await self.apply({})
+            return
+        if (epoch, int(version or 0)) != (self.epoch, self.version) and self._on_change is not None:
+            await self._on_change()
+
+    async def _sync_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.sync_interval_s)
+            self._wake.clear()
+            try:
+                await self.check()
+                self._mark_available()
+            except (RedisError, OSError, StoreUnavailable) as exc:
+                self._unavailable(exc)
+            except Exception:
+                log.exception("registry_sync_failed")
+
+    async def _listen(self) -> None:
+        """Wake the sync loop on every published change; after each (re)subscribe, check anyway."""
+        backoff = 0.05
+        while True:
+            # Its own connection, without redis-py's silent reconnect: a reconnect must be seen,
+            # because messages published while it was away are gone.
+            client = Redis.from_url(self.url, retry=Retry(ExponentialBackoff(), 0), **self._conn_kwargs)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                self._wake.set()
+                backoff = 0.05
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(self.sync_interval_s, 1.0))
+                    if message is not None:
+                        self._wake.set()
+            except (RedisError, OSError) as exc:
+                log.debug("registry_subscription_lost", error=str(exc))
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.sync_interval_s)
+
+    # ---- availability -----------------------------------------------------------------------------
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        if isinstance(exc, StoreUnavailable):
+            error = exc
+        else:
+            error = StoreUnavailable(f"registry store (Redis) unavailable: {exc}; serving from the last snapshot, retry the change later")
+        if self.available:
+            self.available = False
+            log.warning("registry_store_unavailable", error=str(exc), version=self.version)
+        return error
+
+    def _mark_available(self) -> None:
+        if not self.available:
+            self.available = True
+            log.info("registry_store_available", version=self.version)
+
+
+def _merge_shared(current: dict[str, Any] | None, known: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """The shared part of a metrics document after this replica's write.
+
+    Stamps are first-writer-wins (every replica stamps the moment it sees a servable valid; the
+    first stamp is the one all adopt). Performance metrics: only names whose value differs from
+    what this replica last read are its own changes; the rest may be stale and are left alone.
+    """
+    out = dict(current or {})
+    if not out.get("createdAtMS") and new.get("createdAtMS"):
+        out["createdAtMS"] = int(new["createdAtMS"])
+    if out.get("becameValidAtMS") is None and new.get("becameValidAtMS") is not None:
+        out["becameValidAtMS"] = int(new["becameValidAtMS"])
+    perf = dict(out.get("performanceMetrics") or {})
+    seen = (known or {}).get("performanceMetrics") or {}
+    for name, value in (new.get("performanceMetrics") or {}).items():
+        if seen.get(name) != value:
+            perf[name] = value
+    out["performanceMetrics"] = perf
+    return {k: out[k] for k in SHARED_METRICS if k in out}
