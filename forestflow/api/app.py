@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from forestflow.api import admin, basic, ops
+from forestflow.api import v1_rest, v2_grpc, v2_rest
 from forestflow.api.common import GATEWAY, SETTINGS
 from forestflow.api.middleware import build_middleware
 from forestflow.predlog import make_prediction_log
@@ -51,7 +52,10 @@ def build_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app.cleanup_ctx.append(_gateway_context)
+    app.cleanup_ctx.append(v2_grpc.grpc_context)  # after the gateway: it serves it, and stops first
     ops.add_routes(app)
     admin.add_routes(app)
     basic.add_routes(app)
+    v2_rest.add_routes(app)
+    v1_rest.add_routes(app)
     return app

@@ -55,3 +55,12 @@ def error_response(error: GatewayError, request_id: str) -> web.Response:
     elif status == 503:
         headers["Retry-After"] = "1"
     return json_response(error_payload(error, request_id), status=status, headers=headers)
+
+
+def v2_error_response(error: GatewayError, request_id: str) -> web.Response:
+    """The KServe V1/V2 error: exactly ``{"error": message}`` (what tritonclient and kserve read)."""
+    headers = {"X-Request-Id": request_id}
+    status = http_status(error)
+    if status == 503:
+        headers["Retry-After"] = str(max(1, round(error.retry_after))) if isinstance(error, Overloaded) else "1"
+    return json_response({"error": error.message}, status=status, headers=headers)

@@ -1,0 +1,146 @@
+"""What the V2 REST and gRPC front-ends share: model names, metadata, readiness and scoring.
+
+A V2 *model* is a contract, named ``org.project.N``; a model *version* is one of its releases.
+Without a version, inference is routed by phase-in (with shadow copies and logging, as /score);
+with one, that release scores directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import forestflow
+from forestflow.codecs.v2 import Layout, decode_inputs, spec_json
+from forestflow.codecs.v2_tensor import Tensor
+from forestflow.core.frame import TensorSpec
+from forestflow.core.ids import FQRV, Contract
+from forestflow.errors import InvalidInput, NoActiveServablesForContract, NotFound, UnknownServable
+from forestflow.runtime.base import ServableMetadata
+from forestflow.service import Gateway, InferResult
+
+SERVER_NAME = "forestflow"
+EXTENSIONS = ["binary_tensor_data", "parameters"]
+#: Parameters of the binary extension: they steer the encoding and are not model parameters.
+TRANSPORT_PARAMETERS = frozenset({"binary_data_output", "binary_data", "binary_data_size"})
+
+
+def server_metadata() -> dict[str, Any]:
+    """The V2 ``$metadata_server_response``."""
+    return {"name": SERVER_NAME, "version": forestflow.__version__, "extensions": list(EXTENSIONS)}
+
+
+def model_contract(name: str) -> Contract:
+    """The contract a V2 model name designates; a name that is no contract is an unknown model."""
+    try:
+        return Contract.parse(name)
+    except InvalidInput:
+        raise NotFound(f"unknown model {name!r}: model names are contracts, org.project.N") from None
+
+
+def version_fqrv(contract: Contract, version: str) -> FQRV:
+    """The servable a model version designates."""
+    try:
+        return FQRV(contract, version)
+    except InvalidInput:
+        raise NotFound(f"unknown version {version!r} of model {contract}") from None
+
+
+def _representative(gateway: Gateway, contract: Contract) -> FQRV | None:
+    """The release that speaks for the model: the active one, else the newest loaded one."""
+    try:
+        return gateway.active_release(contract)
+    except NoActiveServablesForContract:
+        loaded = [e.fqrv for e in gateway.contract_state(contract).servables.values() if e.fqrv in gateway.loaded]
+        return loaded[-1] if loaded else None
+
+
+def servable_metadata(gateway: Gateway, contract: Contract, version: str | None) -> tuple[FQRV, ServableMetadata]:
+    """The metadata of a model version, or of the release that represents the model."""
+    if version:
+        fqrv = version_fqrv(contract, version)
+        gateway.entry(fqrv)
+        return fqrv, gateway.metadata(fqrv)
+    fqrv = _representative(gateway, contract)
+    if fqrv is None:
+        raise NoActiveServablesForContract(contract)
+    return fqrv, gateway.metadata(fqrv)
+
+
+def model_metadata(gateway: Gateway, name: str, version: str | None) -> dict[str, Any]:
+    """The V2 ``$metadata_model_response`` of a model (or one version)."""
+    contract = model_contract(name)
+    _, meta = servable_metadata(gateway, contract, version)
+    versions = [e.fqrv.release for e in gateway.servable_entries(contract)]
+    return {
+        "name": name,
+        "versions": versions,
+        "platform": meta.platform,
+        "inputs": [spec_json(s) for s in meta.inputs],
+        "outputs": [spec_json(s) for s in meta.outputs],
+    }
+
+
+def model_ready(gateway: Gateway, name: str, version: str | None) -> bool:
+    """Whether a model can score now; 404 (NotFound / UnknownContract / UnknownServable) if unknown."""
+    contract = model_contract(name)
+    if version:
+        fqrv = version_fqrv(contract, version)
+        gateway.entry(fqrv)
+    else:
+        gateway.contract_state(contract)
+        try:
+            fqrv = gateway.active_release(contract)
+        except NoActiveServablesForContract:
+            return False
+    loaded = gateway.loaded.get(fqrv)
+    return loaded is not None and loaded.servable.ready and not gateway.draining
+
+
+def input_specs(gateway: Gateway, contract: Contract, version: str | None) -> Sequence[TensorSpec]:
+    """The model inputs used to lay the request out (empty when nothing can answer yet)."""
+    try:
+        return servable_metadata(gateway, contract, version)[1].inputs
+    except (NoActiveServablesForContract, UnknownServable):
+        if version:
+            raise
+        return ()
+
+
+def configs_from(parameters: dict[str, Any]) -> dict[str, str]:
+    """Request parameters as prediction-log configs (string values, transport parameters left out)."""
+    out = {}
+    for key, value in parameters.items():
+        if key in TRANSPORT_PARAMETERS:
+            continue
+        out[str(key)] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return out
+
+
+async def infer(
+    gateway: Gateway,
+    name: str,
+    version: str | None,
+    tensors: Sequence[Tensor],
+    parameters: dict[str, Any],
+    *,
+    request_id: str,
+    protocol: str,
+    timeout_s: float | None,
+) -> tuple[InferResult, Layout]:
+    """Lay the tensors out as the model's inputs and score them (routed, or on ``version``)."""
+    contract = model_contract(name)
+    gateway.contract_state(contract)
+    if version:
+        version_fqrv(contract, version)
+    frame, layout = decode_inputs(tensors, input_specs(gateway, contract, version), parameters)
+    result = await gateway.infer(
+        contract,
+        frame,
+        configs=configs_from(parameters),
+        request_id=request_id,
+        protocol=protocol,
+        timeout_s=timeout_s,
+        release=version or None,
+    )
+    return result, layout

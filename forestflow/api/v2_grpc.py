@@ -1,0 +1,205 @@
+"""KServe / Open Inference Protocol V2 over gRPC: ``inference.GRPCInferenceService`` on grpc.aio.
+
+The message classes are built from our own ``proto/grpc_predict_v2.proto`` (compiled to a
+FileDescriptorSet by scripts/gen_proto.py) inside a **private descriptor pool**: tritonclient,
+kserve and mlserver register the same ``inference.*`` names in the default pool, and a process
+that has both fails with "duplicate symbol". The service is served through generic method
+handlers, so no generated stubs are needed; on the wire it is the standard service.
+
+Inputs may come typed (``contents``, as TrustyAI sends) or raw (``raw_input_contents``, as
+tritonclient and kserve send); answers use ``raw_output_contents`` (tritonclient reads nothing
+else) unless the request itself was typed. Gateway errors map once, by kind, to status codes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import grpc
+import structlog
+from aiohttp import web
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from forestflow.api import v2_common
+from forestflow.api.common import GATEWAY, SETTINGS
+from forestflow.codecs.v2 import encode_outputs
+from forestflow.codecs.v2_tensor import Tensor, array_from_contents, array_from_raw, fill_contents, raw_bytes
+from forestflow.errors import DeadlineExceeded, GatewayError, InvalidInput, Kind
+from forestflow.service import Gateway
+
+log = structlog.get_logger("forestflow.grpc")
+
+SERVICE = "inference.GRPCInferenceService"
+#: The port the gRPC server listens on (None when disabled); tests read it when grpc_port = 0.
+GRPC_PORT = web.AppKey("grpc_port", object)
+
+STATUS: dict[Kind, grpc.StatusCode] = {
+    Kind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    Kind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Kind.METHOD_NOT_ALLOWED: grpc.StatusCode.UNIMPLEMENTED,
+    Kind.CONFLICT: grpc.StatusCode.ALREADY_EXISTS,
+    Kind.UNPROCESSABLE: grpc.StatusCode.FAILED_PRECONDITION,
+    Kind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Kind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Kind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Kind.DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Kind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Kind.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
+    Kind.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+
+@cache
+def messages() -> dict[str, Any]:
+    """The ``inference.*`` message classes, built in a private descriptor pool."""
+    data = resources.files("forestflow._proto").joinpath("grpc_predict_v2.binpb").read_bytes()
+    pool = descriptor_pool.DescriptorPool()
+    for file in descriptor_pb2.FileDescriptorSet.FromString(data).file:
+        pool.Add(file)
+    service = pool.FindServiceByName(SERVICE)
+    out: dict[str, Any] = {}
+    for method in service.methods:
+        out[method.input_type.name] = message_factory.GetMessageClass(method.input_type)
+        out[method.output_type.name] = message_factory.GetMessageClass(method.output_type)
+    return out
+
+
+def parameters_of(field: Any) -> dict[str, Any]:
+    """A ``map<string, InferParameter>`` as plain Python values."""
+    out = {}
+    for key, param in field.items():
+        which = param.WhichOneof("parameter_choice")
+        if which is not None:
+            out[key] = getattr(param, which)
+    return out
+
+
+class InferenceService:
+    """The six core calls, each mapping gateway errors to a gRPC status."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.m = messages()
+
+    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return self.m["ServerLiveResponse"](live=True)
+
+    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return self.m["ServerReadyResponse"](ready=self.gateway.ready)
+
+    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        # An unknown model is "not ready" with status OK: tritonclient raises on a status error.
+        try:
+            ready = v2_common.model_ready(self.gateway, request.name, request.version or None)
+        except GatewayError as error:
+            if error.kind is not Kind.NOT_FOUND:
+                raise
+            ready = False
+        return self.m["ModelReadyResponse"](ready=ready)
+
+    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return self.m["ServerMetadataResponse"](**v2_common.server_metadata())
+
+    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        meta = v2_common.model_metadata(self.gateway, request.name, request.version or None)
+        response = self.m["ModelMetadataResponse"](name=meta["name"], versions=meta["versions"], platform=meta["platform"])
+        for key in ("inputs", "outputs"):
+            for spec in meta[key]:
+                getattr(response, key).add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
+        return response
+
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        raw = request.raw_input_contents
+        if raw and len(raw) != len(request.inputs):
+            raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")
+        tensors = []
+        for i, t in enumerate(request.inputs):
+            shape = list(t.shape)
+            if raw:
+                array = array_from_raw(t.name, t.datatype, shape, raw[i])
+            else:
+                array = array_from_contents(t.name, t.datatype, shape, t.contents)
+            tensors.append(Tensor(t.name, t.datatype, array, parameters_of(t.parameters)))
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            raise DeadlineExceeded("the request's deadline passed before it was scored")
+        request_id = request.id or uuid.uuid4().hex
+        result, layout = await v2_common.infer(
+            self.gateway, request.model_name, request.model_version or None, tensors,
+            parameters_of(request.parameters), request_id=request_id, protocol="v2-grpc", timeout_s=remaining,
+        )
+        outputs = encode_outputs(result.frame, layout, [o.name for o in request.outputs])
+        response = self.m["ModelInferResponse"](
+            model_name=request.model_name, model_version=result.fqrv.release, id=request_id
+        )
+        typed = bool(request.inputs) and not raw and all(o.datatype != "FP16" for o in outputs)
+        for tensor in outputs:
+            out = response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+            if typed:
+                fill_contents(out.contents, tensor.array, tensor.datatype)
+            else:
+                response.raw_output_contents.append(raw_bytes(tensor.array, tensor.datatype))
+        if layout.explicit:
+            response.parameters["content_type"].string_param = layout.content_type
+        return response
+
+
+def _guard(call: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await call(request, context)
+        except GatewayError as error:
+            await context.abort(STATUS[error.kind], error.message)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("grpc_unhandled_error", method=call.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the gateway log")
+
+    return handler
+
+
+def generic_handler(gateway: Gateway) -> grpc.GenericRpcHandler:
+    """The service's method handlers, (de)serializing with the private-pool classes."""
+    service = InferenceService(gateway)
+    m = service.m
+    handlers = {}
+    for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer"):
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            _guard(getattr(service, name)),
+            request_deserializer=m[f"{name}Request"].FromString,
+            response_serializer=m[f"{name}Response"].SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+async def grpc_context(app: web.Application) -> AsyncIterator[None]:
+    """Run the gRPC server alongside the app (needs the Gateway: register after it)."""
+    settings = app[SETTINGS]
+    if settings.grpc_port < 0:
+        app[GRPC_PORT] = None
+        yield
+        return
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", settings.max_body_bytes),
+            # Answers are as large as the model makes them; the receive limit guards the gateway.
+            ("grpc.max_send_message_length", -1),
+        ]
+    )
+    server.add_generic_rpc_handlers((generic_handler(app[GATEWAY]),))
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    port = server.add_insecure_port(f"{host}:{settings.grpc_port}")
+    if not port:
+        raise OSError(f"cannot serve gRPC on {host}:{settings.grpc_port}")
+    await server.start()
+    app[GRPC_PORT] = port
+    log.info("grpc_serving", host=settings.host, port=port)
+    try:
+        yield
+    finally:
+        await server.stop(grace=min(5.0, settings.shutdown_timeout_s))

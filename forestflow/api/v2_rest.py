@@ -1,0 +1,249 @@
+"""KServe / Open Inference Protocol V2 over REST, with Triton's binary tensor data extension.
+
+Routes: ``/v2`` (server metadata), ``/v2/health/live|ready``, ``/v2/models/{model}[/versions/{v}]``
+(model metadata), ``.../ready`` and ``.../infer``. Errors are ``{"error": "..."}`` with
+``Content-Type: application/json`` exactly; health answers are JSON because the kserve SDK reads
+``live``/``ready`` from the body. No Content-Type is required on requests (tritonclient sends none);
+``Content-Encoding: gzip|deflate`` bodies are inflated by aiohttp, and responses are compressed
+when the client accepts gzip or deflate and the body is worth it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import hdrs, web
+
+from forestflow.api import v2_common
+from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SETTINGS, request_id_of, timeout_from
+from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
+from forestflow.codecs.v2 import encode_outputs
+from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, json_data, json_safe, raw_bytes
+from forestflow.errors import GatewayError, InvalidInput, PayloadTooLarge
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+#: Responses smaller than this are not worth compressing.
+MIN_COMPRESS_BYTES = 1024
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def v2_errors(handler: Handler) -> Handler:
+    """Answer gateway errors as V2 error bodies (``{"error": ...}``) instead of ForestFlow envelopes."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except GatewayError as error:
+            return v2_error_response(error, request_id_of(request))
+        except web.HTTPRequestEntityTooLarge:
+            limit = request.app[SETTINGS].max_body_bytes
+            return v2_error_response(PayloadTooLarge(f"request body over the limit of {limit} bytes"), request_id_of(request))
+
+    wrapped.__name__ = handler.__name__
+    wrapped.__doc__ = handler.__doc__
+    return wrapped
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{where}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _name(item: Any, where: str) -> str:
+    if not isinstance(item, dict):
+        raise InvalidInput(f"{where}: expected a JSON object")
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"{where}.name: required, a string")
+    return name
+
+
+def parse_inputs(doc: dict[str, Any], binary: memoryview) -> list[Tensor]:
+    """Decode ``inputs`` (JSON ``data`` or binary blobs, consumed in input order)."""
+    items = doc.get("inputs")
+    if not isinstance(items, list) or not items:
+        raise InvalidInput("inputs: required, a non-empty list of input tensors")
+    tensors, offset = [], 0
+    for i, item in enumerate(items):
+        name = _name(item, f"inputs[{i}]")
+        params = _object(item.get("parameters"), f"input {name!r}: parameters")
+        datatype, shape = item.get("datatype"), item.get("shape")
+        size = params.get("binary_data_size")
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise InvalidInput(f"input {name!r}: binary_data_size must be a non-negative integer")
+            if offset + size > len(binary):
+                raise InvalidInput(
+                    f"input {name!r}: binary_data_size {size} runs past the {len(binary)} bytes of binary data"
+                )
+            array = array_from_raw(name, datatype, shape, binary[offset : offset + size])
+            offset += size
+        elif "data" in item:
+            array = array_from_json(name, datatype, shape, item["data"])
+        else:
+            raise InvalidInput(f"input {name!r}: needs data (or parameters.binary_data_size with binary data)")
+        tensors.append(Tensor(name, datatype, array, params))
+    if offset != len(binary):
+        raise InvalidInput(f"{len(binary) - offset} bytes of binary data after the last binary input")
+    return tensors
+
+
+def parse_outputs(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The requested outputs with their parameters (empty = every output)."""
+    items = doc.get("outputs")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise InvalidInput("outputs: expected a list of {name, parameters}")
+    return [(_name(item, f"outputs[{i}]"), _object(item.get("parameters"), f"outputs[{i}].parameters")) for i, item in enumerate(items)]
+
+
+def split_body(body: bytes, header: str | None) -> tuple[bytes, memoryview]:
+    """The JSON header and the binary data of a request (all JSON without the length header)."""
+    if header is None:
+        return body, memoryview(b"")
+    try:
+        length = int(header)
+    except ValueError:
+        raise InvalidInput(f"{HEADER_LENGTH}: expected a byte count, got {header!r}") from None
+    if not 0 <= length <= len(body):
+        raise InvalidInput(f"{HEADER_LENGTH}: {length} is outside the {len(body)}-byte body")
+    return body[:length], memoryview(body)[length:]
+
+
+def encode_response(
+    doc: dict[str, Any], outputs: list[Tensor], wanted: dict[str, dict[str, Any]], binary_default: bool
+) -> tuple[bytes, int | None]:
+    """The response body, and the JSON length when binary outputs follow it."""
+    blobs: list[bytes] = []
+    entries = []
+    for tensor in outputs:
+        params = wanted.get(tensor.name, {})
+        binary = params.get("binary_data", binary_default)
+        if not isinstance(binary, bool):
+            raise InvalidInput(f"output {tensor.name!r}: parameters.binary_data must be true or false")
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        if binary or (tensor.datatype == "BYTES" and not json_safe(tensor.array)):
+            blob = raw_bytes(tensor.array, tensor.datatype)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = json_data(tensor.array, tensor.datatype)
+        entries.append(entry)
+    doc["outputs"] = entries
+    head = dumps(doc)
+    if not blobs:
+        return head, None
+    return b"".join([head, *blobs]), len(head)
+
+
+def _compress(request: web.Request, response: web.Response, size: int) -> None:
+    accepted = {part.split(";")[0].strip().lower() for part in request.headers.get(hdrs.ACCEPT_ENCODING, "").split(",")}
+    if size < MIN_COMPRESS_BYTES:
+        return
+    if "gzip" in accepted:
+        response.enable_compression(web.ContentCoding.gzip)
+    elif "deflate" in accepted:
+        response.enable_compression(web.ContentCoding.deflate)
+
+
+# ---- handlers ------------------------------------------------------------------------------------
+@v2_errors
+async def server_live(request: web.Request) -> web.Response:
+    """GET /v2/health/live."""
+    return json_response({"live": True})
+
+
+@v2_errors
+async def server_ready(request: web.Request) -> web.Response:
+    """GET /v2/health/ready: 200 when every servable is loaded and the gateway is not draining."""
+    ready = request.app[GATEWAY].ready
+    return json_response({"ready": ready}, status=200 if ready else 503)
+
+
+@v2_errors
+async def server_metadata(request: web.Request) -> web.Response:
+    """GET /v2."""
+    return json_response(v2_common.server_metadata())
+
+
+@v2_errors
+async def model_metadata(request: web.Request) -> web.Response:
+    """GET /v2/models/{model}[/versions/{version}]."""
+    info = request.match_info
+    request[CONTRACT] = info["model"]
+    return json_response(v2_common.model_metadata(request.app[GATEWAY], info["model"], info.get("version")))
+
+
+@v2_errors
+async def model_ready(request: web.Request) -> web.Response:
+    """GET .../ready: 200 ``{"name", "ready": true}``, 503 when not ready, 404 when unknown."""
+    info = request.match_info
+    ready = v2_common.model_ready(request.app[GATEWAY], info["model"], info.get("version"))
+    return json_response({"name": info["model"], "ready": ready}, status=200 if ready else 503)
+
+
+@v2_errors
+async def infer(request: web.Request) -> web.Response:
+    """POST .../infer: JSON or binary tensors in, JSON or binary tensors out."""
+    gateway = request.app[GATEWAY]
+    info = request.match_info
+    name, version = info["model"], info.get("version")
+    request[CONTRACT] = name
+    gateway.contract_state(v2_common.model_contract(name))  # 404 before reading the body
+    head, binary = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
+    try:
+        doc = orjson.loads(head)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"body: not valid JSON ({exc.msg} at position {exc.pos})") from None
+    doc = _object(doc, "body")
+    parameters = _object(doc.get("parameters"), "parameters")
+    client_id = doc.get("id")
+    if client_id is not None and not isinstance(client_id, (str, int)):
+        raise InvalidInput("id: expected a string")
+    tensors = parse_inputs(doc, binary)
+    wanted = parse_outputs(doc)
+    request_id = str(client_id) if client_id not in (None, "") else request_id_of(request)
+    result, layout = await v2_common.infer(
+        gateway, name, version, tensors, parameters,
+        request_id=request_id, protocol="v2", timeout_s=timeout_from(request),
+    )
+    request[FQRV_TAG] = str(result.fqrv)
+    outputs = encode_outputs(result.frame, layout, [n for n, _ in wanted])
+    reply: dict[str, Any] = {"model_name": name, "model_version": result.fqrv.release, "id": request_id}
+    if layout.explicit:
+        reply["parameters"] = {"content_type": layout.content_type}
+    binary_default = parameters.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise InvalidInput("parameters.binary_data_output must be true or false")
+    body, json_length = encode_response(reply, outputs, dict(wanted), binary_default)
+    headers = {}
+    unknown = result.frame.parameters.get("unknown_inputs") or []
+    if unknown:
+        headers["X-Forestflow-Unknown-Inputs"] = ",".join(unknown)
+    if json_length is None:
+        response = web.Response(body=body, content_type=JSON, headers=headers)
+    else:
+        headers[HEADER_LENGTH] = str(json_length)
+        response = web.Response(body=body, content_type="application/octet-stream", headers=headers)
+    _compress(request, response, len(body))
+    return response
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the V2 REST routes."""
+    r = app.router
+    r.add_get("/v2", server_metadata)
+    r.add_get("/v2/", server_metadata)
+    r.add_get("/v2/health/live", server_live)
+    r.add_get("/v2/health/ready", server_ready)
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        r.add_get(base, model_metadata)
+        r.add_get(base + "/ready", model_ready)
+        r.add_post(base + "/infer", infer)

@@ -1,0 +1,172 @@
+"""Tabular rows <-> V2 tensors: the "np" and "pd" layouts of TrustyAI and MLServer.
+
+- **np**: one tensor ``[N, F]`` holding the whole batch; its columns are the model's inputs in
+  metadata order (TrustyAI's default, MLServer's NumpyCodec). ``[N]`` is N rows of a one-input model.
+- **pd**: one tensor per feature, named after it: ``[N]``, ``[N, 1]`` (MLServer's PandasCodec) or
+  ``[1, N]`` (TrustyAI, which runs observations along the second axis).
+
+The layout is detected (TrustyAI's rule: several tensors are pd; one tensor named after no model
+input is np) unless ``parameters.content_type`` says "np" or "pd". The ambiguous single tensor
+``[1, K]`` is resolved with the model's inputs: named after a one-value-per-row input it is K rows
+of that feature (pd), otherwise it is one row of K features (np, K must equal the input count).
+Outputs are always batch-first: ``[N, k]`` (or ``[N]`` when every request tensor was 1-D), never
+TrustyAI's ``[1, N*k]`` that its reader cannot split into rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from forestflow.codecs.v2_tensor import Tensor
+from forestflow.core.frame import Frame, TensorSpec, datatype_of
+from forestflow.errors import InvalidInput
+
+NP = "np"
+PD = "pd"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How a request was laid out, so that the response can follow it."""
+
+    content_type: str
+    #: 1 when every request tensor was 1-D (answer ``[N]``), else 2 (answer ``[N, k]``).
+    rank: int
+    #: Whether the client named the layout in ``parameters.content_type`` (then it is echoed).
+    explicit: bool = False
+
+
+def requested_content_type(parameters: dict[str, Any]) -> str | None:
+    """The layout the request names (``np``/``pd``), None if none; 400 for another value."""
+    value = parameters.get("content_type")
+    if value is None:
+        return None
+    if value in (NP, PD):
+        return str(value)
+    raise InvalidInput(f"parameters.content_type: expected \"np\" or \"pd\", got {value!r}")
+
+
+def _per_row_dims(spec: TensorSpec | None) -> tuple[int, ...] | None:
+    """The dimensions of one row of an input (``()`` for a scalar feature); None if unknown."""
+    if spec is None:
+        return None
+    return tuple(spec.shape[1:])
+
+
+def _pd_column(tensor: Tensor, spec: TensorSpec | None) -> np.ndarray:
+    """One pd tensor as a batch-first column."""
+    a = tensor.array
+    per_row = _per_row_dims(spec)
+    if per_row:  # a vector (or N-D) input: [N, *per_row], or one row given without its batch axis
+        if a.ndim == len(per_row) + 1:
+            return a
+        if a.ndim == len(per_row):
+            return a[None, ...]
+        raise InvalidInput(
+            f"input {tensor.name!r}: expected shape [N, {', '.join(map(str, per_row))}], got {tensor.shape}"
+        )
+    if a.ndim == 0:
+        return a.reshape(1)
+    if a.ndim == 1:
+        return a
+    if a.ndim == 2 and a.shape[1] == 1:
+        return a[:, 0]
+    if a.ndim == 2 and a.shape[0] == 1:
+        return a[0]
+    if spec is None:  # not a model input: handed over as it is, rows on the first axis
+        return a
+    raise InvalidInput(
+        f"input {tensor.name!r}: expected one value per row (shape [N], [N, 1] or [1, N]), got {tensor.shape}"
+    )
+
+
+def _decode_pd(tensors: Sequence[Tensor], specs: dict[str, TensorSpec]) -> dict[str, np.ndarray]:
+    columns: dict[str, np.ndarray] = {}
+    for tensor in tensors:
+        if tensor.name in columns:
+            raise InvalidInput(f"input {tensor.name!r} appears more than once")
+        columns[tensor.name] = _pd_column(tensor, specs.get(tensor.name))
+    rows = {name: len(col) for name, col in columns.items()}
+    if len(set(rows.values())) > 1:
+        shapes = ", ".join(f"{t.name} {t.shape} = {rows[t.name]} rows" for t in tensors)
+        raise InvalidInput(f"inputs disagree on the number of rows: {shapes}")
+    return columns
+
+
+def _decode_np(tensor: Tensor, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+    names = [s.name for s in specs]
+    a = tensor.array
+    if not names:  # a model that does not describe its inputs gets the tensor as it is
+        return {tensor.name: a if a.ndim else a.reshape(1)}
+    width = len(names)
+    if width == 1 and len(specs[0].shape) > 1:  # the one input is itself a vector per row
+        return {names[0]: _pd_column(tensor, specs[0])}
+    if a.ndim == 2 and a.shape[1] == width:
+        return {name: np.ascontiguousarray(a[:, j]) for j, name in enumerate(names)}
+    if a.ndim == 2 and width == 1 and a.shape[0] == 1:  # TrustyAI's pd batch of the only feature
+        return {names[0]: a[0]}
+    if a.ndim == 1 and width == 1:
+        return {names[0]: a}
+    if a.ndim == 1 and a.shape[0] == width:  # one row given without its batch axis
+        return {name: a[j : j + 1] for j, name in enumerate(names)}
+    raise InvalidInput(
+        f"input {tensor.name!r}: the np layout needs shape [N, {width}] (one column per model input: "
+        f"{', '.join(names)}), got {tensor.shape}"
+    )
+
+
+def _looks_np(tensor: Tensor, specs: Sequence[TensorSpec], by_name: dict[str, TensorSpec]) -> bool:
+    """A lone tensor is np unless it is named after a model input and fits that input as pd."""
+    spec = by_name.get(tensor.name)
+    if spec is None:
+        return True
+    a = tensor.array
+    scalar = not _per_row_dims(spec)
+    return scalar and a.ndim == 2 and min(a.shape) > 1 and a.shape[1] == len(specs) > 1
+
+
+def decode_inputs(
+    tensors: Sequence[Tensor], specs: Sequence[TensorSpec], parameters: dict[str, Any]
+) -> tuple[Frame, Layout]:
+    """Turn request tensors into a Frame of the model's inputs, and remember the layout."""
+    if not tensors:
+        raise InvalidInput("inputs: at least one input tensor is required")
+    asked = requested_content_type(parameters)
+    by_name = {s.name: s for s in specs}
+    if asked is not None:
+        layout = asked
+    elif len(tensors) == 1 and specs and _looks_np(tensors[0], specs, by_name):
+        layout = NP
+    else:
+        layout = PD
+    if layout == NP:
+        if len(tensors) != 1:
+            names = ", ".join(t.name for t in tensors)
+            raise InvalidInput(f"the np layout takes one input tensor holding every feature, got {len(tensors)}: {names}")
+        columns = _decode_np(tensors[0], specs)
+        rank = 2
+    else:
+        columns = _decode_pd(tensors, by_name)
+        rank = 1 if all(t.array.ndim <= 1 for t in tensors) else 2
+    frame = Frame(columns, dict(parameters))
+    return frame, Layout(layout, rank, asked is not None)
+
+
+def encode_outputs(frame: Frame, layout: Layout, requested: Sequence[str] | None = None) -> list[Tensor]:
+    """The output tensors of a scored Frame, batch-first, in the requested order (else all)."""
+    if requested:
+        frame = frame.select(list(requested))
+    out = []
+    for name, column in frame.columns.items():
+        array = column.reshape(len(column), 1) if column.ndim == 1 and layout.rank == 2 else column
+        out.append(Tensor(name, datatype_of(column), array))
+    return out
+
+
+def spec_json(spec: TensorSpec) -> dict[str, Any]:
+    """A V2 ``$metadata_tensor``: ``{name, datatype, shape}``."""
+    return {"name": spec.name, "datatype": spec.datatype, "shape": [int(d) for d in spec.shape]}

@@ -1,0 +1,250 @@
+"""V2 tensor elements <-> numpy: JSON ``data``, the binary/raw byte layout and gRPC typed contents.
+
+Every decoder checks the declared datatype and shape against the data it got and raises
+:class:`InvalidInput` naming the tensor, so a bad tensor is a 400 / INVALID_ARGUMENT, never a 500.
+Binary layout (REST binary extension and gRPC ``raw_*_contents``): little-endian, row-major, no
+padding; BOOL is one byte; each BYTES element is a 4-byte little-endian length then its bytes.
+BYTES elements that are valid UTF-8 are decoded to ``str`` (tabular models want text); a tensor
+holding any element that is not stays ``bytes``.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from forestflow.core.frame import DATATYPES
+from forestflow.errors import InvalidInput
+
+_LENGTH = struct.Struct("<I")
+_INTEGER = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
+_FLOAT = frozenset({"FP16", "FP32", "FP64"})
+
+#: V2 datatype -> the InferTensorContents field that carries it (FP16 travels raw only).
+CONTENTS_FIELD: dict[str, str | None] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP16": None,
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+@dataclass(slots=True)
+class Tensor:
+    """One named V2 tensor: its datatype, its (shaped) data and its parameters."""
+
+    name: str
+    datatype: str
+    array: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> list[int]:
+        """The shape as a JSON-friendly list."""
+        return list(self.array.shape)
+
+
+def check_header(name: str, datatype: Any, shape: Any, what: str = "input") -> tuple[np.dtype[Any], tuple[int, ...]]:
+    """Validate a tensor's datatype and shape; returns the numpy dtype and the shape."""
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise InvalidInput(f"{what} {name!r}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
+    if not isinstance(shape, (list, tuple)) or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
+        raise InvalidInput(f"{what} {name!r}: shape must be a list of non-negative integers, got {shape!r}")
+    return DATATYPES[datatype], tuple(int(d) for d in shape)
+
+
+def element_count(shape: Sequence[int]) -> int:
+    """How many elements a shape holds."""
+    return math.prod(shape)
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _check_count(name: str, shape: tuple[int, ...], got: int, what: str) -> None:
+    need = element_count(shape)
+    if got != need:
+        raise InvalidInput(f"{what} {name!r}: shape {list(shape)} needs {need} elements, got {got}")
+
+
+def _texts(values: list[bytes]) -> np.ndarray:
+    arr = np.empty(len(values), dtype=object)
+    try:
+        arr[:] = [v.decode("utf-8") for v in values]
+    except UnicodeDecodeError:
+        arr[:] = values
+    return arr
+
+
+def array_from_json(name: str, datatype: Any, shape: Any, data: Any, what: str = "input") -> np.ndarray:
+    """Decode JSON ``data`` (flat or nested, row-major) into an array of the declared shape."""
+    dtype, dims = check_header(name, datatype, shape, what)
+    if not isinstance(data, list):
+        raise InvalidInput(f"{what} {name!r}: data must be a JSON array, got {type(data).__name__}")
+    if datatype == "BYTES":
+        flat = _flatten(data)
+        bad = [v for v in flat if not isinstance(v, str)]
+        if bad:
+            raise InvalidInput(f"{what} {name!r}: BYTES data must be strings, got {bad[0]!r}")
+        _check_count(name, dims, len(flat), what)
+        arr = np.empty(len(flat), dtype=object)
+        arr[:] = flat
+        return arr.reshape(dims)
+    try:
+        raw = np.array(data)
+    except (ValueError, TypeError):
+        raise InvalidInput(f"{what} {name!r}: data is ragged (nested arrays of different lengths)") from None
+    _check_count(name, dims, raw.size, what)
+    raw = raw.reshape(-1)
+    kind = raw.dtype.kind
+    if raw.size == 0:
+        return np.empty(dims, dtype=dtype)
+    if datatype == "BOOL":
+        if kind != "b":
+            raise InvalidInput(f"{what} {name!r}: BOOL data must be true/false")
+        return raw.reshape(dims)
+    if kind == "O" and datatype in _FLOAT:  # JSON null (NaN from MLServer's codecs) among numbers
+        if any(v is not None and isinstance(v, (bool, str, list, dict)) for v in raw):
+            raise InvalidInput(f"{what} {name!r}: {datatype} data must be numbers (or null)")
+        return np.array([np.nan if v is None else v for v in raw], dtype=dtype).reshape(dims)
+    if kind not in "biuf":
+        raise InvalidInput(f"{what} {name!r}: {datatype} data must be numbers, got {raw[0]!r}")
+    if datatype in _INTEGER:
+        if kind == "f" and not np.all(np.isfinite(raw) & (raw == np.trunc(raw))):
+            raise InvalidInput(f"{what} {name!r}: {datatype} data must be integers")
+        info = np.iinfo(dtype)
+        if raw.min() < info.min or raw.max() > info.max:
+            raise InvalidInput(f"{what} {name!r}: value out of range for {datatype}")
+    return raw.astype(dtype).reshape(dims)
+
+
+def array_from_raw(name: str, datatype: Any, shape: Any, buf: bytes | memoryview, what: str = "input") -> np.ndarray:
+    """Decode a tensor sent in the binary layout."""
+    dtype, dims = check_header(name, datatype, shape, what)
+    if datatype == "BYTES":
+        return _texts(split_bytes(name, buf, element_count(dims), what)).reshape(dims)
+    need = element_count(dims) * dtype.itemsize
+    if len(buf) != need:
+        raise InvalidInput(f"{what} {name!r}: shape {list(dims)} of {datatype} needs {need} bytes, got {len(buf)}")
+    if datatype == "BOOL":
+        return (np.frombuffer(buf, dtype=np.uint8) != 0).reshape(dims)
+    return np.frombuffer(buf, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(dims)
+
+
+def split_bytes(name: str, buf: bytes | memoryview, count: int, what: str = "input") -> list[bytes]:
+    """The elements of a length-prefixed BYTES buffer; the element count must be ``count``."""
+    view = memoryview(buf)
+    out: list[bytes] = []
+    pos, end = 0, len(view)
+    while pos < end:
+        if pos + 4 > end:
+            raise InvalidInput(f"{what} {name!r}: BYTES data ends inside a 4-byte length prefix")
+        (length,) = _LENGTH.unpack_from(view, pos)
+        pos += 4
+        if pos + length > end:
+            raise InvalidInput(f"{what} {name!r}: BYTES element {len(out)} of {length} bytes runs past the data")
+        out.append(bytes(view[pos : pos + length]))
+        pos += length
+    if len(out) != count:
+        raise InvalidInput(f"{what} {name!r}: shape needs {count} BYTES elements, got {len(out)}")
+    return out
+
+
+def array_from_contents(name: str, datatype: Any, shape: Any, contents: Any, what: str = "input") -> np.ndarray:
+    """Decode gRPC typed ``InferTensorContents`` (the field that matches the datatype)."""
+    dtype, dims = check_header(name, datatype, shape, what)
+    field_name = CONTENTS_FIELD[datatype]
+    if field_name is None:
+        raise InvalidInput(f"{what} {name!r}: {datatype} has no typed contents field; send it in raw_input_contents")
+    values = getattr(contents, field_name)
+    _check_count(name, dims, len(values), what)
+    if datatype == "BYTES":
+        return _texts(list(values)).reshape(dims)
+    if datatype in ("INT8", "INT16", "UINT8", "UINT16") and len(values):
+        wide = np.fromiter(values, dtype=np.int64, count=len(values))
+        info = np.iinfo(dtype)
+        if wide.min() < info.min or wide.max() > info.max:
+            raise InvalidInput(f"{what} {name!r}: value out of range for {datatype}")
+        return wide.astype(dtype).reshape(dims)
+    return np.fromiter(values, dtype=dtype, count=len(values)).reshape(dims)
+
+
+# ---- encoding ------------------------------------------------------------------------------------
+def _as_bytes(v: Any) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    return str(v).encode("utf-8")
+
+
+def json_safe(array: np.ndarray) -> bool:
+    """Whether a BYTES array can go out as JSON text (no element is non-UTF-8 bytes)."""
+    for v in array.reshape(-1):
+        if isinstance(v, bytes):
+            try:
+                v.decode("utf-8")
+            except UnicodeDecodeError:
+                return False
+    return True
+
+
+def json_data(array: np.ndarray, datatype: str) -> Any:
+    """Flat row-major data for a JSON body (numpy arrays are serialized by orjson; NaN -> null)."""
+    flat = array.reshape(-1)
+    if datatype == "BYTES":
+        return [v.decode("utf-8") if isinstance(v, bytes) else v if isinstance(v, str) else str(v) for v in flat]
+    if flat.dtype.kind in "US":
+        return flat.tolist()
+    return np.ascontiguousarray(flat, dtype=DATATYPES[datatype])
+
+
+def raw_bytes(array: np.ndarray, datatype: str) -> bytes:
+    """The binary layout of a tensor."""
+    if datatype == "BYTES":
+        parts = []
+        for v in array.reshape(-1):
+            b = _as_bytes(v)
+            parts.append(_LENGTH.pack(len(b)))
+            parts.append(b)
+        return b"".join(parts)
+    if datatype == "BOOL":
+        return np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+    return np.ascontiguousarray(array, dtype=DATATYPES[datatype].newbyteorder("<")).tobytes()
+
+
+def fill_contents(contents: Any, array: np.ndarray, datatype: str) -> None:
+    """Append a tensor's elements to the typed-contents field that carries its datatype."""
+    field_name = CONTENTS_FIELD[datatype]
+    if field_name is None:
+        raise InvalidInput(f"{datatype} output cannot be sent as typed contents")
+    flat = array.reshape(-1)
+    if datatype == "BYTES":
+        getattr(contents, field_name).extend(_as_bytes(v) for v in flat)
+    else:
+        getattr(contents, field_name).extend(flat.tolist())
