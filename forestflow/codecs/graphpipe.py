@@ -1,0 +1,397 @@
+"""GraphPipe flatbuffers <-> numpy tensors and Frames.
+
+Reads a ``Request`` (an ``InferRequest`` or a ``MetadataRequest``) and writes the bare root
+``InferResponse`` / ``MetadataResponse`` tables GraphPipe clients expect. Input tensors become
+Frame columns either by ``input_names`` or, without names, by ForestFlow's grouping: a String
+tensor fills the model's categorical (BYTES) inputs and a numeric tensor its numeric inputs, in
+metadata order, one row per ``shape[0]``. Outputs are the FQRV as a ``[1, 1]`` String tensor
+followed by the model's outputs, 1-D columns as ``[n, 1]``.
+
+Every malformed input raises :class:`InvalidInput` with a message that names the culprit; the
+reader checks vector lengths against the buffer size so a corrupt body cannot make it loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import flatbuffers
+import numpy as np
+
+from forestflow._proto.graphpipe import (
+    Error,
+    InferRequest,
+    InferResponse,
+    IOMetadata,
+    MetadataResponse,
+    Request,
+    Tensor,
+)
+from forestflow._proto.graphpipe.Req import Req
+from forestflow._proto.graphpipe.Type import Type
+from forestflow.core.frame import DATATYPES, NUMERIC_DATATYPES, Frame, TensorSpec
+from forestflow.core.ids import FQRV
+from forestflow.errors import InvalidInput
+from forestflow.runtime.base import ServableMetadata
+
+#: GraphPipe numeric type -> numpy dtype (little-endian on the wire).
+GP_DTYPES: dict[int, np.dtype[Any]] = {
+    Type.Uint8: np.dtype("<u1"),
+    Type.Int8: np.dtype("<i1"),
+    Type.Uint16: np.dtype("<u2"),
+    Type.Int16: np.dtype("<i2"),
+    Type.Uint32: np.dtype("<u4"),
+    Type.Int32: np.dtype("<i4"),
+    Type.Uint64: np.dtype("<u8"),
+    Type.Int64: np.dtype("<i8"),
+    Type.Float16: np.dtype("<f2"),
+    Type.Float32: np.dtype("<f4"),
+    Type.Float64: np.dtype("<f8"),
+}
+#: V2 datatype -> GraphPipe type. GraphPipe has no boolean: BOOL goes out as Uint8.
+GP_TYPE_OF_DATATYPE: dict[str, int] = {
+    "UINT8": Type.Uint8,
+    "INT8": Type.Int8,
+    "UINT16": Type.Uint16,
+    "INT16": Type.Int16,
+    "UINT32": Type.Uint32,
+    "INT32": Type.Int32,
+    "UINT64": Type.Uint64,
+    "INT64": Type.Int64,
+    "FP16": Type.Float16,
+    "FP32": Type.Float32,
+    "FP64": Type.Float64,
+    "BYTES": Type.String,
+    "BOOL": Type.Uint8,
+}
+GP_TYPE_NAMES: dict[int, str] = {v: k for k, v in vars(Type).items() if not k.startswith("_")}
+_GP_TYPE_OF_DTYPE: dict[np.dtype[Any], int] = {dt.newbyteorder("="): t for t, dt in GP_DTYPES.items()}
+FQRV_OUTPUT = "fqrv"
+
+
+@dataclass(slots=True)
+class GPInferRequest:
+    """A decoded ``InferRequest``: tensors as numpy arrays (strings as object arrays)."""
+
+    config: str = ""
+    input_names: list[str] = field(default_factory=list)
+    tensors: list[np.ndarray] = field(default_factory=list)
+    output_names: list[str] = field(default_factory=list)
+
+
+class GPMetadataRequest:
+    """A decoded ``MetadataRequest`` (it has no fields)."""
+
+
+# ---- reading ----------------------------------------------------------------------------------
+def parse_request(body: bytes) -> GPInferRequest | GPMetadataRequest:
+    """Decode a GraphPipe ``Request`` body; InvalidInput when it is not one."""
+    if len(body) < 8:
+        raise InvalidInput("body: empty or too short for a GraphPipe Request flatbuffer")
+    try:
+        request = Request.Request.GetRootAs(body, 0)
+        kind = request.ReqType()
+        if kind == Req.MetadataRequest:
+            return GPMetadataRequest()
+        if kind != Req.InferRequest:
+            raise InvalidInput(f"Request.req: expected an InferRequest or a MetadataRequest, got union type {kind}")
+        table = request.Req()
+        if table is None:
+            raise InvalidInput("Request.req: missing")
+        infer = InferRequest.InferRequest()
+        infer.Init(table.Bytes, table.Pos)
+        size = len(body)
+        names = _strings(infer.InputNamesLength(), infer.InputNames, size, "input_names")
+        outputs = _strings(infer.OutputNamesLength(), infer.OutputNames, size, "output_names")
+        count = _checked_length(infer.InputTensorsLength(), 4, size, "input_tensors")
+        tensors = [_read_tensor(infer.InputTensors(i), i, size) for i in range(count)]
+        config = infer.Config()
+        return GPInferRequest(_text(config or b"", "config"), names, tensors, outputs)
+    except InvalidInput:
+        raise
+    except Exception:  # struct/index/value errors from offsets that point nowhere
+        raise InvalidInput("body: not a valid GraphPipe Request flatbuffer") from None
+
+
+def _checked_length(length: int, elem_size: int, size: int, what: str) -> int:
+    if length < 0 or length * elem_size > size:
+        raise InvalidInput(f"{what}: vector length {length} does not fit in a {size}-byte body")
+    return length
+
+
+def _text(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{what}: not valid UTF-8") from None
+
+
+def _strings(length: int, get: Any, size: int, what: str) -> list[str]:
+    return [_text(get(i), f"{what}[{i}]") for i in range(_checked_length(length, 4, size, what))]
+
+
+def _read_tensor(tensor: Any, i: int, size: int) -> np.ndarray:
+    where = f"input_tensors[{i}]"
+    gp_type = tensor.Type()
+    dims = _checked_length(tensor.ShapeLength(), 8, size, f"{where}.shape")
+    shape = [int(d) for d in tensor.ShapeAsNumpy()] if dims else []
+    if gp_type == Type.String:
+        count = _checked_length(tensor.StringValLength(), 4, size, f"{where}.string_val")
+        raw = [tensor.StringVal(j) for j in range(count)]
+        try:
+            values: list[Any] = [v.decode("utf-8") for v in raw]
+        except UnicodeDecodeError:
+            values = raw  # not text: the model gets the bytes as they came
+        flat = np.empty(count, dtype=object)
+        flat[:] = values
+    elif gp_type in GP_DTYPES:
+        dtype = GP_DTYPES[gp_type]
+        nbytes = _checked_length(tensor.DataLength(), 1, size, f"{where}.data")
+        data = tensor.DataAsNumpy().tobytes() if nbytes else b""
+        if len(data) % dtype.itemsize:
+            raise InvalidInput(f"{where}: {len(data)} data bytes are not a whole number of {GP_TYPE_NAMES[gp_type]} values")
+        flat = np.frombuffer(data, dtype=dtype).astype(dtype.newbyteorder("="))
+    else:
+        raise InvalidInput(f"{where}: unsupported tensor type {GP_TYPE_NAMES.get(gp_type, gp_type)}")
+    return flat.reshape(_resolve_shape(shape, flat.size, where))
+
+
+def _resolve_shape(shape: list[int], count: int, where: str) -> tuple[int, ...]:
+    if not shape:
+        raise InvalidInput(f"{where}.shape: required, with the record count first (e.g. [n, k])")
+    if any(d < -1 for d in shape) or shape.count(-1) > 1:
+        raise InvalidInput(f"{where}.shape {shape}: dimensions must be >= 0, with at most one -1")
+    known = int(np.prod([d for d in shape if d != -1], dtype=object))
+    if -1 in shape:
+        if known == 0 or count % known:
+            raise InvalidInput(f"{where}.shape {shape}: cannot hold {count} values")
+        shape = [count // known if d == -1 else d for d in shape]
+    elif known != count:
+        raise InvalidInput(f"{where}.shape {shape} needs {known} values, the tensor has {count}")
+    return tuple(shape)
+
+
+def parse_config(config: str) -> dict[str, str]:
+    """ForestFlow's ``k1:v1,k2:v2`` config string as a dict; junk entries (no ``:``, no key) are skipped."""
+    configs: dict[str, str] = {}
+    for item in config.split(","):
+        key, sep, value = item.partition(":")
+        if sep and key.strip():
+            configs[key.strip()] = value.strip()
+    return configs
+
+
+# ---- tensors -> Frame ---------------------------------------------------------------------------
+def frame_from_request(request: GPInferRequest, inputs: Sequence[TensorSpec]) -> Frame:
+    """The input Frame of an InferRequest for a model with these inputs."""
+    if not request.tensors:
+        raise InvalidInput("input_tensors: at least one tensor is required")
+    rows = {t.shape[0] for t in request.tensors}
+    if len(rows) > 1:
+        raise InvalidInput(f"input_tensors disagree on the record count (shape[0]): {sorted(rows)}")
+    if rows == {0}:
+        raise InvalidInput("input_tensors: at least one record is required (shape[0] is 0)")
+    columns = _named(request, inputs) if request.input_names else _grouped(request.tensors, inputs)
+    order = {spec.name: i for i, spec in enumerate(inputs)}
+    ordered = dict(sorted(columns.items(), key=lambda kv: order.get(kv[0], len(order))))
+    return Frame(ordered)
+
+
+def _named(request: GPInferRequest, inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+    names, tensors = request.input_names, request.tensors
+    if len(names) != len(tensors):
+        raise InvalidInput(f"input_names has {len(names)} name(s) for {len(tensors)} input tensor(s)")
+    if len(set(names)) != len(names):
+        raise InvalidInput(f"input_names: duplicate names in {names}")
+    specs = {spec.name: spec for spec in inputs}
+    columns = {}
+    for name, tensor in zip(names, tensors):
+        spec = specs.get(name)
+        if specs and spec is None:
+            raise InvalidInput(f"input_names: unknown input {name!r}; the model takes {', '.join(specs)}")
+        scalar = spec is None or len(spec.shape) <= 1
+        if scalar and tensor.ndim > 1 and int(np.prod(tensor.shape[1:])) == 1:
+            tensor = tensor.reshape(tensor.shape[0])
+        columns[name] = tensor
+    return columns
+
+
+def _grouped(tensors: list[np.ndarray], inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+    if not inputs:
+        raise InvalidInput("the model declares no inputs: name the tensors with input_names")
+    groups = {
+        "categorical": [s for s in inputs if s.datatype == "BYTES"],
+        "numeric": [s for s in inputs if s.datatype != "BYTES"],
+    }
+    wanted = [g for g, specs in groups.items() if specs]
+    if len(tensors) != len(wanted):
+        expected = " and ".join(f"one {'String' if g == 'categorical' else 'numeric'} tensor for {g} inputs" for g in wanted)
+        raise InvalidInput(f"input_tensors: got {len(tensors)} tensor(s) without input_names, expected {expected}")
+    columns: dict[str, np.ndarray] = {}
+    used: set[str] = set()
+    for tensor in tensors:
+        group = "categorical" if tensor.dtype == object else "numeric"
+        specs = groups[group]
+        if not specs or group in used:
+            raise InvalidInput(f"input_tensors: expected {' and '.join(wanted)} tensors, got an extra {group} one")
+        used.add(group)
+        per_row = tensor.reshape(tensor.shape[0], -1)
+        if per_row.shape[1] > len(specs):
+            raise InvalidInput(
+                f"input_tensors: the {group} tensor has {per_row.shape[1]} values per record for "
+                f"{len(specs)} {group} input(s) ({', '.join(s.name for s in specs)})"
+            )
+        for j, spec in enumerate(specs[: per_row.shape[1]]):
+            columns[spec.name] = _cast(per_row[:, j].copy(), spec)
+    return columns
+
+
+def _cast(column: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """Numbers to the input's numeric datatype when no value can change meaning (uint8 -> FP64, not FP64 -> INT32)."""
+    if spec.datatype in NUMERIC_DATATYPES and column.dtype != object:
+        target = DATATYPES[spec.datatype]
+        if np.can_cast(column.dtype, target, "same_kind"):
+            return column.astype(target)
+    return column
+
+
+# ---- writing ------------------------------------------------------------------------------------
+def _finish(builder: flatbuffers.Builder, root: int) -> bytes:
+    builder.Finish(root)
+    return bytes(builder.Output())
+
+
+def _offsets(builder: flatbuffers.Builder, offsets: list[int]) -> int:
+    builder.StartVector(4, len(offsets), 4)
+    for offset in reversed(offsets):
+        builder.PrependUOffsetTRelative(offset)
+    return builder.EndVector()
+
+
+def _strings_vector(builder: flatbuffers.Builder, values: Sequence[bytes]) -> int:
+    return _offsets(builder, [builder.CreateString(v) for v in values])
+
+
+def _shape(builder: flatbuffers.Builder, shape: Sequence[int]) -> int:
+    return builder.CreateNumpyVector(np.asarray(shape, dtype="<i8"))
+
+
+def _bytes_vector(builder: flatbuffers.Builder, raw: bytes) -> int:
+    # Like Builder.CreateByteVector, but 8-aligned so readers may view the bytes as any numeric type.
+    builder.StartVector(1, len(raw), 8)
+    builder.head = builder.head - len(raw)
+    builder.Bytes[builder.head : builder.head + len(raw)] = raw
+    return builder.EndVector()
+
+
+def _element_bytes(value: Any) -> bytes:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if value is None:
+        return b""
+    return str(value).encode("utf-8")
+
+
+def _tensor(builder: flatbuffers.Builder, name: str, array: np.ndarray) -> int:
+    shape = (array.shape[0], 1) if array.ndim == 1 else array.shape
+    if array.dtype.kind in ("O", "U", "S", "T"):
+        strings = _strings_vector(builder, [_element_bytes(v) for v in array.ravel().tolist()])
+        gp_type, data = Type.String, None
+    else:
+        native = np.dtype(np.uint8) if array.dtype.kind == "b" else array.dtype.newbyteorder("=")
+        gp_type = _GP_TYPE_OF_DTYPE.get(native)
+        if gp_type is None:
+            raise InvalidInput(f"output {name!r}: datatype {array.dtype} has no GraphPipe type")
+        data = _bytes_vector(builder, np.ascontiguousarray(array, dtype=GP_DTYPES[gp_type]).tobytes())
+        strings = None
+    shape_offset = _shape(builder, shape)
+    Tensor.Start(builder)
+    Tensor.AddType(builder, gp_type)
+    Tensor.AddShape(builder, shape_offset)
+    if data is not None:
+        Tensor.AddData(builder, data)
+    if strings is not None:
+        Tensor.AddStringVal(builder, strings)
+    return Tensor.End(builder)
+
+
+def encode_infer_response(fqrv: FQRV, frame: Frame, output_names: Sequence[str] = ()) -> bytes:
+    """An InferResponse: the FQRV ``[1, 1]`` String tensor, then the outputs (all, or those named)."""
+    names = [n for n in output_names if n != FQRV_OUTPUT] if output_names else list(frame.columns)
+    selected = frame.select(names)
+    builder = flatbuffers.Builder(1024 + sum(c.nbytes for c in selected.columns.values()))
+    fqrv_tensor = np.array([[str(fqrv)]], dtype=object)
+    tensors = [_tensor(builder, FQRV_OUTPUT, fqrv_tensor)]
+    tensors += [_tensor(builder, name, column) for name, column in selected.columns.items()]
+    vector = _offsets(builder, tensors)
+    InferResponse.Start(builder)
+    InferResponse.AddOutputTensors(builder, vector)
+    return _finish(builder, InferResponse.End(builder))
+
+
+def encode_errors(errors: Sequence[tuple[int, str]]) -> bytes:
+    """An InferResponse carrying only ``errors`` (code, message)."""
+    builder = flatbuffers.Builder(256)
+    entries = []
+    for code, message in errors:
+        text = builder.CreateString(message)
+        Error.Start(builder)
+        Error.AddCode(builder, code)
+        Error.AddMessage(builder, text)
+        entries.append(Error.End(builder))
+    vector = _offsets(builder, entries)
+    InferResponse.Start(builder)
+    InferResponse.AddErrors(builder, vector)
+    return _finish(builder, InferResponse.End(builder))
+
+
+def io_description(spec: TensorSpec) -> str:
+    """A spec's description, with a categorical input's levels appended."""
+    if spec.domain is None:
+        return spec.description
+    levels = "levels: [" + ",".join(spec.domain) + "]"
+    return f"{spec.description} {levels}" if spec.description else levels
+
+
+def wire_shape(spec: TensorSpec) -> list[int]:
+    """The tensor shape clients exchange for a column: one value per record is ``[-1, 1]``."""
+    return [-1, 1] if len(spec.shape) <= 1 else list(spec.shape)
+
+
+def response_specs(meta: ServableMetadata) -> list[TensorSpec]:
+    """The response tensors in order: the FQRV first, then the model's outputs."""
+    fqrv = TensorSpec(FQRV_OUTPUT, "BYTES", (1, 1), "the release that answered (always the first tensor)")
+    return [fqrv, *meta.outputs]
+
+
+def _io(builder: flatbuffers.Builder, spec: TensorSpec) -> int:
+    name = builder.CreateString(spec.name)
+    description = builder.CreateString(io_description(spec))
+    shape = _shape(builder, wire_shape(spec))
+    IOMetadata.Start(builder)
+    IOMetadata.AddName(builder, name)
+    IOMetadata.AddDescription(builder, description)
+    IOMetadata.AddShape(builder, shape)
+    IOMetadata.AddType(builder, GP_TYPE_OF_DATATYPE.get(spec.datatype, Type.Null))
+    return IOMetadata.End(builder)
+
+
+def encode_metadata(fqrv: FQRV, meta: ServableMetadata, server: str = "forestflow") -> bytes:
+    """A MetadataResponse: the model's name, the FQRV as version, inputs and outputs."""
+    builder = flatbuffers.Builder(1024)
+    name = builder.CreateString(meta.name)
+    version = builder.CreateString(str(fqrv))
+    server_offset = builder.CreateString(server)
+    description = builder.CreateString(meta.description or f"{meta.platform} servable {fqrv}")
+    inputs = _offsets(builder, [_io(builder, spec) for spec in meta.inputs])
+    outputs = _offsets(builder, [_io(builder, spec) for spec in response_specs(meta)])
+    MetadataResponse.Start(builder)
+    MetadataResponse.AddName(builder, name)
+    MetadataResponse.AddVersion(builder, version)
+    MetadataResponse.AddServer(builder, server_offset)
+    MetadataResponse.AddDescription(builder, description)
+    MetadataResponse.AddInputs(builder, inputs)
+    MetadataResponse.AddOutputs(builder, outputs)
+    return _finish(builder, MetadataResponse.End(builder))
