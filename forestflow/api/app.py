@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from forestflow.api import admin, basic, ops
+from forestflow.api import admin, basic, graphpipe, ops
 from forestflow.api import v1_rest, v2_grpc, v2_rest
 from forestflow.api.common import GATEWAY, SETTINGS
 from forestflow.api.middleware import build_middleware
@@ -56,6 +56,7 @@ def build_app(settings: Settings) -> web.Application:
     ops.add_routes(app)
     admin.add_routes(app)
     basic.add_routes(app)
+    graphpipe.add_routes(app)
     v2_rest.add_routes(app)
     v1_rest.add_routes(app)
     return app

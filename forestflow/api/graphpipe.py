@@ -1,0 +1,172 @@
+"""ForestFlow's GraphPipe front-end: ``POST /{org}/{project}/{n}/gp``.
+
+The body is a GraphPipe ``Request`` flatbuffer (no Content-Type needed). An ``InferRequest`` is
+routed like ``/score`` (phase-in pick, shadow copies, prediction log with the raw request and the
+encoded response); a ``MetadataRequest`` describes the contract's active release. As in
+ForestFlow the answer is always HTTP 200 with ``application/octet-stream``: failures travel in
+``InferResponse.errors`` with an HTTP-style code and our message, never a stack trace.
+``GET`` on the same path gives the metadata as JSON, as the GraphPipe spec suggests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from forestflow.api.common import FQRV_TAG, GATEWAY, contract_from, request_id_of, timeout_from
+from forestflow.api.responses import json_response
+from forestflow.codecs.graphpipe import (
+    GP_TYPE_NAMES,
+    GP_TYPE_OF_DATATYPE,
+    GPInferRequest,
+    encode_errors,
+    encode_infer_response,
+    encode_metadata,
+    frame_from_request,
+    io_description,
+    parse_config,
+    parse_request,
+    response_specs,
+    wire_shape,
+)
+from forestflow.core.frame import Frame, TensorSpec
+from forestflow.core.ids import FQRV, Contract
+from forestflow.errors import GatewayError, InvalidInput, NoActiveServablesForContract, PayloadTooLarge, UnknownServable, http_status
+from forestflow.service import Gateway
+
+log = structlog.get_logger("forestflow.graphpipe")
+
+OCTET_STREAM = "application/octet-stream"
+SERVER_NAME = "forestflow"
+
+
+def _octets(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type=OCTET_STREAM)
+
+
+async def gp(request: web.Request) -> web.Response:
+    """Answer one GraphPipe request (infer or metadata) for the contract in the path."""
+    gateway = request.app[GATEWAY]
+    try:
+        contract = contract_from(request)
+        gateway.contract_state(contract)  # unknown contract: answered before reading the body
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise PayloadTooLarge(f"request body over the limit of {exc.max_size} bytes") from None
+        parsed = parse_request(body)
+        if not isinstance(parsed, GPInferRequest):
+            fqrv = gateway.active_release(contract)
+            request[FQRV_TAG] = str(fqrv)
+            return _octets(encode_metadata(fqrv, gateway.metadata(fqrv), SERVER_NAME))
+        return _octets(await _infer(request, gateway, contract, parsed, body))
+    except GatewayError as error:
+        return _octets(encode_errors([(http_status(error), error.message)]))
+    except Exception:  # a bug must not become a 500 or a stack trace for GraphPipe clients
+        request_id = request_id_of(request)
+        log.exception("graphpipe_failed", request_id=request_id, path=request.path)
+        return _octets(encode_errors([(500, f"internal error; see the gateway log with request_id {request_id}")]))
+
+
+async def _infer(request: web.Request, gateway: Gateway, contract: Contract, parsed: GPInferRequest, body: bytes) -> bytes:
+    frame = frame_from_request(parsed, _model_inputs(gateway, contract))
+    configs = parse_config(parsed.config)
+    frame.parameters = dict(configs)
+    encode_logged = _LoggedResponse(parsed.output_names)
+    result = await gateway.infer(
+        contract,
+        frame,
+        configs=configs,
+        request_id=request_id_of(request),
+        protocol="graphpipe",
+        timeout_s=timeout_from(request),
+        raw_request=body,
+        encode_raw_response=encode_logged,
+    )
+    request[FQRV_TAG] = str(result.fqrv)
+    return encode_logged.reply(result.fqrv, result.frame)
+
+
+class _LoggedResponse:
+    """Encodes responses for the prediction log, and reuses the served one for the reply.
+
+    A shadow release may lack the requested outputs or give a type GraphPipe cannot carry; its
+    log entry then holds all its outputs or an error response rather than failing the request.
+    """
+
+    def __init__(self, output_names: Sequence[str]) -> None:
+        self.output_names = list(output_names)
+        self._encoded: tuple[Frame, bytes] | None = None
+
+    def __call__(self, fqrv: FQRV, frame: Frame) -> bytes:
+        try:
+            body = encode_infer_response(fqrv, frame, self.output_names)
+        except InvalidInput as error:
+            try:
+                return encode_infer_response(fqrv, frame)
+            except InvalidInput:
+                return encode_errors([(http_status(error), error.message)])
+        self._encoded = (frame, body)
+        return body
+
+    def reply(self, fqrv: FQRV, frame: Frame) -> bytes:
+        """The response for the client (raises InvalidInput for unknown output names)."""
+        if self._encoded is not None and self._encoded[0] is frame:
+            return self._encoded[1]
+        return encode_infer_response(fqrv, frame, self.output_names)
+
+
+def _model_inputs(gateway: Gateway, contract: Contract) -> tuple[TensorSpec, ...]:
+    """The inputs tensors map to: the active release's, else (shadow-only contract) the newest loaded one's."""
+    try:
+        return gateway.metadata(gateway.active_release(contract)).inputs
+    except NoActiveServablesForContract:
+        pass
+    state = gateway.contract_state(contract)
+    for entry in sorted(state.servables.values(), key=lambda e: e.metrics.created_at_ms, reverse=True):
+        try:
+            return gateway.metadata(entry.fqrv).inputs
+        except UnknownServable:
+            continue
+    raise NoActiveServablesForContract(contract)
+
+
+def _io_json(specs: Sequence[TensorSpec]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": spec.name,
+            "description": io_description(spec),
+            "shape": wire_shape(spec),
+            "type": GP_TYPE_NAMES[GP_TYPE_OF_DATATYPE.get(spec.datatype, 0)],
+        }
+        for spec in specs
+    ]
+
+
+async def gp_metadata_json(request: web.Request) -> web.Response:
+    """``GET .../gp``: the GraphPipe metadata of the active release as JSON."""
+    gateway = request.app[GATEWAY]
+    fqrv = gateway.active_release(contract_from(request))
+    request[FQRV_TAG] = str(fqrv)
+    meta = gateway.metadata(fqrv)
+    return json_response(
+        {
+            "name": meta.name,
+            "version": str(fqrv),
+            "server": SERVER_NAME,
+            "description": meta.description or f"{meta.platform} servable {fqrv}",
+            "inputs": _io_json(meta.inputs),
+            "outputs": _io_json(response_specs(meta)),
+        }
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the GraphPipe routes."""
+    path = "/{org}/{project}/{n:\\d+}/gp"
+    app.router.add_post(path, gp)
+    app.router.add_get(path, gp_metadata_json)
+
