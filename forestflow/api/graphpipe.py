@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from forestflow.api.common import FQRV_TAG, GATEWAY, contract_from, request_id_of, timeout_from
+from forestflow.api.common import FQRV_TAG, GATEWAY, SETTINGS, contract_from, request_id_of, timeout_from
 from forestflow.api.responses import json_response
 from forestflow.codecs.graphpipe import (
     GP_TYPE_NAMES,
@@ -55,8 +55,8 @@ async def gp(request: web.Request) -> web.Response:
         gateway.contract_state(contract)  # unknown contract: answered before reading the body
         try:
             body = await request.read()
-        except web.HTTPRequestEntityTooLarge as exc:
-            raise PayloadTooLarge(f"request body over the limit of {exc.max_size} bytes") from None
+        except web.HTTPRequestEntityTooLarge:
+            raise PayloadTooLarge(f"request body over the limit of {request.app[SETTINGS].max_body_bytes} bytes") from None
         parsed = parse_request(body)
         if not isinstance(parsed, GPInferRequest):
             fqrv = gateway.active_release(contract)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from graphpipe import convert, remote
 from forestflow._proto.graphpipe.Req import Req
 from forestflow._proto.graphpipe.Type import Type
 from tests.api_gp.helpers import GP_PATH, client, deploy, execute_multi, post_raw, raw_tensor_request, request_with_union_type
-from tests.support import InProcessGateway, python_servable
+from tests.support import InProcessGateway, python_servable, serve_in_process
 
 pytestmark = pytest.mark.filterwarnings("ignore:numElems is deprecated:DeprecationWarning")
 
@@ -131,3 +132,11 @@ async def test_concurrent_garbage_does_not_disturb_good_requests(gw: InProcessGa
     results = await asyncio.gather(*good, *bad)
     assert [r[1].tolist() for r in results[:10]] == [[[2.0 * i]] for i in range(10)]
     assert all(r[1][0]["code"] == 400 for r in results[10:])
+
+
+async def test_a_body_over_the_limit_is_a_413_entry(tmp_path: Path) -> None:
+    async with serve_in_process(tmp_path / "data", max_body_bytes=4096) as gw:
+        await deploy(gw, python_servable())
+        _, errors = await post_raw(gw, bytes(convert.serialize_infer_request(convert.InferReq(None, [np.zeros(1000)], ["x"], None))))
+        assert errors == [{"code": 413, "message": b"request body over the limit of 4096 bytes"}]
+        await assert_still_serving(gw)

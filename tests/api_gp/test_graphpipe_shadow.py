@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from graphpipe import convert
 
-from tests.api_gp.helpers import GP_PATH, deploy, post_raw
+from tests.api_gp.helpers import deploy, post_raw
 from tests.support import FIXTURES, InProcessGateway, python_servable
 
 pytestmark = pytest.mark.filterwarnings("ignore:numElems is deprecated:DeprecationWarning")
