@@ -47,17 +47,17 @@ def v2_body(n: int) -> bytes:
 
 
 def graphpipe_body(n: int) -> bytes | None:
-    """A GraphPipe InferRequest (categorical strings + numeric floats), or None without the codec."""
+    """A GraphPipe InferRequest (categorical strings + numeric floats) built by the official client."""
     try:
         import numpy as np
-
-        from forestflow.codecs.graphpipe import encode_infer_request  # type: ignore[attr-defined]
+        from graphpipe import convert
     except ImportError:
         return None
     data = rows(n)
     strings = np.array([[r[c] for c in CATEGORICAL] for r in data], dtype=object)
     numbers = np.array([[_number(r[c]) for c in NUMERIC] for r in data], dtype=np.float64)
-    return bytes(encode_infer_request([strings, numbers], config="reqid:bench"))
+    request = convert.InferReq("reqid:bench", [strings, numbers], [], [])
+    return bytes(convert.serialize_infer_request(request))
 
 
 def definition(contract: tuple[str, str, int], log_level: str) -> dict[str, Any]:
