@@ -95,12 +95,15 @@ class Gateway:
         self.contracts: dict[Contract, ContractState] = {}
         self.loaded: dict[FQRV, Loaded] = {}
         self.failed: dict[FQRV, str] = {}
-        self.executor = ThreadPoolExecutor(settings.scoring_threads, thread_name_prefix="predict")
         self._pending: set[FQRV] = set()
         self._admin_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: list[asyncio.Task[None]] = []
         self._metrics_dirty = False
+        # Replica sync: the store's documents as last reconciled, background loads, failed loads.
+        self._snapshot: dict[str, Any] = {}
+        self._syncing: dict[FQRV, ServableDefinition] = {}
+        self._failed_defs: dict[FQRV, ServableDefinition] = {}
         self.started = False
         self.draining = False
 
@@ -114,6 +117,9 @@ class Gateway:
             asyncio.create_task(self._every(self.settings.evaluation_interval_s, self.evaluate_all), name="evaluate"),
             asyncio.create_task(self._every(self.settings.metrics_flush_interval_s, self.flush_metrics), name="flush"),
         ]
+        watch = getattr(self.store, "watch", None)
+        if watch is not None:  # a shared store (Redis): follow the other replicas' changes
+            watch(self.sync_from_store)
         self.started = True
 
     async def stop(self) -> None:
@@ -129,7 +135,6 @@ class Gateway:
             await loaded.scheduler.close()
             loaded.servable.unload()
         self.loaded.clear()
-        self.executor.shutdown(wait=False, cancel_futures=True)
         await self.store.close()
 
     async def _every(self, seconds: float, action: Callable[[], Any]) -> None:
@@ -137,34 +142,175 @@ class Gateway:
             await asyncio.sleep(seconds)
             try:
                 await action()
-            except Exception:  # a timer must survive a failed round (e.g. store away)
+            except StoreUnavailable as error:  # Redis away: the store logs that once; retry next round
+                log.debug("timer_store_unavailable", action=getattr(action, "__name__", str(action)), reason=error.message)
+            except Exception:  # a timer must survive a failed round
                 log.exception("timer_failed", action=getattr(action, "__name__", str(action)))
 
     async def _restore(self, docs: dict[str, Any]) -> None:
-        for key, doc in docs.items():
-            if key.startswith("contract/"):
-                contract = Contract.parse(key.removeprefix("contract/"))
-                self.contracts[contract] = ContractState(contract, parse_contract_settings(Obj(doc, key)))
-        definitions = [parse_serve_request(doc) for key, doc in docs.items() if key.startswith("servable/")]
-        results = await asyncio.gather(*(self._load(d) for d in definitions), return_exceptions=True)
-        for defn, result in zip(definitions, results):
-            state = self.contracts.setdefault(
-                defn.fqrv.contract, ContractState(defn.fqrv.contract, defn.contract_settings or ContractSettings())
-            )
-            metrics = _metrics_from_doc(docs.get(metrics_key(defn.fqrv)), defn.created_at_ms)
-            if isinstance(result, BaseException):
-                reason = result.message if isinstance(result, GatewayError) else repr(result)
-                self.failed[defn.fqrv] = reason
-                log.error("servable_restore_failed", fqrv=str(defn.fqrv), reason=reason)
-                continue
-            self.loaded[defn.fqrv] = result
-            state.add(ServableEntry(defn.fqrv, defn.settings, metrics))
-        for contract, state in self.contracts.items():
-            routing = docs.get(routing_key(contract))
-            if routing:
-                state.restore_routing_state(routing)
-        await self.evaluate_all()
+        await self.reconcile(docs, wait=True)
         log.info("registry_restored", contracts=len(self.contracts), servables=len(self.loaded), failed=len(self.failed))
+
+    # ---- replica sync -------------------------------------------------------------------------------
+    async def sync_from_store(self) -> None:
+        """Reload the store's documents and bring this replica to them (the store calls this on change)."""
+        if self.draining:
+            return
+        async with self._admin_lock:
+            # Loaded under the admin lock, so a snapshot never overtakes this replica's own writes;
+            # adopted before the next await, because the store diffs the next flush against it.
+            docs = await self.store.load()
+            await self._reconcile(docs, wait=False)
+
+    async def reconcile(self, docs: dict[str, Any], *, wait: bool = False) -> None:
+        """Bring the in-memory registry to ``docs`` (every document of the store).
+
+        Servables it learns about are loaded (awaited with ``wait``, else in the background: the
+        replica reports not ready until they are), deleted ones unloaded, changed servable and
+        contract settings applied, shared stamps and performance metrics adopted, and the touched
+        contracts re-evaluated. Counters and router state of servables already held stay local.
+        """
+        async with self._admin_lock:
+            await self._reconcile(docs, wait=wait)
+
+    async def _reconcile(self, docs: dict[str, Any], *, wait: bool) -> None:
+        self._snapshot = docs
+        wanted: dict[FQRV, ServableDefinition] = {}
+        contracts: dict[Contract, ContractSettings] = {}
+        for key, doc in docs.items():
+            try:
+                if key.startswith("servable/"):
+                    defn = parse_serve_request(doc)
+                    wanted[defn.fqrv] = defn
+                elif key.startswith("contract/"):
+                    contracts[Contract.parse(key.removeprefix("contract/"))] = parse_contract_settings(Obj(doc, key))
+            except GatewayError as error:
+                log.error("registry_document_invalid", key=key, reason=error.message)
+        touched: set[Contract] = set()
+        for contract, settings in contracts.items():
+            state = self.contracts.get(contract)
+            if state is None:
+                self._new_contract_state(contract, settings)
+            elif state.settings != settings:
+                state.update_settings(settings)
+                touched.add(contract)
+        unload: list[Loaded] = []
+        for contract, state in list(self.contracts.items()):
+            for release, entry in list(state.servables.items()):
+                defn, loaded = wanted.get(entry.fqrv), self.loaded.get(entry.fqrv)
+                if defn is not None and loaded is not None and _same_artifact(loaded.definition, defn):
+                    if loaded.definition != defn:
+                        loaded.definition, entry.settings = defn, defn.settings
+                        touched.add(contract)
+                    if _adopt_shared_metrics(entry.metrics, docs.get(metrics_key(entry.fqrv))):
+                        touched.add(contract)
+                    continue
+                state.remove(release)  # deleted elsewhere, or redeployed from another artifact
+                touched.add(contract)
+                if loaded is not None:
+                    unload.append(self.loaded.pop(entry.fqrv))
+                log.info("servable_removed_by_sync", fqrv=str(entry.fqrv))
+            if not state.servables and contract not in contracts and not any(f.contract == contract for f in self._pending):
+                del self.contracts[contract]
+        for fqrv in [f for f in self.failed if f not in wanted]:
+            self.failed.pop(fqrv)
+            self._failed_defs.pop(fqrv, None)
+        for fqrv, defn in list(self._syncing.items()):
+            if fqrv in wanted:
+                self._syncing[fqrv] = wanted[fqrv]
+            else:
+                del self._syncing[fqrv]  # the loader discards it when done
+        new = [d for f, d in wanted.items() if f not in self.loaded and f not in self._pending and self._failed_defs.get(f) != d]
+        for loaded in unload:
+            await self._unload(loaded)
+        if wait:
+            results = await asyncio.gather(*(self._load(d) for d in new), return_exceptions=True)
+            for defn, result in zip(new, results):
+                if isinstance(result, BaseException):
+                    self._record_failure(defn, result)
+                else:
+                    self._install(defn, result)
+            touched = set(self.contracts)
+        else:
+            for defn in new:
+                self._start_sync_load(defn)
+        for contract in touched:
+            if contract in self.contracts:
+                await self._evaluate_quietly(self.contracts[contract])
+
+    def _new_contract_state(self, contract: Contract, settings: ContractSettings) -> ContractState:
+        state = self.contracts[contract] = ContractState(contract, settings)
+        routing = self._snapshot.get(routing_key(contract))
+        if routing:
+            state.restore_routing_state(routing)
+        return state
+
+    def _install(self, defn: ServableDefinition, loaded: Loaded) -> ContractState:
+        contract = defn.fqrv.contract
+        state = self.contracts.get(contract) or self._new_contract_state(contract, defn.contract_settings or ContractSettings())
+        loaded.definition = defn
+        self.loaded[defn.fqrv] = loaded
+        self.failed.pop(defn.fqrv, None)
+        self._failed_defs.pop(defn.fqrv, None)
+        state.add(ServableEntry(defn.fqrv, defn.settings, _metrics_from_doc(self._snapshot.get(metrics_key(defn.fqrv)), defn.created_at_ms)))
+        return state
+
+    def _record_failure(self, defn: ServableDefinition, error: BaseException) -> None:
+        reason = error.message if isinstance(error, GatewayError) else repr(error)
+        self.failed[defn.fqrv] = reason
+        self._failed_defs[defn.fqrv] = defn
+        if defn.fqrv.contract not in self.contracts:
+            self._new_contract_state(defn.fqrv.contract, defn.contract_settings or ContractSettings())
+        log.error("servable_restore_failed", fqrv=str(defn.fqrv), reason=reason)
+
+    def _start_sync_load(self, defn: ServableDefinition) -> None:
+        self._syncing[defn.fqrv] = defn
+        self._pending.add(defn.fqrv)
+        task = asyncio.create_task(self._sync_load(defn), name=f"sync-load {defn.fqrv}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sync_load(self, defn: ServableDefinition) -> None:
+        """Load a servable learnt from the store; install it unless the registry moved on meanwhile."""
+        fqrv = defn.fqrv
+        loaded: Loaded | None = None
+        error: BaseException | None = None
+        try:
+            try:
+                loaded = await self._load(defn)
+            except Exception as exc:
+                error = exc
+            async with self._admin_lock:
+                current = self._syncing.pop(fqrv, None)
+                if current is None or self.draining or (current != defn and not (loaded and _same_artifact(current, defn))):
+                    if loaded is not None:
+                        await self._unload(loaded)
+                    if current is not None and not self.draining:
+                        self._start_sync_load(current)  # redeployed from another artifact meanwhile
+                    return
+                if loaded is None:
+                    self._record_failure(current, error or RuntimeError("load failed"))
+                    return
+                state = self._install(current, loaded)
+                log.info("servable_synced", fqrv=str(fqrv))
+                await self._evaluate_quietly(state)
+        finally:
+            if fqrv not in self._syncing:
+                self._pending.discard(fqrv)
+
+    async def _evaluate_quietly(self, state: ContractState) -> None:
+        try:
+            await self._evaluate(state)
+        except StoreUnavailable as error:  # expirations are persisted by the next evaluation round
+            log.warning("evaluation_not_persisted", contract=str(state.contract), reason=error.message)
+
+    def stats_metrics(self, entry: ServableEntry) -> ServableMetrics:
+        """A servable's metrics for /stats: counters summed over every replica sharing the store."""
+        peer_counters = getattr(self.store, "peer_counters", None)
+        if peer_counters is None:
+            return entry.metrics
+        score, shade = peer_counters(entry.fqrv)
+        return replace(entry.metrics, score_count=entry.metrics.score_count + score, shade_count=entry.metrics.shade_count + shade)
 
     # ---- health -------------------------------------------------------------------------------------
     @property
@@ -401,11 +547,12 @@ class Gateway:
         slots = servable.max_concurrency or self.settings.scoring_slots
         scheduler = ServableScheduler(
             servable,
-            self.executor,
+            None,  # threads of its own: shadow servables cannot take the threads live work needs
             slots=slots,
             live_queue=self.settings.live_queue,
             shadow_queue=self.settings.shadow_queue,
             max_batch_rows=self.settings.max_batch_rows if getattr(servable, "batchable", False) else 0,
+            max_threads=self.settings.scoring_threads,
         )
         return Loaded(defn, servable, scheduler)
 
@@ -575,3 +722,23 @@ def _metrics_from_doc(doc: dict[str, Any] | None, created_at_ms: int) -> Servabl
         current_phase_in_pct=int(doc.get("currentPhaseInPct", 0)),
         performance_metrics={str(k): float(v) for k, v in (doc.get("performanceMetrics") or {}).items()},
     )
+
+
+def _same_artifact(a: ServableDefinition, b: ServableDefinition) -> bool:
+    return a.path == b.path and a.flavor == b.flavor and a.flavor_settings == b.flavor_settings
+
+
+def _adopt_shared_metrics(m: ServableMetrics, doc: dict[str, Any] | None) -> bool:
+    """Take the shared stamp and performance metrics from the store (counters stay this replica's)."""
+    if not doc:
+        return False
+    changed = False
+    stamp = doc.get("becameValidAtMS")
+    if stamp is not None and int(stamp) != m.became_valid_at_ms:
+        m.became_valid_at_ms = int(stamp)
+        changed = True
+    performance = {str(k): float(v) for k, v in (doc.get("performanceMetrics") or {}).items()}
+    if performance != m.performance_metrics:
+        m.performance_metrics = performance
+        changed = True
+    return changed

@@ -141,8 +141,10 @@ async def list_releases(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     """GET .../stats: ``[{"ServableMetrics": ...}]``."""
-    entries = request.app[GATEWAY].servable_entries(contract_from(request))
-    return json_response([{"ServableMetrics": metrics_to_json(e.fqrv, e.metrics)} for e in entries])
+    gateway = request.app[GATEWAY]
+    entries = gateway.servable_entries(contract_from(request))
+    # Counters summed over every replica sharing the registry (this one's own with a file store).
+    return json_response([{"ServableMetrics": metrics_to_json(e.fqrv, gateway.stats_metrics(e))} for e in entries])
 
 
 async def servable_settings_list(request: web.Request) -> web.Response:
