@@ -21,7 +21,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JVMError", "ensure_jvm", "genmodel_jar", "is_started", "jclass", "score0_loop"]
+import numpy as np
+
+__all__ = ["JVMError", "ensure_jvm", "genmodel_jar", "is_started", "jclass", "score0_loop", "score_batch"]
 
 _lock = threading.Lock()
 _started_pid: int | None = None
@@ -165,3 +167,26 @@ def score0_loop(with_offset: bool = False) -> Any:
         iterations = mh.dropArguments(mh.identity(int_), 1, params)  # the loop runs n times
         handle = _loops[with_offset] = mh.countedLoop(iterations, None, body)
         return handle
+
+
+def score_batch(model: Any, X: np.ndarray, offsets: np.ndarray | None, preds_size: int) -> np.ndarray:
+    """``GenModel.score0`` of every row of ``X`` (NaN = NA) in one Java call: ``(n, preds_size)``.
+
+    With ``offsets`` the offset overload ``score0(row, offset, preds)`` is used per row.
+    """
+    import jpype
+
+    n = len(X)
+    if n == 1 and offsets is None:  # one row: a direct call is cheaper than the loop handle
+        out = jpype.JArray(jpype.JDouble)(preds_size)
+        model.score0(jpype.JArray.of(np.ascontiguousarray(X[0], dtype=np.float64)), out)
+        return np.asarray(out).reshape(1, preds_size)
+    rows = jpype.JArray.of(np.ascontiguousarray(X, dtype=np.float64))
+    preds = jpype.JDouble[n, preds_size]  # allocated on the Java side: cheaper than converting zeros
+    count = jclass("java.lang.Integer")(n)
+    if offsets is None:
+        score0_loop(False).invokeWithArguments(count, model, rows, preds)
+    else:
+        jo = jpype.JArray.of(np.ascontiguousarray(offsets, dtype=np.float64))
+        score0_loop(True).invokeWithArguments(count, model, rows, jo, preds)
+    return np.asarray(preds)

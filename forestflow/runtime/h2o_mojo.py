@@ -1,0 +1,468 @@
+"""The H2O MOJO flavor: scores MOJOs with H2O's genmodel classes in an in-process JVM (JPype).
+
+A batch crosses into Java in one call: the frame becomes a ``double[n][features]`` (categoricals
+as domain indices, NA as NaN, mapped here in numpy) and one ``MethodHandle`` counted loop runs
+``GenModel.score0`` over every row on the Java side. The loop is built from JDK method-handle
+combinators, so no Java source is compiled. Models whose categoricals are encoded by genmodel
+itself (one-hot, binary, ... encodings, GAM) are scored row by row through
+``EasyPredictModelWrapper``, like ForestFlow did. Either way unseen levels and unparsable numbers
+are NA (ForestFlow's ``convertUnknownCategoricalLevelsToNa`` / ``convertInvalidNumbersToNa``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from forestflow.core.frame import Frame, TensorSpec
+from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, ScoringError, ServableNotReady
+from forestflow.runtime import jvm
+from forestflow.runtime.base import Servable, ServableMetadata
+
+log = logging.getLogger(__name__)
+
+#: Model categories this flavor scores; anything else is refused at load.
+SUPPORTED_CATEGORIES = (
+    "Regression", "Binomial", "Multinomial", "Clustering", "AutoEncoder", "DimReduction", "AnomalyDetection",
+)
+_WARM_ROWS = 256
+
+_NAN = float("nan")
+#: Code of a non-missing categorical value that names no level (genmodel: unseen level -> NA).
+UNSEEN = -1.0
+# Double.parseDouble after String.trim() (which strips every char <= U+0020): the same grammar here.
+_JAVA_WS = "".join(map(chr, range(33)))
+_JAVA_DECIMAL = re.compile(r"[+-]?(?:NaN|Infinity|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?[fFdD]?)")
+_JAVA_HEX = re.compile(r"([+-]?)0[xX]((?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?\d+)[fFdD]?")
+
+
+@functools.lru_cache(maxsize=8192)
+def parse_number(text: str) -> float:
+    """A numeric string as Java's ``Double.parseDouble`` reads it; NaN (NA) when it cannot."""
+    s = text.strip(_JAVA_WS)
+    if _JAVA_DECIMAL.fullmatch(s):
+        return float(s.rstrip("fFdD"))
+    m = _JAVA_HEX.fullmatch(s)
+    return float.fromhex(f"{m[1]}0x{m[2]}") if m else _NAN
+
+
+@dataclass(frozen=True, slots=True)
+class ModelColumn:
+    """One model input: its name, and for a categorical its levels and a level -> index map."""
+
+    name: str
+    domain: tuple[str, ...] | None = None
+    lookup: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, name: str, domain: tuple[str, ...] | None) -> ModelColumn:
+        """Build the column; like genmodel, "<level>" also finds a level stored as "<name>.<level>"."""
+        if domain is None:
+            return cls(name)
+        lookup = {level: i for i, level in enumerate(domain)}
+        prefix = name + "."
+        for i, level in enumerate(domain):
+            if level.startswith(prefix):
+                lookup.setdefault(level[len(prefix):], i)
+        return cls(name, domain, lookup)
+
+    def level_of_number(self, x: Any) -> float:
+        """The level index a number names: 1 and 1.0 name "1", 1.5 names "1.5"; UNSEEN if none."""
+        if isinstance(x, (int, np.integer)):
+            candidates = [str(int(x))]
+        else:
+            f = float(x)
+            if math.isnan(f):
+                return _NAN
+            # str() of a numpy float32 is its own shortest form ("1.1"), not float64's.
+            candidates = [str(int(f)), str(x)] if f.is_integer() else [str(x)]
+        for text in candidates:
+            index = self.lookup.get(text)
+            if index is not None:
+                return float(index)
+        return UNSEEN
+
+    def level_of(self, v: Any) -> float:
+        """The level index of one value: strings exactly, numbers by their text; NaN if missing."""
+        if isinstance(v, bytes):
+            v = v.decode("utf-8", "replace")
+        if isinstance(v, str):
+            index = self.lookup.get(v)
+            return UNSEEN if index is None else float(index)
+        if isinstance(v, (bool, np.bool_)):
+            v = int(v)
+        if isinstance(v, (int, float, np.integer, np.floating)):
+            return self.level_of_number(v)
+        return _NAN if v is None else UNSEEN
+
+    def codes(self, arr: np.ndarray, unseen: float = _NAN) -> np.ndarray:
+        """Level indices (float64, NaN = missing) for a whole column; ``unseen`` for unknown values."""
+        if arr.dtype.kind in "biuf":
+            if arr.dtype.kind == "b":
+                arr = arr.astype(np.int64)
+            uniq, inverse = np.unique(arr, return_inverse=True)  # NaNs collapse into one entry
+            table = np.array([self.level_of_number(u) for u in uniq], dtype=np.float64)
+            out = table[inverse.reshape(-1)]
+            out[out == UNSEEN] = unseen
+            return out
+        if arr.dtype.kind != "O":
+            arr = arr.astype(object)
+        lookup = self.lookup
+        try:  # the common case, all known strings, in one pass; the rest resolved one by one
+            out = np.fromiter((lookup.get(v, -1) for v in arr), dtype=np.float64, count=len(arr))
+        except TypeError:  # an unhashable value somewhere
+            out = np.full(len(arr), -1.0)
+        for i in np.flatnonzero(out < 0):
+            out[i] = self.level_of(arr[i])
+        out[out == UNSEEN] = unseen
+        return out
+
+
+def _number(v: Any) -> float:
+    if isinstance(v, str):
+        return parse_number(v)
+    if isinstance(v, bytes):
+        return parse_number(v.decode("utf-8", "replace"))
+    if v is None:
+        return _NAN
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError):
+        return _NAN
+
+
+def numbers(arr: np.ndarray) -> np.ndarray:
+    """A numeric column as float64 (NaN = NA): numeric strings parsed, anything unparsable NaN."""
+    if arr.dtype.kind in "biuf":
+        return arr.astype(np.float64)
+    return np.fromiter((_number(v) for v in arr.astype(object, copy=False)), dtype=np.float64, count=len(arr))
+
+
+def _one_per_row(name: str, arr: np.ndarray) -> np.ndarray:
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        return arr[:, 0]
+    if arr.ndim != 1:
+        raise InvalidInput(f"input {name!r} must hold one value per row (shape [N] or [N,1]), got {list(arr.shape)}")
+    return arr
+
+
+def build_matrix(
+    frame: Frame, columns: list[ModelColumn], offset: str | None, unseen: float = _NAN
+) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
+    """Encode a frame for genmodel: ``(rows x model columns, offsets or None, unknown column names)``.
+
+    Columns are matched by name; model columns the frame lacks are NA, frame columns the model
+    lacks are reported. A missing offset is 0.
+    """
+    X = np.full((frame.num_rows, len(columns)), _NAN)
+    index = {c.name: j for j, c in enumerate(columns)}
+    offsets = None
+    unknown: list[str] = []
+    for name, arr in frame.columns.items():
+        j = index.get(name)
+        if j is not None:
+            col = columns[j]
+            values = _one_per_row(name, arr)
+            X[:, j] = col.codes(values, unseen) if col.domain is not None else numbers(values)
+        elif name == offset:
+            offsets = numbers(_one_per_row(name, arr))
+            offsets[np.isnan(offsets)] = 0.0
+        else:
+            unknown.append(name)
+    return X, offsets, unknown
+
+
+def _java_message(exc: BaseException) -> str:
+    """A one-line description of a (Java or Python) exception."""
+    name = type(exc).__name__
+    try:
+        name = str(exc.getClass().getName())  # type: ignore[attr-defined]
+    except Exception:
+        pass
+    text = str(exc).strip().splitlines()
+    return f"{name}: {text[0]}" if text else name
+
+
+class H2OMojoServable(Servable):
+    """A servable that scores an H2O MOJO (``flavor: {"H2OMojo": {"mojoPath": "model.zip"}}``)."""
+
+    #: Two scoring threads on a 2-core machine; JPype releases the GIL during Java calls.
+    max_concurrency = 2
+
+    def __init__(self, fqrv: Any, artifact_dir: Path, settings: dict[str, Any]) -> None:
+        super().__init__(fqrv, artifact_dir, settings)
+        self._model: Any = None
+        self._wrapper: Any = None
+        self._category = ""
+        self._columns: list[ModelColumn] = []
+        self._offset: str | None = None
+        self._requires_offset = False
+        self._response: str | None = None
+        self._classes: np.ndarray | None = None
+        self._preds_size = 0
+        self._batch = True
+        self._meta: ServableMetadata | None = None
+
+    # -- loading -----------------------------------------------------------------------------
+
+    def _mojo_path(self) -> Path:
+        body = self.settings
+        if isinstance(body.get("H2OMojo"), dict):  # tolerate the whole flavor object
+            body = body["H2OMojo"]
+        raw = body.get("mojoPath", body.get("mojo_path"))
+        if not isinstance(raw, str) or not raw.strip():
+            raise CreateServableRequestInvalidError(
+                'the H2OMojo flavor needs "mojoPath": the MOJO file name inside the servable directory'
+            )
+        if Path(raw).is_absolute():
+            raise CreateServableRequestInvalidError(f"mojoPath {raw!r} must be relative to the servable directory")
+        base = Path(self.artifact_dir).resolve()
+        path = (base / raw).resolve()
+        if not path.is_relative_to(base):
+            raise CreateServableRequestInvalidError(f"mojoPath {raw!r} points outside the servable directory")
+        if not path.exists():
+            raise CreateServableRequestInvalidError(f"MOJO file {raw!r} not found in the servable directory")
+        if not path.is_file():
+            raise CreateServableRequestInvalidError(f"mojoPath {raw!r} is not a regular file")
+        if not zipfile.is_zipfile(path):
+            raise CreateServableRequestInvalidError(f"MOJO file {raw!r} is not a valid zip archive (corrupt or not a MOJO)")
+        try:
+            with zipfile.ZipFile(path) as zf:
+                if "model.ini" not in zf.namelist():
+                    raise CreateServableRequestInvalidError(
+                        f"{raw!r} is a zip archive but not an H2O MOJO (it has no model.ini)"
+                    )
+        except zipfile.BadZipFile as exc:
+            raise CreateServableRequestInvalidError(f"MOJO file {raw!r} is a corrupt zip archive: {exc}") from None
+        return path
+
+    def load(self) -> None:
+        """Load the MOJO, check its category, warm it up, then mark the servable ready."""
+        path = self._mojo_path()
+        name = path.name
+        try:
+            jvm.ensure_jvm()
+        except jvm.JVMError as exc:
+            raise CreateServableRequestInvalidError(f"cannot start the JVM to load H2O MOJOs: {exc}") from exc
+        try:
+            model = jvm.jclass("hex.genmodel.MojoModel").load(str(path))
+        except Exception as exc:
+            raise CreateServableRequestInvalidError(
+                f"cannot load {name!r} as an H2O MOJO: {_java_message(exc)}"
+            ) from None
+        category = str(model.getModelCategory().name())
+        if category not in SUPPORTED_CATEGORIES:
+            raise CreateServableRequestInvalidError(
+                f"H2O model category {category} ({model._algoName}) is not supported; "
+                f"supported: {', '.join(SUPPORTED_CATEGORIES)}"
+            )
+        config = jvm.jclass("hex.genmodel.easy.EasyPredictModelWrapper$Config")().setModel(model)
+        config.setConvertUnknownCategoricalLevelsToNa(True).setConvertInvalidNumbersToNa(True)
+        try:
+            wrapper = jvm.jclass("hex.genmodel.easy.EasyPredictModelWrapper")(config)
+        except Exception as exc:
+            raise CreateServableRequestInvalidError(f"cannot prepare {name!r} for scoring: {_java_message(exc)}") from None
+
+        self._model, self._wrapper, self._category = model, wrapper, category
+        provider = jvm.jclass("hex.genmodel.ConverterFactoryProvidingModel")
+        encoding = str(model.getCategoricalEncoding().name())
+        self._batch = encoding == "AUTO" and not isinstance(model, provider)
+        self._columns = self._input_columns(model)
+        offset = model.getOffsetName()
+        self._offset = str(offset) if offset is not None else None
+        self._response = str(model.getResponseName()) if model.isSupervised() else None
+        self._requires_offset = bool(model.requiresOffset())
+        self._preds_size = int(model.getPredsSize(model.getModelCategory()))
+        if category in ("Binomial", "Multinomial"):
+            domain = model.getDomainValues(model.getResponseIdx())
+            labels = [str(d) for d in domain] if domain is not None else ["0", "1"]  # quasibinomial: no domain
+            self._classes = np.array(labels, dtype=object)
+        self._meta = self._build_metadata(name, encoding)
+        try:
+            self._warm()
+        except Exception as exc:
+            self._model = self._wrapper = None
+            raise CreateServableRequestInvalidError(
+                f"{name!r} failed to score a warm-up row: {_java_message(exc)}"
+            ) from None
+        self.ready = True
+
+    def _input_columns(self, model: Any) -> list[ModelColumn]:
+        """The columns a row may carry: the model's own features, or the original ones when genmodel encodes."""
+        if not self._batch and model.getOrigNames() is not None:
+            names = [str(n) for n in model.getOrigNames()][: int(model.getOrigNumCols())]
+            domains = list(model.getOrigDomainValues())[: len(names)]
+        else:
+            names = [str(n) for n in model.getNames()][: int(model.nfeatures())]
+            domains = [model.getDomainValues(i) for i in range(len(names))]
+        return [
+            ModelColumn.make(n, None if d is None else tuple(str(level) for level in d))
+            for n, d in zip(names, domains)
+        ]
+
+    def _warm(self) -> None:
+        """Score a few hundred synthetic rows so the JIT has compiled the model before traffic."""
+        rng = np.random.default_rng(0)
+        X = np.empty((_WARM_ROWS, len(self._columns)))
+        for j, col in enumerate(self._columns):
+            if col.domain is not None:
+                X[:, j] = rng.integers(0, max(len(col.domain), 1), _WARM_ROWS)
+            else:
+                X[:, j] = rng.normal(0.0, 50.0, _WARM_ROWS)
+        X[::17] = np.nan  # the missing-value paths too
+        offsets = np.zeros(_WARM_ROWS) if self._offset is not None else None
+        for _ in range(3):
+            self._score(X, offsets)
+        for i in range(0, 64):
+            self._score(X[i : i + 1], None if offsets is None else offsets[i : i + 1])
+
+    def unload(self) -> None:
+        """Drop the Java model so the JVM can collect it."""
+        self._model = self._wrapper = None
+        super().unload()
+
+    # -- scoring -----------------------------------------------------------------------------
+
+    def predict(self, frame: Frame) -> Frame:
+        """Score every row of ``frame``: one output row per input row, in order."""
+        if self._model is None:
+            raise ServableNotReady(f"servable {self.fqrv} is not loaded")
+        n = frame.num_rows
+        # Per-row scoring hands unseen levels to genmodel as such: its encoders tell them from NA.
+        X, offsets, unknown = build_matrix(frame, self._columns, self._offset, _NAN if self._batch else UNSEEN)
+        unknown = [u for u in unknown if u != self._response]  # a label column sent along is no typo
+        if offsets is None and self._requires_offset:
+            offsets = np.zeros(n)
+        if n == 0:
+            preds = np.empty((0, self._preds_size))
+        else:
+            try:
+                preds = self._score(X, offsets)
+            except Exception as exc:
+                log.exception("H2O MOJO %s failed to score a batch of %d rows", self.fqrv, n)
+                raise ScoringError(self.fqrv) from exc
+        return Frame(self._outputs(preds), {"unknown_inputs": unknown})
+
+    def _score(self, X: np.ndarray, offsets: np.ndarray | None) -> np.ndarray:
+        """Raw genmodel predictions ``(n, preds_size)`` for the encoded rows ``X``."""
+        if self._batch:
+            return jvm.score_batch(self._model, X, offsets, self._preds_size)
+        return self._score_rows(X, offsets)
+
+    def _score_rows(self, X: np.ndarray, offsets: np.ndarray | None) -> np.ndarray:
+        """Row-by-row scoring through EasyPredictModelWrapper (models that encode categoricals themselves)."""
+        row_data = jvm.jclass("hex.genmodel.easy.RowData")
+        cat = self._category
+        with_offset = offsets is not None and cat in ("Regression", "Binomial", "Multinomial")
+        typed = getattr(self._wrapper, f"predict{cat}") if with_offset else None
+        preds = np.empty((len(X), self._preds_size))
+        for i, values in enumerate(X.tolist()):
+            data = row_data()
+            for col, v in zip(self._columns, values):
+                if v == v:  # not NaN
+                    if col.domain is None:
+                        data.put(col.name, float(v))
+                    else:
+                        data.put(col.name, col.domain[int(v)] if v >= 0 else "\x00unseen level")
+            p = typed(data, float(offsets[i])) if typed is not None else self._wrapper.predict(data)  # type: ignore[index]
+            if cat == "Regression":
+                preds[i, 0] = p.value
+            elif cat in ("Binomial", "Multinomial"):
+                preds[i, 0] = p.labelIndex
+                preds[i, 1:] = np.asarray(p.classProbabilities)
+            elif cat == "Clustering":
+                preds[i, 0] = p.cluster
+            elif cat == "AutoEncoder":
+                preds[i] = np.asarray(p.reconstructed)
+            elif cat == "DimReduction":
+                preds[i] = np.asarray(p.dimensions)
+            else:  # AnomalyDetection
+                preds[i] = np.asarray(p.toPreds())
+        return preds
+
+    def _outputs(self, preds: np.ndarray) -> dict[str, np.ndarray]:
+        """Output columns, like H2O's prediction frame, from raw genmodel predictions."""
+        cat = self._category
+        if cat == "Regression":
+            return {"predict": preds[:, 0].copy()}
+        if cat in ("Binomial", "Multinomial"):
+            assert self._classes is not None
+            out = {"predict": self._classes[preds[:, 0].astype(np.intp)]}
+            for k, label in enumerate(self._classes):
+                out[str(label)] = preds[:, 1 + k].copy()
+            return out
+        if cat == "Clustering":
+            return {"cluster": preds[:, 0].astype(np.int32)}
+        if cat == "AutoEncoder":
+            return {"reconstruction": np.array(preds, dtype=np.float64)}
+        if cat == "DimReduction":
+            return {"dimensions": np.array(preds, dtype=np.float64)}
+        if preds.shape[1] == 3:  # AnomalyDetection with a contamination threshold: [isAnomaly, normalized, score]
+            return {"score": preds[:, 2].copy(), "normalizedScore": preds[:, 1].copy(), "isAnomaly": preds[:, 0] == 1}
+        return {"score": preds[:, 1].copy(), "normalizedScore": preds[:, 0].copy()}
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def metadata(self) -> ServableMetadata:
+        """Inputs (one per model column, in model order) and outputs of the loaded MOJO."""
+        if self._meta is None:
+            raise ServableNotReady(f"servable {self.fqrv} is not loaded")
+        return self._meta
+
+    def _build_metadata(self, name: str, encoding: str) -> ServableMetadata:
+        inputs = [
+            TensorSpec(c.name, "BYTES", (-1,), "categorical", c.domain) if c.domain is not None
+            else TensorSpec(c.name, "FP64", (-1,), "numeric")
+            for c in self._columns
+        ]
+        if self._offset is not None:
+            inputs.append(TensorSpec(self._offset, "FP64", (-1,), "offset (optional; missing = 0)"))
+        cat, k = self._category, self._preds_size
+        if cat == "Regression":
+            outputs = [TensorSpec("predict", "FP64", (-1,), "predicted value")]
+        elif cat in ("Binomial", "Multinomial"):
+            assert self._classes is not None
+            outputs = [TensorSpec("predict", "BYTES", (-1,), "predicted label", tuple(self._classes))]
+            outputs += [TensorSpec(str(c), "FP64", (-1,), f"probability of class {c}") for c in self._classes]
+        elif cat == "Clustering":
+            outputs = [TensorSpec("cluster", "INT32", (-1,), "cluster index")]
+        elif cat == "AutoEncoder":
+            outputs = [TensorSpec("reconstruction", "FP64", (-1, k), "reconstructed (one-hot expanded) row")]
+        elif cat == "DimReduction":
+            outputs = [TensorSpec("dimensions", "FP64", (-1, k), "projection on the model's dimensions")]
+        else:
+            outputs = [
+                TensorSpec("score", "FP64", (-1,), "mean path length (smaller = more anomalous)"),
+                TensorSpec("normalizedScore", "FP64", (-1,), "normalized anomaly score (higher = more anomalous)"),
+            ]
+            if k == 3:
+                outputs.append(TensorSpec("isAnomaly", "BOOL", (-1,), "score above the contamination threshold"))
+        model = self._model
+        extra = {
+            "category": cat,
+            "algorithm": str(model._algoName),
+            "h2oVersion": str(model._h2oVersion),
+            "mojoVersion": float(model._mojo_version),
+            "uuid": str(model.getUUID()) if model.getUUID() is not None else None,
+            "mojoPath": name,
+            "categoricalEncoding": encoding,
+            "response": self._response,
+            "offsetColumn": self._offset,
+            "scoring": "batch" if self._batch else "per-row EasyPredictModelWrapper",
+        }
+        return ServableMetadata(
+            name="prediction",
+            platform="h2o_mojo",
+            inputs=tuple(inputs),
+            outputs=tuple(outputs),
+            description=f"H2O {cat} model ({extra['algorithm']}, H2O {extra['h2oVersion']})",
+            extra=extra,
+        )
