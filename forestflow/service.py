@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -95,7 +94,6 @@ class Gateway:
         self.contracts: dict[Contract, ContractState] = {}
         self.loaded: dict[FQRV, Loaded] = {}
         self.failed: dict[FQRV, str] = {}
-        self.executor = ThreadPoolExecutor(settings.scoring_threads, thread_name_prefix="predict")
         self._pending: set[FQRV] = set()
         self._admin_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -136,7 +134,6 @@ class Gateway:
             await loaded.scheduler.close()
             loaded.servable.unload()
         self.loaded.clear()
-        self.executor.shutdown(wait=False, cancel_futures=True)
         await self.store.close()
 
     async def _every(self, seconds: float, action: Callable[[], Any]) -> None:
@@ -549,11 +546,12 @@ class Gateway:
         slots = servable.max_concurrency or self.settings.scoring_slots
         scheduler = ServableScheduler(
             servable,
-            self.executor,
+            None,  # threads of its own: shadow servables cannot take the threads live work needs
             slots=slots,
             live_queue=self.settings.live_queue,
             shadow_queue=self.settings.shadow_queue,
             max_batch_rows=self.settings.max_batch_rows if getattr(servable, "batchable", False) else 0,
+            max_threads=self.settings.scoring_threads,
         )
         return Loaded(defn, servable, scheduler)
 

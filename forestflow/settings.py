@@ -62,7 +62,11 @@ class Settings:
 
     request_timeout_ms: int = _doc("default deadline of a scoring request", default=30000)
     scoring_slots: int = _doc("concurrent predict calls per servable (when its flavor sets none)", default=2)
-    scoring_threads: int = _doc("threads shared by all servables for predict calls", default=16)
+    scoring_threads: int = _doc(
+        "most threads one servable's predict calls may occupy: its slots plus calls still running after "
+        "their deadline (at least 2 x its slots; threads start only when needed)",
+        default=16,
+    )
     live_queue: int = _doc("live requests queued per servable before 503", default=64)
     shadow_queue: int = _doc("shadow copies queued per servable before they are dropped", default=64)
     max_batch_rows: int = _doc("micro-batch limit for queued requests (0 = off)", default=512)

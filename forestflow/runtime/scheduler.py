@@ -6,6 +6,13 @@ the copy and counts it. Every job carries a deadline: one that passes while queu
 fails the caller with :class:`DeadlineExceeded` and gives the slot back at once (a scoring thread
 that cannot be interrupted finishes in the background; its result is discarded).
 
+By default each servable runs ``predict`` on threads of its own. With one pool shared by every
+servable, slow shadow servables could hold all its threads, and a live request, though first in
+its own servable's queue, would wait in the pool's FIFO behind them, where priorities cannot
+reach. A servable's own pool holds its slots plus spare threads, so a slot freed by a deadline
+can be reused while the abandoned call still runs; once the spares are used up too, the
+scheduler counts the servable as full rather than queueing work on threads that are not there.
+
 Queued live jobs whose frames have the same columns and parameters may be scored as one batch
 (micro-batching) when the servable allows it: one model call for many small concurrent requests.
 """
@@ -17,7 +24,7 @@ import enum
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from forestflow.core.frame import Frame
@@ -61,20 +68,33 @@ class SchedulerStats:
 
 
 class ServableScheduler:
-    """Queues and runs ``predict`` calls of one servable."""
+    """Queues and runs ``predict`` calls of one servable.
+
+    ``executor`` runs the calls; None gives the servable a thread pool of its own with at most
+    ``max_threads`` threads (default and minimum: twice the slots, so every slot has a spare),
+    shut down by :meth:`close`.
+    """
 
     def __init__(
         self,
         servable: Servable,
-        executor: Executor,
+        executor: Executor | None,
         slots: int,
         live_queue: int,
         shadow_queue: int,
         max_batch_rows: int = 0,
+        max_threads: int = 0,
     ) -> None:
         self.servable = servable
-        self.executor = executor
         self.slots = max(1, slots)
+        self._own_pool: ThreadPoolExecutor | None = None
+        #: Threads this servable may occupy, abandoned calls included (0: a shared pool, not counted).
+        self.thread_limit = 0
+        if executor is None:
+            self.thread_limit = max(2 * self.slots, max_threads)
+            # Threads start lazily: only as many as were ever busy at once exist.
+            executor = self._own_pool = ThreadPoolExecutor(self.thread_limit, thread_name_prefix=f"predict-{servable.fqrv}")
+        self.executor: Executor = executor
         self.live_limit = live_queue
         self.shadow_limit = shadow_queue
         #: 0 disables micro-batching; otherwise the most rows one combined call may hold.
@@ -87,6 +107,11 @@ class ServableScheduler:
     def queued(self, priority: Priority) -> int:
         """Jobs waiting at one priority."""
         return len(self.queues[priority])
+
+    def _can_start(self) -> bool:
+        if self.closed or self.running >= self.slots:
+            return False
+        return not self.thread_limit or self.running + self.stats.abandoned_running < self.thread_limit
 
     async def submit(self, frame: Frame, priority: Priority, timeout_s: float) -> Frame:
         """Score ``frame``; raises Overloaded / ShadowDropped / DeadlineExceeded / the model's error.
@@ -103,7 +128,7 @@ class ServableScheduler:
         queue = self.queues[priority]
         # Queue when no slot is free, or when older work of this or a higher priority is waiting
         # (so a newcomer never overtakes it).
-        if self.running >= self.slots or self.queues[Priority.LIVE] or (priority is Priority.SHADOW and queue):
+        if not self._can_start() or self.queues[Priority.LIVE] or (priority is Priority.SHADOW and queue):
             limit = self.live_limit if priority is Priority.LIVE else self.shadow_limit
             if len(queue) >= limit:
                 if priority is Priority.LIVE:
@@ -147,7 +172,7 @@ class ServableScheduler:
 
     def _dispatch(self) -> None:
         """Start queued jobs while slots are free: all live work before any shadow work."""
-        while self.running < self.slots:
+        while self._can_start():
             batch = self._take_batch()
             if not batch:
                 return
@@ -210,6 +235,7 @@ class ServableScheduler:
             if abandoned:
                 abandoned = False
                 self.stats.abandoned_running -= 1
+                self._dispatch()  # its thread is free again
             release()
             if fut.cancelled():  # executor shut down with cancel_futures
                 for job in batch:
@@ -250,13 +276,15 @@ class ServableScheduler:
             job.on_abandon = on_abandon
 
     async def close(self) -> None:
-        """Refuse new work; queued jobs fail fast."""
+        """Refuse new work; queued jobs fail fast; calls already running finish in the background."""
         self.closed = True
         for queue in self.queues.values():
             while queue:
                 job = queue.popleft()
                 if not job.future.done():
                     job.future.set_exception(Overloaded(f"servable {self.servable.fqrv} was unloaded"))
+        if self._own_pool is not None:
+            self._own_pool.shutdown(wait=False)
 
 
 def _signature(frame: Frame) -> tuple[tuple[str, str, tuple[int, ...]], ...]:

@@ -307,3 +307,47 @@ async def test_close_fails_queued_work_and_refuses_new_work(executor, gates) -> 
     gate.set()
     assert float((await running)["y"][0]) == 2.0  # work already running completes
     assert probe.started == ["running"]
+
+
+async def test_own_pools_keep_a_saturated_shadow_servable_off_the_live_servables_threads(gates) -> None:
+    shadow_probe, live_probe = Probe(), Probe()
+    shadow_side = ServableScheduler(shadow_probe, None, slots=2, live_queue=4, shadow_queue=4)
+    live_side = ServableScheduler(live_probe, None, slots=2, live_queue=4, shadow_queue=4)
+    gate = gates()
+    try:
+        stuck = [spawn(shadow_side, job(f"s{i}", gate), SHADOW) for i in range(2 + 4)]
+        await wait_until(lambda: shadow_side.running == 2 and shadow_side.queued(SHADOW) == 4)
+        # Every thread the shadow servable may use is blocked; live work elsewhere is not.
+        out = await asyncio.wait_for(live_side.submit(job("live", x=4.0), LIVE, LONG), 5.0)
+        assert float(out["y"][0]) == 8.0
+        gate.set()
+        await asyncio.gather(*stuck)
+    finally:
+        gate.set()
+        await shadow_side.close()
+        await live_side.close()
+
+
+async def test_own_pool_reuses_slots_of_abandoned_calls_until_its_spare_threads_run_out(gates) -> None:
+    probe = Probe()
+    scheduler = ServableScheduler(probe, None, slots=1, live_queue=4, shadow_queue=4, max_threads=2)
+    first, second = gates(), gates()
+    try:
+        with pytest.raises(DeadlineExceeded):
+            await scheduler.submit(job("stuck1", first), LIVE, 0.2)
+        # One spare thread: the freed slot is reused at once.
+        with pytest.raises(DeadlineExceeded):
+            await scheduler.submit(job("stuck2", second), LIVE, 0.2)
+        assert scheduler.stats.abandoned_running == 2 and scheduler.running == 0
+        # Both threads are still blocked: new work waits in the queue, not on a thread that is busy.
+        waiting = spawn(scheduler, job("next", x=3.0), LIVE)
+        await wait_until(lambda: scheduler.queued(LIVE) == 1)
+        assert probe.started == ["stuck1", "stuck2"]
+        first.set()  # a thread comes back: the queued job starts on it
+        assert float((await asyncio.wait_for(waiting, 5.0))["y"][0]) == 6.0
+        assert probe.started == ["stuck1", "stuck2", "next"]
+        assert scheduler.stats.abandoned_running == 1
+    finally:
+        first.set()
+        second.set()
+        await scheduler.close()
