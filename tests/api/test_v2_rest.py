@@ -1,0 +1,219 @@
+"""V2 REST over real HTTP: health, metadata, JSON and binary inference, gzip, and bad input."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from tests.support import InProcessGateway, python_servable
+
+MODEL = "acme.demo.1"
+INFER = f"/v2/models/{MODEL}/infer"
+KEEP_TWO = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 2}}, "router": {"LatestPhaseInPctBasedRouter": {}}}
+
+
+def json_inputs(xs: list[float], labels: list[str]) -> list[dict[str, Any]]:
+    return [
+        {"name": "x", "shape": [len(xs)], "datatype": "FP64", "data": xs},
+        {"name": "label", "shape": [len(labels)], "datatype": "BYTES", "data": labels},
+    ]
+
+
+def bytes_blob(items: list[bytes]) -> bytes:
+    return b"".join(struct.pack("<I", len(b)) + b for b in items)
+
+
+def split_binary(body: bytes, header_length: int) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The JSON part of a binary response and each binary output's bytes."""
+    head = orjson.loads(body[:header_length])
+    blobs, offset = {}, header_length
+    for out in head["outputs"]:
+        size = (out.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            blobs[out["name"]] = body[offset : offset + size]
+            offset += size
+    assert offset == len(body)
+    return head, blobs
+
+
+async def deploy(gw: InProcessGateway, **kw: Any) -> None:
+    async with gw.session.post(gw.url + "/servable", json=python_servable(**kw)) as r:
+        assert r.status == 200, await r.text()
+
+
+async def test_health_and_server_metadata(gw: InProcessGateway) -> None:
+    for path, body in (("/v2/health/live", {"live": True}), ("/v2/health/ready", {"ready": True})):
+        async with gw.session.get(gw.url + path) as r:
+            assert r.status == 200
+            assert r.headers["Content-Type"] == "application/json"
+            assert await r.json() == body
+    for path in ("/v2", "/v2/"):
+        async with gw.session.get(gw.url + path) as r:
+            meta = await r.json()
+            assert r.status == 200 and meta["name"] == "forestflow"
+            assert "binary_tensor_data" in meta["extensions"] and meta["version"]
+
+
+async def test_model_metadata_and_readiness(gw: InProcessGateway) -> None:
+    await deploy(gw, contract_settings=KEEP_TWO)
+    await deploy(gw, release="v2")
+    for path in (f"/v2/models/{MODEL}", f"/v2/models/{MODEL}/versions/v1"):
+        async with gw.session.get(gw.url + path) as r:
+            meta = await r.json()
+        assert r.status == 200
+        assert meta["name"] == MODEL and meta["platform"] == "python" and sorted(meta["versions"]) == ["v1", "v2"]
+        assert meta["inputs"] == [{"name": "x", "datatype": "FP64", "shape": [-1]}, {"name": "label", "datatype": "BYTES", "shape": [-1]}]
+        assert [o["name"] for o in meta["outputs"]] == ["double", "echo"]
+    async with gw.session.get(gw.url + f"/v2/models/{MODEL}/ready") as r:
+        assert (r.status, await r.json()) == (200, {"name": MODEL, "ready": True})
+    async with gw.session.get(gw.url + f"/v2/models/{MODEL}/versions/v2/ready") as r:
+        assert r.status == 200
+    for path in ("/v2/models/acme.demo.9", "/v2/models/acme.demo.9/ready", "/v2/models/not-a-contract",
+                 f"/v2/models/{MODEL}/versions/v7", f"/v2/models/{MODEL}/versions/v7/ready"):
+        async with gw.session.get(gw.url + path) as r:
+            assert r.status == 404, path
+            assert r.headers["Content-Type"] == "application/json"
+            body = await r.json()
+            assert list(body) == ["error"] and body["error"], path
+
+
+async def test_json_inference_echoes_id_and_names_the_model(gw: InProcessGateway) -> None:
+    await deploy(gw)
+    payload = {"id": "my-42", "inputs": json_inputs([1.0, 2.5], ["a", "ß"]), "unknown_field": 1}
+    async with gw.session.post(gw.url + INFER, json=payload) as r:
+        assert r.status == 200 and r.headers["Content-Type"] == "application/json"
+        body = await r.json()
+    assert body["id"] == "my-42" and body["model_name"] == MODEL and body["model_version"] == "v1"
+    assert body["outputs"] == [
+        {"name": "double", "datatype": "FP64", "shape": [2], "data": [2.0, 5.0]},
+        {"name": "echo", "datatype": "BYTES", "shape": [2], "data": ["a", "ß"]},
+    ]
+    # Nested data, a requested subset, a version in the path; no id: the gateway's request id.
+    payload = {"inputs": [{"name": "x", "shape": [2, 1], "datatype": "FP32", "data": [[1.0], [4.0]]}], "outputs": [{"name": "double"}]}
+    async with gw.session.post(gw.url + f"/v2/models/{MODEL}/versions/v1/infer", json=payload) as r:
+        body = await r.json()
+        assert r.status == 200 and body["id"] == r.headers["X-Request-Id"]
+    assert body["outputs"] == [{"name": "double", "datatype": "FP64", "shape": [2, 1], "data": [2.0, 8.0]}]
+
+
+async def test_version_path_scores_that_release(gw: InProcessGateway) -> None:
+    await deploy(gw, contract_settings=KEEP_TWO)
+    await deploy(gw, release="v2", validity=[{"NeverValid": {}}])
+    async with gw.session.post(gw.url + INFER, json={"inputs": json_inputs([1.0], ["a"])}) as r:
+        assert (await r.json())["model_version"] == "v1"  # routed: v2 never becomes valid
+    for version in ("v1", "v2"):
+        async with gw.session.post(gw.url + f"/v2/models/{MODEL}/versions/{version}/infer", json={"inputs": json_inputs([1.0], ["a"])}) as r:
+            assert r.status == 200 and (await r.json())["model_version"] == version
+    async with gw.session.post(gw.url + f"/v2/models/{MODEL}/versions/v9/infer", json={"inputs": json_inputs([1.0], ["a"])}) as r:
+        assert r.status == 404 and "v9" in (await r.json())["error"]
+
+
+async def test_binary_inputs_and_outputs(gw: InProcessGateway) -> None:
+    await deploy(gw)
+    x = np.array([0.5, -1.0, 3.0], dtype=np.float64).tobytes()
+    labels = bytes_blob([b"one", b"\xff\xfe", b"three"])  # the second is not UTF-8: must come back binary
+    head = orjson.dumps({
+        "inputs": [
+            {"name": "x", "shape": [3], "datatype": "FP64", "parameters": {"binary_data_size": len(x)}},
+            {"name": "label", "shape": [3, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(labels)}},
+        ],
+        "outputs": [{"name": "double", "parameters": {"binary_data": True}}, {"name": "echo", "parameters": {"binary_data": False}}],
+    })
+    headers = {"Inference-Header-Content-Length": str(len(head))}
+    async with gw.session.post(gw.url + INFER, data=head + x + labels, headers=headers, skip_auto_headers=["Content-Type"]) as r:
+        assert r.status == 200, await r.text()
+        assert r.headers["Content-Type"] == "application/octet-stream"
+        body = await r.read()
+        reply, blobs = split_binary(body, int(r.headers["Inference-Header-Content-Length"]))
+    assert [o["shape"] for o in reply["outputs"]] == [[3, 1], [3, 1]]
+    assert np.frombuffer(blobs["double"], dtype="<f8").tolist() == [1.0, -2.0, 6.0]
+    assert blobs["echo"] == labels  # asked for JSON, but non-UTF-8 bytes can only go binary
+
+    # binary_data_output asks for every output in binary unless one says otherwise.
+    payload = {"parameters": {"binary_data_output": True}, "inputs": json_inputs([2.0], ["ok"]),
+               "outputs": [{"name": "double"}, {"name": "echo", "parameters": {"binary_data": False}}]}
+    async with gw.session.post(gw.url + INFER, json=payload) as r:
+        reply, blobs = split_binary(await r.read(), int(r.headers["Inference-Header-Content-Length"]))
+    assert np.frombuffer(blobs["double"], dtype="<f8").tolist() == [4.0]
+    assert reply["outputs"][1]["data"] == ["ok"]
+
+
+async def test_gzip_request_and_response(gw: InProcessGateway) -> None:
+    await deploy(gw)
+    n = 300
+    raw = orjson.dumps({"inputs": json_inputs([float(i) for i in range(n)], [f"row{i}" for i in range(n)])})
+    headers = {"Content-Encoding": "gzip", "Accept-Encoding": "gzip"}
+    async with gw.session.post(gw.url + INFER, data=gzip.compress(raw), headers=headers, skip_auto_headers=["Content-Type"]) as r:
+        assert r.status == 200, await r.text()
+        assert r.headers["Content-Encoding"] == "gzip"
+        body = await r.json()  # aiohttp inflates it
+    assert body["outputs"][0]["data"] == [2.0 * i for i in range(n)]
+    async with gw.session.post(gw.url + INFER, data=raw, headers={"Accept-Encoding": "identity"}) as r:
+        assert r.status == 200 and "Content-Encoding" not in r.headers
+
+
+BAD_REQUESTS: list[tuple[str, Any, str]] = [
+    ("not json", b"{nope", "not valid JSON"),
+    ("not an object", b"[1, 2]", "body"),
+    ("no inputs", {"inputs": []}, "inputs"),
+    ("unknown datatype", {"inputs": [{"name": "x", "shape": [1], "datatype": "FP99", "data": [1]}]}, "'x'"),
+    ("length mismatch", {"inputs": [{"name": "x", "shape": [3], "datatype": "FP64", "data": [1, 2]}]}, "'x'"),
+    ("ragged", {"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP64", "data": [[1, 2], [3]]}]}, "'x'"),
+    ("strings as numbers", {"inputs": [{"name": "x", "shape": [1], "datatype": "FP64", "data": ["a"]}]}, "'x'"),
+    ("fraction as int", {"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": [1.5]}]}, "'x'"),
+    ("numbers as BYTES", {"inputs": [{"name": "label", "shape": [1], "datatype": "BYTES", "data": [3]}]}, "'label'"),
+    ("negative shape", {"inputs": [{"name": "x", "shape": [-1], "datatype": "FP64", "data": [1]}]}, "'x'"),
+    ("two values per row", {"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP64", "data": [1, 2, 3, 4]},
+                                       {"name": "label", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}, "'x'"),
+    ("rows disagree", {"inputs": json_inputs([1.0, 2.0], ["a"])}, "rows"),
+    ("no data", {"inputs": [{"name": "x", "shape": [1], "datatype": "FP64"}]}, "'x'"),
+    ("missing binary", {"inputs": [{"name": "x", "shape": [1], "datatype": "FP64", "parameters": {"binary_data_size": 8}}]}, "'x'"),
+    ("unknown output", {"inputs": json_inputs([1.0], ["a"]), "outputs": [{"name": "nope"}]}, "nope"),
+    ("bad content_type", {"parameters": {"content_type": "xml"}, "inputs": json_inputs([1.0], ["a"])}, "content_type"),
+]
+
+
+@pytest.mark.parametrize(("case", "payload", "mentions"), BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
+async def test_bad_input_is_a_400_naming_it(gw: InProcessGateway, case: str, payload: Any, mentions: str) -> None:
+    await deploy(gw)
+    data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+    async with gw.session.post(gw.url + INFER, data=data) as r:
+        assert r.status == 400, await r.text()
+        assert r.headers["Content-Type"] == "application/json"
+        body = await r.json()
+    assert list(body) == ["error"] and mentions in body["error"]
+    async with gw.session.post(gw.url + INFER, json={"inputs": json_inputs([1.0], ["a"])}) as r:
+        assert r.status == 200  # still serving
+
+
+async def test_bad_binary_framing(gw: InProcessGateway) -> None:
+    await deploy(gw)
+    head = orjson.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP64", "parameters": {"binary_data_size": 8}}]})
+    cases = [
+        ({"Inference-Header-Content-Length": "999"}, head + bytes(8), "Inference-Header-Content-Length"),
+        ({"Inference-Header-Content-Length": "abc"}, head + bytes(8), "Inference-Header-Content-Length"),
+        ({"Inference-Header-Content-Length": str(len(head))}, head + bytes(12), "after the last binary input"),
+        ({"Inference-Header-Content-Length": str(len(head))}, head + bytes(4), "'x'"),
+    ]
+    for headers, body, mentions in cases:
+        async with gw.session.post(gw.url + INFER, data=body, headers=headers) as r:
+            assert r.status == 400
+            assert mentions in (await r.json())["error"]
+
+
+async def test_unknown_model_is_404_and_forestflow_routes_still_work(gw: InProcessGateway) -> None:
+    await deploy(gw)
+    for model in ("acme.demo.2", "no-dots", "v2"):
+        async with gw.session.post(gw.url + f"/v2/models/{model}/infer", json={"inputs": json_inputs([1.0], ["a"])}) as r:
+            assert r.status == 404 and model in (await r.json())["error"]
+    score = {"schema": [{"type": "Float64", "fields": ["x"]}], "datum": [{"tensors": [{"Float64": {"data": [2.0]}}]}]}
+    async with gw.session.post(gw.url + "/acme/demo/1/score", json=score) as r:
+        assert r.status == 200 and "Prediction" in await r.json()
+    # /{org}/{project}/{n} with org "v2" and project "models" still belongs to ForestFlow's routes.
+    async with gw.session.post(gw.url + "/v2/models/1/score", json=score) as r:
+        assert r.status == 404 and "UnknownContract" in await r.json()
