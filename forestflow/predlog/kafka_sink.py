@@ -202,12 +202,27 @@ class KafkaSink:
     # ---- internals --------------------------------------------------------------------------------
     @staticmethod
     def _discard_pending(producer: AIOKafkaProducer, futures: Sequence[asyncio.Future[Any]] = ()) -> None:
-        # aiokafka has no public "abort": fail every batch still queued or in flight, which also
-        # makes this producer refuse further sends (the log replaces it through start()).
+        """Make sure nothing this producer still holds is ever sent (aiokafka has no "abort").
+
+        Failing the batches alone is not enough: they stay queued and the sender task would still
+        ship them (or re-queue an in-flight one after an error) once the broker answers. So the
+        sender task is stopped first, then every batch is failed and taken out of the queue. A
+        request already on the wire may still be written; nothing else goes out. The producer is
+        unusable afterwards and is replaced on the next start().
+        """
+        sender = getattr(producer, "_sender", None)
+        task = getattr(sender, "sender_task", None)
+        if task is not None and not task.done():
+            task.cancel()
         accumulator = getattr(producer, "_message_accumulator", None)
+        seen: list[asyncio.Future[Any]] = list(futures)
         if accumulator is not None:
+            batches = [b for queue in accumulator._batches.values() for b in queue] + list(accumulator._pending_batches)
             accumulator.fail_all(KafkaConnectionError("delivery not confirmed in time; discarded for retry"))
-        for fut in futures:
+            accumulator._batches.clear()
+            for batch in batches:
+                seen.extend([batch.future, batch._drain_waiter, *(fut for fut, _ in batch._msg_futures)])
+        for fut in seen:
             if fut.done():
                 _consume_exception(fut)
             else:

@@ -141,7 +141,8 @@ async def test_send_is_bounded_when_the_broker_hangs(broker: KafkaBroker, topic:
 
 
 async def test_cut_short_send_is_not_delivered_later_and_close_is_bounded(broker: KafkaBroker, topic: str) -> None:
-    sink = kafka_sink(broker.bootstrap, topic)
+    # A long request timeout: aiokafka itself would keep the batches alive through the outage.
+    sink = kafka_sink(broker.bootstrap, topic, request_timeout_ms=10000)
     await sink.start()
     assert await sink.send([entry(make_record(0))]) == []
     await asyncio.to_thread(broker.stop)

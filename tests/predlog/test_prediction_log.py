@@ -130,28 +130,41 @@ async def test_events_arrive_once_with_keys_and_intact_content(broker: KafkaBrok
 
 
 # ---- outages ------------------------------------------------------------------------------------------
+def _timed_emit(plog: PredictionLog, record: PredictionRecord, times: list[float]) -> None:
+    t0 = time.perf_counter()
+    assert plog.emit(record)
+    times.append(time.perf_counter() - t0)
+
+
+def _p(times: list[float], q: float) -> float:
+    return sorted(times)[int(len(times) * q)]
+
+
 async def test_outage_within_buffer_delivers_everything_once(broker: KafkaBroker, topic: str) -> None:
     plog = await connected_log(broker, topic)
+    healthy: list[float] = []
+    for i in range(1000, 1500):  # emit cost with the broker up, for comparison
+        _timed_emit(plog, make_record(i, {"user": "h"}), healthy)
+    await delivered_all(plog, 15)
     await asyncio.to_thread(broker.stop)
-    emit_times: list[float] = []
+    outage: list[float] = []
     outage_started = time.monotonic()
     for second in range(10):  # 1,000 records spread over a ~10 s outage
         for j in range(100):
-            record = make_record(second * 100 + j, {"user": f"u{j}"})
-            t0 = time.perf_counter()
-            assert plog.emit(record)
-            emit_times.append(time.perf_counter() - t0)
+            _timed_emit(plog, make_record(second * 100 + j, {"user": f"u{j}"}), outage)
         await asyncio.sleep(max(0.0, outage_started + second + 1 - time.monotonic()))
-    assert plog.stats.delivered == 1 and not plog.stats.connected and plog.stats.send_failures > 0
+    assert plog.stats.delivered == 501 and not plog.stats.connected and plog.stats.send_failures > 0
     await asyncio.to_thread(broker.restart)
     await delivered_all(plog, 30)
     await plog.close(5)
-    assert (plog.stats.delivered, plog.stats.dropped) == (1001, 0)
-    emit_times.sort()
-    assert emit_times[int(len(emit_times) * 0.99)] < 0.005, "emit() must not wait for the broker"
+    assert (plog.stats.delivered, plog.stats.dropped) == (1501, 0)
+    # emit() never waits for the broker: an outage adds < 5 ms at p99 (the machine is shared, so
+    # compare with the healthy run rather than with an absolute number).
+    assert _p(outage, 0.5) < 0.001
+    assert _p(outage, 0.99) < _p(healthy, 0.99) + 0.005
 
-    got = await read_topic(broker.bootstrap, topic, expect=1001)
-    assert ids_in(got) == Counter([f"req-{i}" for i in range(1000)] + ["req-warm"])
+    got = await read_topic(broker.bootstrap, topic, expect=1501)
+    assert ids_in(got) == Counter([f"req-{i}" for i in range(1500)] + ["req-warm"])
 
 
 async def test_broker_absent_at_startup_buffers_then_delivers(topic: str) -> None:
