@@ -7,9 +7,9 @@ Every wait is bounded by the request timeout (plus a small margin): aiokafka's o
 waits for metadata and for room in its batch, and an idempotent producer never gives up on a batch
 while the broker is away, so without that bound a dead broker would stall the drain task forever.
 
-When a batch fails, whatever the producer still holds for it is discarded on the spot (its
-futures are failed) before the entries are handed back, so the old producer cannot deliver them
-later behind our back while the log retries them through a new one: a broker that was cleanly
+When a batch fails, whatever the producer still holds is discarded on the spot (its sender task
+is stopped, its batches failed and unqueued) before the entries are handed back, so the old
+producer cannot deliver them later behind our back while the log retries them through a new one: a broker that was cleanly
 down never sees an entry twice. (A produce request already on the wire when the connection died
 may or may not have been written; that ambiguity is Kafka's at-least-once and cannot be removed
 without the idempotent producer across restarts.) ``start`` always builds a fresh producer, and
