@@ -114,6 +114,25 @@ async def test_broker_death_mid_run_hands_back_everything_then_fresh_producer_de
     assert ids == Counter(f"req-{i}" for i in range(55))
 
 
+async def test_recovers_after_the_broker_process_is_killed_and_comes_back_empty(
+    broker: KafkaBroker, topic: str
+) -> None:
+    sink = kafka_sink(broker.bootstrap, topic)
+    await sink.start()
+    try:
+        assert await sink.send([entry(make_record(0))]) == []
+        await asyncio.to_thread(broker.stop, lose_data=True)
+        assert not broker.running
+        batch = [entry(make_record(i)) for i in range(1, 11)]
+        assert await sink.send(batch) == batch
+        await asyncio.to_thread(broker.restart)  # a new tansu process: new cluster state, no data
+        await sink.start()
+        assert await sink.send(batch) == []
+    finally:
+        await sink.close()
+    assert request_ids(await read_topic(broker.bootstrap, topic, expect=10)) == Counter(f"req-{i}" for i in range(1, 11))
+
+
 async def test_send_is_bounded_when_the_broker_hangs(broker: KafkaBroker, topic: str) -> None:
     sink = kafka_sink(broker.bootstrap, topic, request_timeout_ms=1500)
     await sink.start()
