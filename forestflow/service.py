@@ -183,8 +183,9 @@ class Gateway:
                     wanted[defn.fqrv] = defn
                 elif key.startswith("contract/"):
                     contracts[Contract.parse(key.removeprefix("contract/"))] = parse_contract_settings(Obj(doc, key))
-            except GatewayError as error:
+            except GatewayError as error:  # what it described stays as it is here
                 log.error("registry_document_invalid", key=key, reason=error.message)
+        present = set(docs)
         touched: set[Contract] = set()
         for contract, settings in contracts.items():
             state = self.contracts.get(contract)
@@ -204,12 +205,14 @@ class Gateway:
                     if _adopt_shared_metrics(entry.metrics, docs.get(metrics_key(entry.fqrv))):
                         touched.add(contract)
                     continue
+                if defn is None and servable_key(entry.fqrv) in present:
+                    continue  # its document did not parse: keep serving what we have
                 state.remove(release)  # deleted elsewhere, or redeployed from another artifact
                 touched.add(contract)
                 if loaded is not None:
                     unload.append(self.loaded.pop(entry.fqrv))
                 log.info("servable_removed_by_sync", fqrv=str(entry.fqrv))
-            if not state.servables and contract not in contracts and not any(f.contract == contract for f in self._pending):
+            if not state.servables and contract_key(contract) not in present and not any(f.contract == contract for f in self._pending):
                 del self.contracts[contract]
         for fqrv in [f for f in self.failed if f not in wanted]:
             self.failed.pop(fqrv)
