@@ -128,7 +128,10 @@ class Gateway:
             timer.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5.0)
-        await self.flush_metrics(force=True)
+        try:
+            await self.flush_metrics(force=True)
+        except StoreUnavailable as error:  # Redis away: the last flushed counters stand; shut down anyway
+            log.warning("final_flush_failed", reason=error.message)
         await self.prediction_log.close(self.settings.log_flush_timeout_s)
         for loaded in list(self.loaded.values()):
             await loaded.scheduler.close()

@@ -105,3 +105,18 @@ async def test_a_servable_that_fails_to_load_is_reported_and_retried_when_its_de
         await gateway.reconcile(registry("v1"))
         await until(lambda: gateway.ready and V1 in gateway.loaded)
         assert gateway.failed == {}
+
+
+async def test_shutdown_completes_while_redis_is_away(tmp_path: Path) -> None:
+    from tests.registry.redis_server import RedisServer
+
+    redis = RedisServer(tmp_path / "redis").start()
+    try:
+        async with serve_in_process(tmp_path / "data", redis_url=redis.url) as gw:
+            async with gw.session.post(gw.url + "/servable", json=python_servable()) as r:
+                assert r.status == 200
+            assert (await score(gw))[0] == 200  # counters to flush at shutdown
+            redis.stop()
+        assert gw.gateway.loaded == {}  # stop() went on past the failed final flush and unloaded
+    finally:
+        redis.stop()
