@@ -38,7 +38,13 @@ def routing_key(contract: Contract) -> str:
 
 
 class Store(Protocol):
-    """What the gateway needs from a registry backend."""
+    """What the gateway needs from a registry backend.
+
+    A store shared by several gateway processes (``redis_store.RedisStore``) also offers
+    ``watch(on_change)``, to be told when another process changed the documents, and
+    ``peer_counters(fqrv)``, the other processes' counters for /stats; the gateway uses them when
+    present (``Gateway.sync_from_store``, ``Gateway.stats_metrics``).
+    """
 
     async def load(self) -> dict[str, Any]:
         """Every document, by key."""
