@@ -158,18 +158,20 @@ def array_from_raw(name: str, datatype: Any, shape: Any, buf: bytes | memoryview
 
 def split_bytes(name: str, buf: bytes | memoryview, count: int, what: str = "input") -> list[bytes]:
     """The elements of a length-prefixed BYTES buffer; the element count must be ``count``."""
-    view = memoryview(buf)
+    data = bytes(buf)
     out: list[bytes] = []
-    pos, end = 0, len(view)
+    append, unpack = out.append, _LENGTH.unpack_from
+    pos, end = 0, len(data)
     while pos < end:
         if pos + 4 > end:
             raise InvalidInput(f"{what} {name!r}: BYTES data ends inside a 4-byte length prefix")
-        (length,) = _LENGTH.unpack_from(view, pos)
+        (length,) = unpack(data, pos)
         pos += 4
-        if pos + length > end:
+        stop = pos + length
+        if stop > end:
             raise InvalidInput(f"{what} {name!r}: BYTES element {len(out)} of {length} bytes runs past the data")
-        out.append(bytes(view[pos : pos + length]))
-        pos += length
+        append(data[pos:stop])
+        pos = stop
     if len(out) != count:
         raise InvalidInput(f"{what} {name!r}: shape needs {count} BYTES elements, got {len(out)}")
     return out
@@ -227,12 +229,9 @@ def json_data(array: np.ndarray, datatype: str) -> Any:
 def raw_bytes(array: np.ndarray, datatype: str) -> bytes:
     """The binary layout of a tensor."""
     if datatype == "BYTES":
-        parts = []
-        for v in array.reshape(-1):
-            b = _as_bytes(v)
-            parts.append(_LENGTH.pack(len(b)))
-            parts.append(b)
-        return b"".join(parts)
+        pack = _LENGTH.pack
+        items = [v.encode("utf-8") if type(v) is str else _as_bytes(v) for v in array.reshape(-1)]
+        return b"".join([part for b in items for part in (pack(len(b)), b)])
     if datatype == "BOOL":
         return np.ascontiguousarray(array, dtype=np.uint8).tobytes()
     return np.ascontiguousarray(array, dtype=DATATYPES[datatype].newbyteorder("<")).tobytes()
