@@ -180,6 +180,12 @@ def run_tail(args: argparse.Namespace) -> int:
         )
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, and keep the interpreter's final
+        # flush of stdout from failing again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except KafkaError as exc:
         print(f"forestflow logs tail: cannot read {args.topic} from {args.bootstrap}: {exc}", file=sys.stderr)
         return 1
