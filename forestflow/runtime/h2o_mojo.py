@@ -103,8 +103,8 @@ class ModelColumn:
             return self.level_of_number(v)
         return _NAN if v is None else UNSEEN
 
-    def codes(self, arr: np.ndarray, unseen: float = _NAN) -> np.ndarray:
-        """Level indices (float64, NaN = missing) for a whole column; ``unseen`` for unknown values."""
+    def codes(self, arr: np.ndarray, unseen: float = _NAN) -> np.ndarray | list[float]:
+        """Level indices (NaN = missing) for a whole column; ``unseen`` for unknown values."""
         if arr.dtype.kind in "biuf":
             if arr.dtype.kind == "b":
                 arr = arr.astype(np.int64)
@@ -113,17 +113,17 @@ class ModelColumn:
             out = table[inverse.reshape(-1)]
             out[out == UNSEEN] = unseen
             return out
-        if arr.dtype.kind != "O":
-            arr = arr.astype(object)
         lookup = self.lookup
-        try:  # the common case, all known strings, in one pass; the rest resolved one by one
-            out = np.fromiter((lookup.get(v, -1) for v in arr), dtype=np.float64, count=len(arr))
+        try:  # the common case, known strings, in one pass; the rest resolved one by one
+            found = [lookup.get(v, -1) for v in arr.tolist()]
         except TypeError:  # an unhashable value somewhere
-            out = np.full(len(arr), -1.0)
-        for i in np.flatnonzero(out < 0):
-            out[i] = self.level_of(arr[i])
-        out[out == UNSEEN] = unseen
-        return out
+            found = [-1] * len(arr)
+        if -1 in found:
+            for i, code in enumerate(found):
+                if code == -1:
+                    level = self.level_of(arr[i])
+                    found[i] = unseen if level == UNSEEN else level
+        return found
 
 
 def _number(v: Any) -> float:
@@ -139,11 +139,11 @@ def _number(v: Any) -> float:
         return _NAN
 
 
-def numbers(arr: np.ndarray) -> np.ndarray:
-    """A numeric column as float64 (NaN = NA): numeric strings parsed, anything unparsable NaN."""
+def numbers(arr: np.ndarray) -> np.ndarray | list[float]:
+    """A numeric column as numbers (NaN = NA): numeric strings parsed, anything unparsable NaN."""
     if arr.dtype.kind in "biuf":
-        return arr.astype(np.float64)
-    return np.fromiter((_number(v) for v in arr.astype(object, copy=False)), dtype=np.float64, count=len(arr))
+        return arr  # numpy casts to float64 when the caller stores it
+    return [_number(v) for v in arr.tolist()]
 
 
 def _one_per_row(name: str, arr: np.ndarray) -> np.ndarray:
@@ -155,7 +155,11 @@ def _one_per_row(name: str, arr: np.ndarray) -> np.ndarray:
 
 
 def build_matrix(
-    frame: Frame, columns: list[ModelColumn], offset: str | None, unseen: float = _NAN
+    frame: Frame,
+    columns: list[ModelColumn],
+    offset: str | None,
+    unseen: float = _NAN,
+    index: dict[str, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
     """Encode a frame for genmodel: ``(rows x model columns, offsets or None, unknown column names)``.
 
@@ -163,7 +167,8 @@ def build_matrix(
     lacks are reported. A missing offset is 0.
     """
     X = np.full((frame.num_rows, len(columns)), _NAN)
-    index = {c.name: j for j, c in enumerate(columns)}
+    if index is None:
+        index = {c.name: j for j, c in enumerate(columns)}
     offsets = None
     unknown: list[str] = []
     for name, arr in frame.columns.items():
@@ -173,7 +178,7 @@ def build_matrix(
             values = _one_per_row(name, arr)
             X[:, j] = col.codes(values, unseen) if col.domain is not None else numbers(values)
         elif name == offset:
-            offsets = numbers(_one_per_row(name, arr))
+            offsets = np.array(numbers(_one_per_row(name, arr)), dtype=np.float64)
             offsets[np.isnan(offsets)] = 0.0
         else:
             unknown.append(name)
@@ -203,6 +208,7 @@ class H2OMojoServable(Servable):
         self._wrapper: Any = None
         self._category = ""
         self._columns: list[ModelColumn] = []
+        self._index: dict[str, int] = {}
         self._offset: str | None = None
         self._requires_offset = False
         self._response: str | None = None
@@ -276,6 +282,7 @@ class H2OMojoServable(Servable):
         encoding = str(model.getCategoricalEncoding().name())
         self._batch = encoding == "AUTO" and not isinstance(model, provider)
         self._columns = self._input_columns(model)
+        self._index = {c.name: j for j, c in enumerate(self._columns)}
         offset = model.getOffsetName()
         self._offset = str(offset) if offset is not None else None
         self._response = str(model.getResponseName()) if model.isSupervised() else None
@@ -337,7 +344,8 @@ class H2OMojoServable(Servable):
             raise ServableNotReady(f"servable {self.fqrv} is not loaded")
         n = frame.num_rows
         # Per-row scoring hands unseen levels to genmodel as such: its encoders tell them from NA.
-        X, offsets, unknown = build_matrix(frame, self._columns, self._offset, _NAN if self._batch else UNSEEN)
+        unseen = _NAN if self._batch else UNSEEN
+        X, offsets, unknown = build_matrix(frame, self._columns, self._offset, unseen, self._index)
         unknown = [u for u in unknown if u != self._response]  # a label column sent along is no typo
         if offsets is None and self._requires_offset:
             offsets = np.zeros(n)
