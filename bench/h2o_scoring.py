@@ -1,0 +1,147 @@
+"""Rows/s of ``H2OMojoServable.predict`` beside genmodel's per-row ``EasyPredictModelWrapper``.
+
+Both run in the same process and JVM on the same rows (the prostate / iris data the h2o wheel
+ships, cycled), for batches of 1, 10, 100 and 1,000 rows:
+
+* **flavor**: ``predict(frame)`` on a Frame as the codecs build it (float64 arrays for numeric
+  columns, object arrays of strings for categoricals): input mapping, one Java call per batch and
+  the output columns included.
+* **easypredict**: what ForestFlow did, driven from Python through JPype: per row a ``RowData``
+  (strings for categoricals, Doubles for numbers), ``wrapper.predict``, then the label and class
+  probabilities (or value) read back.
+
+Run: ``.venv/bin/python bench/h2o_scoring.py [--seconds 0.25]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from forestflow.core.frame import Frame
+from forestflow.core.ids import FQRV, Contract
+from forestflow.runtime import jvm
+from forestflow.runtime.h2o_mojo import H2OMojoServable
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "h2o"
+BATCHES = (1, 10, 100, 1000)
+MODELS = {  # fixture -> data set it was trained on
+    "prostate_gbm_binomial": "prostate",
+    "iris_gbm_multinomial": "iris",
+    "prostate_drf_regression": "prostate",
+}
+
+
+def data_rows(dataset: str) -> list[dict[str, str]]:
+    """The shipped CSV as text rows (iris gets the fixtures' derived SepalSize column)."""
+    spec = importlib.util.find_spec("h2o")
+    assert spec is not None and spec.submodule_search_locations
+    path = Path(next(iter(spec.submodule_search_locations))) / "h2o_data" / f"{dataset}.csv"
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if dataset == "iris":
+        for r in rows:
+            length = float(r["Sepal.Length"])
+            r["SepalSize"] = "small" if length < 5.4 else ("medium" if length < 6.3 else "large")
+    return rows
+
+
+def frame_of(servable: H2OMojoServable, rows: list[dict[str, str]]) -> Frame:
+    """A Frame as a codec would build it: float64 numerics, object arrays of strings."""
+    columns = {}
+    for spec in servable.metadata().inputs:
+        if spec.datatype == "FP64":
+            columns[spec.name] = np.array([float(r[spec.name]) for r in rows])
+        else:
+            columns[spec.name] = np.array([r[spec.name] for r in rows], dtype=object)
+    return Frame(columns)
+
+
+def easypredict_scorer(servable: H2OMojoServable) -> Callable[[list[dict[str, Any]]], list[Any]]:
+    """ForestFlow's path: one RowData and one EasyPredictModelWrapper.predict per row."""
+    config = jvm.jclass("hex.genmodel.easy.EasyPredictModelWrapper$Config")().setModel(servable._model)
+    config.setConvertUnknownCategoricalLevelsToNa(True).setConvertInvalidNumbersToNa(True)
+    wrapper = jvm.jclass("hex.genmodel.easy.EasyPredictModelWrapper")(config)
+    row_data = jvm.jclass("hex.genmodel.easy.RowData")
+    category = servable.metadata().extra["category"]
+
+    def score(rows: list[dict[str, Any]]) -> list[Any]:
+        out = []
+        for row in rows:
+            data = row_data()
+            for key, value in row.items():
+                data.put(key, value)
+            p = wrapper.predict(data)
+            if category == "Regression":
+                out.append(float(p.value))
+            else:
+                out.append((str(p.label), list(p.classProbabilities)))
+        return out
+
+    return score
+
+
+def typed_rows(servable: H2OMojoServable, rows: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Rows for RowData: strings for categoricals, floats (-> java.lang.Double) for numerics."""
+    numeric = {s.name for s in servable.metadata().inputs if s.datatype == "FP64"}
+    names = [s.name for s in servable.metadata().inputs]
+    return [{n: float(r[n]) if n in numeric else r[n] for n in names} for r in rows]
+
+
+def rates(a: Callable[[], Any], b: Callable[[], Any], rows: int, seconds: float, rounds: int = 7) -> tuple[float, float]:
+    """Median rows/s of ``a`` and of ``b`` over alternating rounds of about ``seconds`` each.
+
+    Alternating keeps the comparison fair on a shared machine whose load drifts; one warm-up
+    round each first.
+    """
+    def round_rate(fn: Callable[[], Any]) -> float:
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                return calls * rows / elapsed
+
+    round_rate(a)
+    round_rate(b)
+    got: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        got[0].append(round_rate(a))
+        got[1].append(round_rate(b))
+    return statistics.median(got[0]), statistics.median(got[1])
+
+
+def main() -> None:
+    """Print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=0.25, help="length of one timing round")
+    args = parser.parse_args()
+    print(f"{'model':<24} {'batch':>5} {'flavor rows/s':>14} {'easypredict rows/s':>19} {'ratio':>6}")
+    for name, dataset in MODELS.items():
+        servable = H2OMojoServable(FQRV(Contract("bench", "h2o", 1), name), FIXTURES, {"mojoPath": f"{name}.zip"})
+        servable.load()
+        source = data_rows(dataset)
+        easy = easypredict_scorer(servable)
+        for n in BATCHES:
+            rows = [source[i % len(source)] for i in range(n)]
+            frame, typed = frame_of(servable, rows), typed_rows(servable, rows)
+            # Same answers from both paths before timing them.
+            first = easy(typed[:1])[0]
+            got = servable.predict(frame.slice(0, 1))
+            assert (got["predict"][0] == first) if isinstance(first, float) else (got["predict"][0] == first[0])
+            flavor, per_row = rates(lambda: servable.predict(frame), lambda: easy(typed), n, args.seconds)
+            print(f"{name:<24} {n:>5} {flavor:>14,.0f} {per_row:>19,.0f} {flavor / per_row:>5.1f}x")
+
+
+if __name__ == "__main__":
+    main()
