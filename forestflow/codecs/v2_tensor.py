@@ -131,16 +131,23 @@ def array_from_json(name: str, datatype: Any, shape: Any, data: Any, what: str =
     if kind == "O" and datatype in _FLOAT:  # JSON null (NaN from MLServer's codecs) among numbers
         if any(v is not None and isinstance(v, (bool, str, list, dict)) for v in raw):
             raise InvalidInput(f"{what} {name!r}: {datatype} data must be numbers (or null)")
-        return np.array([np.nan if v is None else v for v in raw], dtype=dtype).reshape(dims)
+        raw = np.array([np.nan if v is None else float(v) for v in raw], dtype=np.float64)
+        kind = "f"
     if kind not in "biuf":
-        raise InvalidInput(f"{what} {name!r}: {datatype} data must be numbers, got {raw[0]!r}")
+        raise InvalidInput(f"{what} {name!r}: {datatype} data must be numbers in range, got {raw[0]!r}")
     if datatype in _INTEGER:
         if kind == "f" and not np.all(np.isfinite(raw) & (raw == np.trunc(raw))):
             raise InvalidInput(f"{what} {name!r}: {datatype} data must be integers")
         info = np.iinfo(dtype)
-        if raw.min() < info.min or raw.max() > info.max:
+        low, high = raw.min(), raw.max()  # compared as Python numbers: uint64 vs int64 bounds
+        if (int(low) if kind in "biu" else float(low)) < info.min or (int(high) if kind in "biu" else float(high)) > info.max:
             raise InvalidInput(f"{what} {name!r}: value out of range for {datatype}")
-    return raw.astype(dtype).reshape(dims)
+        return raw.astype(dtype).reshape(dims)
+    with np.errstate(over="ignore"):
+        out = raw.astype(dtype)
+    if datatype != "FP64" and kind == "f" and np.any(np.isinf(out) & np.isfinite(raw)):
+        raise InvalidInput(f"{what} {name!r}: value out of range for {datatype}")
+    return out.reshape(dims)
 
 
 def array_from_raw(name: str, datatype: Any, shape: Any, buf: bytes | memoryview, what: str = "input") -> np.ndarray:

@@ -54,6 +54,12 @@ def test_json_decoding_accepts_nested_and_null_as_nan() -> None:
         array_from_json("v", "UINT8", [1], [300])
     with pytest.raises(InvalidInput, match="true/false"):
         array_from_json("v", "BOOL", [1], [1])
+    # Found by fuzzing: these were 500s.
+    assert array_from_json("v", "UINT64", [2], [True, 2**64 - 1]).tolist() == [1, 2**64 - 1]
+    with pytest.raises(InvalidInput, match="out of range for FP32"):
+        array_from_json("v", "FP32", [1], [1e308])
+    with pytest.raises(InvalidInput, match="in range"):
+        array_from_json("v", "INT64", [1], [2**70])
     assert json_data(np.array([1.5, np.nan]), "FP64").tolist()[0] == 1.5
 
 

@@ -217,3 +217,33 @@ async def test_unknown_model_is_404_and_forestflow_routes_still_work(gw: InProce
     # /{org}/{project}/{n} with org "v2" and project "models" still belongs to ForestFlow's routes.
     async with gw.session.post(gw.url + "/v2/models/1/score", json=score) as r:
         assert r.status == 404 and "UnknownContract" in await r.json()
+
+
+async def test_v2_and_v1_are_routed_shadowed_and_logged_like_score(tmp_path: Any) -> None:
+    from tests.support import serve_in_process
+
+    async with serve_in_process(tmp_path / "data", access_log=False) as gw:
+        await deploy(gw, release="live", log_level="FULL", contract_settings=KEEP_TWO)
+        await deploy(gw, release="cand", log_level="FULL", validity=[{"NeverValid": {}}])
+        for i in range(3):
+            payload = {"parameters": {"reqid": f"v2-{i}"}, "inputs": json_inputs([1.0], ["a"])}
+            async with gw.session.post(gw.url + INFER, json=payload) as r:
+                assert (await r.json())["model_version"] == "live"
+        async with gw.session.post(gw.url + "/v1/models/acme.demo.1:predict",
+                                   json={"parameters": {"reqid": "v1-0"}, "instances": [{"x": 2.0, "label": "b"}]}) as r:
+            assert r.status == 200
+        # A version in the path answers from that release only: no shadow copy.
+        async with gw.session.post(gw.url + f"/v2/models/{MODEL}/versions/cand/infer",
+                                   json={"parameters": {"reqid": "direct"}, "inputs": json_inputs([1.0], ["a"])}) as r:
+            assert (await r.json())["model_version"] == "cand"
+        async with gw.session.get(gw.url + "/acme/demo/1/stats") as r:
+            stats = {m["ServableMetrics"]["fqrv"]["releaseVersion"]: m["ServableMetrics"] for m in await r.json()}
+        assert (int(stats["live"]["scoreCount"]), int(stats["live"]["shadeCount"])) == (4, 0)
+        assert (int(stats["cand"]["scoreCount"]), int(stats["cand"]["shadeCount"])) == (1, 4)
+    log = tmp_path / "data" / "predictions.jsonl"
+    events = [orjson.loads(line)["event"] for line in log.read_bytes().splitlines() if line.strip()]
+    seen = sorted((e["fqrv"]["releaseVersion"], bool(e.get("servedRequest")), e["inferenceRequest"]["configs"]["reqid"], e["protocol"])
+                  for e in events)
+    expected = [("cand", False, f"v2-{i}", "v2") for i in range(3)] + [("cand", False, "v1-0", "v1"), ("cand", True, "direct", "v2")]
+    expected += [("live", True, f"v2-{i}", "v2") for i in range(3)] + [("live", True, "v1-0", "v1")]
+    assert seen == sorted(expected)
