@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import structlog
@@ -96,7 +97,7 @@ class Gateway:
         self.failed: dict[FQRV, str] = {}
         self._pending: set[FQRV] = set()
         self._admin_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Future[Any]] = set()  # background work (shadow copies, loads) waited for at stop
         self._timers: list[asyncio.Task[None]] = []
         self._metrics_dirty = False
         # Replica sync: the store's documents as last reconciled, background loads, failed loads.
@@ -396,6 +397,7 @@ class Gateway:
         return InferResult(fqrv, out, latency)
 
     def _fan_out(self, state: ContractState, releases: list[str], context: _RequestContext) -> None:
+        timeout = self.settings.request_timeout_ms / 1000
         for release in releases:
             entry = state.servables[release]
             loaded = self.loaded.get(entry.fqrv)
@@ -403,20 +405,29 @@ class Gateway:
                 continue
             entry.metrics.shade_count += 1
             self._metrics_dirty = True
-            task = asyncio.create_task(self._shadow(entry, loaded, context))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            started = time.perf_counter()
+            try:
+                pending = loaded.scheduler.offer(context.frame, Priority.SHADOW, timeout)
+            except ShadowDropped:
+                continue  # counted by the scheduler; nothing was scored, so nothing to log
+            except GatewayError as error:  # e.g. the servable is being unloaded
+                self._log_outcome(entry, context, False, started, error=error)
+                continue
+            # A callback, not a task per copy: nobody waits for shadow work, so it needs no coroutine.
+            pending.add_done_callback(partial(self._shadow_done, entry, context, started))
+            self._tasks.add(pending)
+            pending.add_done_callback(self._tasks.discard)
 
-    async def _shadow(self, entry: ServableEntry, loaded: Loaded, context: _RequestContext) -> None:
-        started = time.perf_counter()
-        try:
-            out = await loaded.scheduler.submit(context.frame, Priority.SHADOW, self.settings.request_timeout_ms / 1000)
-        except ShadowDropped:
-            return  # counted by the scheduler; nothing was scored, so nothing to log
-        except GatewayError as error:
-            self._log_outcome(entry, context, False, started, error=error)
+    def _shadow_done(
+        self, entry: ServableEntry, context: _RequestContext, started: float, pending: asyncio.Future[Frame]
+    ) -> None:
+        if pending.cancelled():
             return
-        self._log_outcome(entry, context, False, started, output=out)
+        error = pending.exception()
+        if error is None:
+            self._log_outcome(entry, context, False, started, output=pending.result())
+        elif isinstance(error, GatewayError):
+            self._log_outcome(entry, context, False, started, error=error)
 
     def _log_outcome(
         self,

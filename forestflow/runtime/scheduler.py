@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from forestflow.core.frame import Frame
 from forestflow.errors import DeadlineExceeded, GatewayError, Overloaded, ScoringError
@@ -49,7 +49,8 @@ class _Job:
     priority: Priority
     deadline: float  # loop.time() by which it must finish
     future: asyncio.Future[Frame]
-    enqueued_at: float = field(default=0.0)
+    timeout_s: float
+    timer: asyncio.TimerHandle | None = None
     #: Set while the job runs: frees the slot once every caller of its batch has given up.
     on_abandon: Callable[[], None] | None = None
 
@@ -116,57 +117,68 @@ class ServableScheduler:
     async def submit(self, frame: Frame, priority: Priority, timeout_s: float) -> Frame:
         """Score ``frame``; raises Overloaded / ShadowDropped / DeadlineExceeded / the model's error.
 
-        Admission is decided before the first ``await``: a refused job costs the caller nothing,
-        and a caller that gives up (deadline or cancellation) takes its job out of the queue, or
-        gives its slot back if the job was already running.
+        Cancelling the caller withdraws the job: out of the queue, or its slot freed if running.
+        """
+        future = self.offer(frame, priority, timeout_s)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if not future.done():
+                future.cancel()
+            raise
+
+    def offer(self, frame: Frame, priority: Priority, timeout_s: float) -> asyncio.Future[Frame]:
+        """Admit ``frame`` without waiting and return the future of its result.
+
+        Refusal is immediate: :class:`Overloaded` when the live queue is full, :class:`ShadowDropped`
+        when the shadow queue is. The future fails with :class:`DeadlineExceeded` once
+        ``timeout_s`` has passed, queued or scoring; cancelling it withdraws the job.
         """
         if self.closed:
             raise Overloaded(f"servable {self.servable.fqrv} is unloading", retry_after=1.0)
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        job = _Job(frame, priority, now + timeout_s, loop.create_future(), now)
         queue = self.queues[priority]
         # Queue when no slot is free, or when older work of this or a higher priority is waiting
         # (so a newcomer never overtakes it).
-        if not self._can_start() or self.queues[Priority.LIVE] or (priority is Priority.SHADOW and queue):
-            limit = self.live_limit if priority is Priority.LIVE else self.shadow_limit
-            if len(queue) >= limit:
-                if priority is Priority.LIVE:
-                    self.stats.live_rejected += 1
-                    raise Overloaded(
-                        f"servable {self.servable.fqrv} is overloaded ({self.running} scoring, {len(queue)} queued)",
-                        retry_after=1.0,
-                    )
-                self.stats.shadow_dropped += 1
-                raise ShadowDropped(f"shadow queue of {self.servable.fqrv} is full")
+        must_queue = not self._can_start() or self.queues[Priority.LIVE] or (priority is Priority.SHADOW and queue)
+        if must_queue and len(queue) >= (self.live_limit if priority is Priority.LIVE else self.shadow_limit):
+            if priority is Priority.LIVE:
+                self.stats.live_rejected += 1
+                raise Overloaded(
+                    f"servable {self.servable.fqrv} is overloaded ({self.running} scoring, {len(queue)} queued)",
+                    retry_after=1.0,
+                )
+            self.stats.shadow_dropped += 1
+            raise ShadowDropped(f"shadow queue of {self.servable.fqrv} is full")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        job = _Job(frame, priority, deadline, loop.create_future(), timeout_s)
+        job.timer = loop.call_at(deadline, self._expire, job)
+        job.future.add_done_callback(lambda f: self._abandon(job) if f.cancelled() else None)
+        if must_queue:
             queue.append(job)
             self._dispatch()
         else:
             self._start([job])
-        try:
-            return await asyncio.wait_for(asyncio.shield(job.future), max(0.0, job.deadline - loop.time()))
-        except TimeoutError:
-            if job.future.done() and not job.future.cancelled() and job.future.exception() is None:
-                return job.future.result()  # finished in the very instant the deadline fired
-            self._abandon(job)
-            self.stats.deadline_exceeded += 1
-            raise DeadlineExceeded(
-                f"deadline of {timeout_s * 1000:.0f} ms exceeded for {self.servable.fqrv}"
-            ) from None
-        except asyncio.CancelledError:
-            self._abandon(job)  # the caller went away (client disconnect, shutdown)
-            raise
+        return job.future
+
+    def _expire(self, job: _Job) -> None:
+        if job.future.done():
+            return
+        self.stats.deadline_exceeded += 1
+        job.future.set_exception(
+            DeadlineExceeded(f"deadline of {job.timeout_s * 1000:.0f} ms exceeded for {self.servable.fqrv}")
+        )
+        self._abandon(job)
 
     def _abandon(self, job: _Job) -> None:
-        """Forget a job whose caller stopped waiting: unqueue it, or free its slot if running."""
-        if not job.future.done():
-            job.future.cancel()
+        """Forget a job nobody waits for any more: unqueue it, or free its slot if running."""
+        if job.timer is not None:
+            job.timer.cancel()
         if job.on_abandon is not None:
             job.on_abandon()
             return
-        queue = self.queues[job.priority]
         try:
-            queue.remove(job)
+            self.queues[job.priority].remove(job)
         except ValueError:
             pass  # already started or already taken out
 
@@ -184,10 +196,7 @@ class ServableScheduler:
             queue = self.queues[priority]
             while queue and (queue[0].future.done() or queue[0].deadline <= now):
                 stale = queue.popleft()
-                if not stale.future.done():
-                    # Its waiter's timer is about to fire; never start work nobody will read.
-                    self.stats.deadline_exceeded += 1
-                    stale.future.set_exception(DeadlineExceeded(f"deadline exceeded while queued for {self.servable.fqrv}"))
+                self._expire(stale)  # its timer is due: never start work nobody will read
             if not queue:
                 continue
             first = queue.popleft()
@@ -197,9 +206,13 @@ class ServableScheduler:
                 shape = _signature(first.frame)
                 # A combined call sees one set of parameters (configs), so only requests that
                 # agree on them may share it.
-                while queue and not queue[0].future.done() and _signature(queue[0].frame) == shape and _same_parameters(queue[0].frame, first.frame):
-                    if rows + queue[0].frame.num_rows > self.max_batch_rows:
-                        break
+                while (
+                    queue
+                    and not queue[0].future.done()
+                    and _signature(queue[0].frame) == shape
+                    and _same_parameters(queue[0].frame, first.frame)
+                    and rows + queue[0].frame.num_rows <= self.max_batch_rows
+                ):
                     job = queue.popleft()
                     rows += job.frame.num_rows
                     batch.append(job)
@@ -212,9 +225,7 @@ class ServableScheduler:
         try:
             task = loop.run_in_executor(self.executor, self.servable.predict, frame)
         except RuntimeError:  # the executor was shut down (gateway stopping)
-            for job in batch:
-                if not job.future.done():
-                    job.future.set_exception(Overloaded(f"servable {self.servable.fqrv} is unloading"))
+            self._finish(batch, error=Overloaded(f"servable {self.servable.fqrv} is unloading"))
             return
         self.running += 1
         if len(batch) > 1:
@@ -237,36 +248,23 @@ class ServableScheduler:
                 self.stats.abandoned_running -= 1
                 self._dispatch()  # its thread is free again
             release()
-            if fut.cancelled():  # executor shut down with cancel_futures
-                for job in batch:
-                    if not job.future.done():
-                        job.future.set_exception(Overloaded(f"servable {self.servable.fqrv} was unloaded"))
+            if fut.cancelled():  # the pool was shut down under it
+                self._finish(batch, error=Overloaded(f"servable {self.servable.fqrv} was unloaded"))
                 return
             exc = fut.exception()
-            offset = 0
-            for job in batch:
-                rows = job.frame.num_rows
-                if job.future.done():
-                    offset += rows
-                    continue
-                if exc is not None:
-                    error = exc if isinstance(exc, GatewayError) else ScoringError(self.servable.fqrv)
-                    if error is not exc:
-                        error.__cause__ = exc  # the service logs the model's own exception
-                    job.future.set_exception(error)
-                    continue
-                result = fut.result()
-                job.future.set_result(result if len(batch) == 1 else result.slice(offset, offset + rows))
-                offset += rows
-            for job in batch:  # retrieve to silence "exception never retrieved" for abandoned jobs
-                if job.future.done() and not job.future.cancelled():
-                    job.future.exception()
+            if exc is None:
+                self._finish(batch, result=fut.result())
+                return
+            error = exc if isinstance(exc, GatewayError) else ScoringError(self.servable.fqrv)
+            if error is not exc:
+                error.__cause__ = exc  # the service logs the model's own exception
+            self._finish(batch, error=error)
 
         def on_abandon() -> None:
             # Every caller of this batch gave up: free the slot now. The thread cannot be
             # interrupted; it finishes in the background and its result is dropped.
             nonlocal abandoned
-            if not released and not task.done() and all(j.future.cancelled() for j in batch):
+            if not released and not task.done() and all(j.future.done() for j in batch):
                 abandoned = True
                 self.stats.abandoned_running += 1
                 release()
@@ -275,14 +273,27 @@ class ServableScheduler:
         for job in batch:
             job.on_abandon = on_abandon
 
+    def _finish(self, batch: list[_Job], result: Frame | None = None, error: BaseException | None = None) -> None:
+        """Hand each job of a batch its rows of ``result`` (or ``error``), skipping abandoned ones."""
+        offset = 0
+        for job in batch:
+            rows = job.frame.num_rows
+            if job.timer is not None:
+                job.timer.cancel()
+            if not job.future.done():
+                if error is not None:
+                    job.future.set_exception(error)
+                else:
+                    assert result is not None
+                    job.future.set_result(result if len(batch) == 1 else result.slice(offset, offset + rows))
+            offset += rows
+
     async def close(self) -> None:
         """Refuse new work; queued jobs fail fast; calls already running finish in the background."""
         self.closed = True
         for queue in self.queues.values():
             while queue:
-                job = queue.popleft()
-                if not job.future.done():
-                    job.future.set_exception(Overloaded(f"servable {self.servable.fqrv} was unloaded"))
+                self._finish([queue.popleft()], error=Overloaded(f"servable {self.servable.fqrv} was unloaded"))
         if self._own_pool is not None:
             self._own_pool.shutdown(wait=False)
 
