@@ -86,12 +86,15 @@ class InferenceService:
         self.m = messages()
 
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Always live while the event loop answers."""
         return self.m["ServerLiveResponse"](live=True)
 
     async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Ready when every servable is loaded and the gateway is not draining."""
         return self.m["ServerReadyResponse"](ready=self.gateway.ready)
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Whether the model (or one version) can score now."""
         # An unknown model is "not ready" with status OK: tritonclient raises on a status error.
         try:
             ready = v2_common.model_ready(self.gateway, request.name, request.version or None)
@@ -102,9 +105,11 @@ class InferenceService:
         return self.m["ModelReadyResponse"](ready=ready)
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Name, version and extensions."""
         return self.m["ServerMetadataResponse"](**v2_common.server_metadata())
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Inputs, outputs, versions and platform of a model (NOT_FOUND when unknown)."""
         meta = v2_common.model_metadata(self.gateway, request.name, request.version or None)
         response = self.m["ModelMetadataResponse"](name=meta["name"], versions=meta["versions"], platform=meta["platform"])
         for key in ("inputs", "outputs"):
@@ -113,6 +118,7 @@ class InferenceService:
         return response
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Score typed or raw tensors; routed by phase-in unless a version is named."""
         raw = request.raw_input_contents
         if raw and len(raw) != len(request.inputs):
             raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")

@@ -10,11 +10,14 @@ input is np) unless ``parameters.content_type`` says "np" or "pd". The ambiguous
 ``[1, K]`` is resolved with the model's inputs: named after a one-value-per-row input it is K rows
 of that feature (pd), otherwise it is one row of K features (np, K must equal the input count).
 Outputs are always batch-first: ``[N, k]`` (or ``[N]`` when every request tensor was 1-D), never
-TrustyAI's ``[1, N*k]`` that its reader cannot split into rows.
+TrustyAI's ``[1, N*k]`` that its reader cannot split into rows. An input whose own
+``parameters.content_type`` is ``base64`` (MLServer's Base64Codec) reaches the model decoded.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +87,19 @@ def _pd_column(tensor: Tensor, spec: TensorSpec | None) -> np.ndarray:
     )
 
 
+def _input_codec(tensor: Tensor) -> Tensor:
+    """Apply an input-level MLServer ``content_type``: ``base64`` BYTES are decoded, others kept."""
+    if tensor.parameters.get("content_type") != "base64" or tensor.datatype != "BYTES":
+        return tensor
+    flat = tensor.array.reshape(-1)
+    decoded = np.empty(len(flat), dtype=object)
+    try:
+        decoded[:] = [base64.b64decode(v, validate=True) for v in flat]
+    except (binascii.Error, TypeError, ValueError):
+        raise InvalidInput(f"input {tensor.name!r}: content_type base64, but an element is not base64") from None
+    return Tensor(tensor.name, tensor.datatype, decoded.reshape(tensor.array.shape), tensor.parameters)
+
+
 def _decode_pd(tensors: Sequence[Tensor], specs: dict[str, TensorSpec]) -> dict[str, np.ndarray]:
     columns: dict[str, np.ndarray] = {}
     for tensor in tensors:
@@ -136,6 +152,7 @@ def decode_inputs(
     if not tensors:
         raise InvalidInput("inputs: at least one input tensor is required")
     asked = requested_content_type(parameters)
+    tensors = [_input_codec(t) for t in tensors]
     by_name = {s.name: s for s in specs}
     if asked is not None:
         layout = asked

@@ -119,6 +119,15 @@ def test_layout_errors_name_the_input() -> None:
         decoded([t("a", [1.0, 2.0]), t("b", [[1.0, 2.0], [3.0, 4.0]])])
 
 
+def test_mlserver_base64_inputs_are_decoded() -> None:
+    tensor = Tensor("a", "BYTES", np.array(["aGk=", "/w=="], dtype=object), {"content_type": "base64"})
+    frame, _ = decode_inputs([tensor], (TensorSpec("a", "BYTES"),), {})
+    assert frame["a"].tolist() == [b"hi", b"\xff"]
+    tensor.array[1] = "not base64!"
+    with pytest.raises(InvalidInput, match="'a'.*base64"):
+        decode_inputs([tensor], (TensorSpec("a", "BYTES"),), {})
+
+
 def test_outputs_are_batch_first_in_the_request_rank() -> None:
     frame = Frame({"y": np.arange(4.0), "pair": np.arange(8.0).reshape(4, 2)})
     _, rank2 = decoded([t("predict", ROWS)])

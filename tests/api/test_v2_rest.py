@@ -247,3 +247,15 @@ async def test_v2_and_v1_are_routed_shadowed_and_logged_like_score(tmp_path: Any
     expected = [("cand", False, f"v2-{i}", "v2") for i in range(3)] + [("cand", False, "v1-0", "v1"), ("cand", True, "direct", "v2")]
     expected += [("live", True, f"v2-{i}", "v2") for i in range(3)] + [("live", True, "v1-0", "v1")]
     assert seen == sorted(expected)
+
+
+async def test_body_over_the_limit_is_a_413_in_v2_form(tmp_path: Any) -> None:
+    from tests.support import serve_in_process
+
+    async with serve_in_process(tmp_path / "data", max_body_bytes=4096) as gw:
+        await deploy(gw)
+        payload = {"inputs": json_inputs([1.0] * 2000, ["a"] * 2000)}
+        async with gw.session.post(gw.url + INFER, json=payload) as r:
+            assert r.status == 413 and r.headers["Content-Type"] == "application/json"
+            body = await r.json()
+        assert list(body) == ["error"] and "4096" in body["error"]
