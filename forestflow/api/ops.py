@@ -33,6 +33,8 @@ async def metrics(request: web.Request) -> web.Response:
             "shadowDropped": loaded.scheduler.stats.shadow_dropped,
             "deadlineExceeded": loaded.scheduler.stats.deadline_exceeded,
             "microBatches": loaded.scheduler.stats.batches,
+            # predict calls still running after every caller gave up (a stuck model shows here)
+            "abandonedRunning": loaded.scheduler.stats.abandoned_running,
         }
         for fqrv, loaded in gateway.loaded.items()
     }

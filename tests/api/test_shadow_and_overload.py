@@ -242,7 +242,10 @@ async def test_deadline_header_gives_504_and_the_slot_is_reused(tmp_path: Path, 
         assert status == 200 and body["Prediction"]["datum"][0]["tensors"][0]["Float64"]["data"] == [3.0]
         assert gate.started() == ["slow", "fast"] and not gate.path.exists()
         metrics = await scheduler(gw, "v1")
-        assert metrics["deadlineExceeded"] == 1 and metrics["running"] == 0
+        assert metrics["deadlineExceeded"] == 1 and metrics["running"] == 0 and metrics["abandonedRunning"] == 1
+        gate.open()  # the abandoned call ends; nothing of it is left behind
+        await wait_until(lambda: _is(scheduler(gw, "v1"), abandonedRunning=0), what="abandoned call finished")
+        assert not gw.gateway._tasks
 
 
 async def test_configured_deadline_applies_while_queued(tmp_path: Path, gate: Gate) -> None:
