@@ -284,8 +284,8 @@ def _row_values(frame: Frame, names: list[str]) -> list[list[Any]]:
     return rows
 
 
-def prediction_to_json(fqrv: FQRV, frame: Frame) -> dict[str, Any]:
-    """The ``Prediction`` body (fqrv, schema, one datum per row), without the envelope."""
+def _schema_datum_json(frame: Frame) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A frame as ForestFlow's (schema, datum) JSON: typed groups in column order, one datum per row."""
     groups = _groups(frame)
     per_group = []
     for ff_type, names in groups:
@@ -295,11 +295,22 @@ def prediction_to_json(fqrv: FQRV, frame: Frame) -> dict[str, Any]:
             rows = [_json_values(ff_type, r) for r in rows]
         per_group.append([{key: {"data": r}} for r in rows])
     datum = [{"tensors": list(tensors)} for tensors in zip(*per_group)]
-    return {
-        "fqrv": fqrv_to_json(fqrv),
-        "schema": [{"type": t, "fields": names} for t, names in groups],
-        "datum": datum,
-    }
+    return [{"type": t, "fields": names} for t, names in groups], datum
+
+
+def prediction_to_json(fqrv: FQRV, frame: Frame) -> dict[str, Any]:
+    """The ``Prediction`` body (fqrv, schema, one datum per row), without the envelope."""
+    schema, datum = _schema_datum_json(frame)
+    return {"fqrv": fqrv_to_json(fqrv), "schema": schema, "datum": datum}
+
+
+def request_to_json(frame: Frame, configs: dict[str, str]) -> dict[str, Any]:
+    """An InferenceRequest JSON for an input frame (the prediction log's copy of the request)."""
+    schema, datum = _schema_datum_json(frame)
+    out: dict[str, Any] = {"schema": schema, "datum": datum}
+    if configs:
+        out["configs"] = dict(configs)
+    return out
 
 
 def _fill_proto_datums(frame: Frame, schema: Any, datums: Any) -> None:

@@ -1,13 +1,21 @@
-"""PredictionRecord -> ForestFlow's PredictionEvent / PredictionEventGP protobuf, and back to JSON."""
+"""PredictionRecord -> ForestFlow's PredictionEvent / PredictionEventGP protobuf, or a JSON line.
+
+The JSON line is built straight from the record (no protobuf on the way) and has the shape
+protobuf's JSON mapping gives the same event (camelCase, int64 as strings, bytes as base64).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import base64
+
+import orjson
 from google.protobuf import json_format
 
 from forestflow._proto import forestflow_pb2 as pb
-from forestflow.codecs.schema_datum import prediction_to_proto, request_to_proto
+from forestflow.codecs.ff_settings import fqrv_to_json, logging_to_json
+from forestflow.codecs.schema_datum import prediction_to_json, prediction_to_proto, request_to_json, request_to_proto
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
 from forestflow.predlog.record import PredictionRecord
@@ -69,3 +77,33 @@ def decode_event(payload: bytes, graphpipe: bool = False) -> Any:
 def event_to_dict(payload: bytes, graphpipe: bool = False) -> dict[str, Any]:
     """An event as a JSON-ready dict (camelCase, as ``forestflow logs tail`` prints it)."""
     return json_format.MessageToDict(decode_event(payload, graphpipe))
+
+
+def encode_event_json(record: PredictionRecord) -> bytes:
+    """One JSON line ``{"topic", "key", "event"}`` for the local file log (no trailing newline)."""
+    event: dict[str, Any] = {}
+    if record.is_graphpipe:
+        if record.raw_response is not None:
+            event["prediction"] = {
+                "inferResponse": base64.b64encode(record.raw_response).decode(),
+                "fqrv": fqrv_to_json(record.fqrv),
+            }
+        event["servedRequest"] = record.served
+        event["inferBytes"] = base64.b64encode(record.raw_request or b"").decode()
+    else:
+        if record.response is not None:
+            event["prediction"] = prediction_to_json(record.fqrv, record.response)
+        event["servedRequest"] = record.served
+        event["inferenceRequest"] = request_to_json(record.request, record.configs)
+    event["loggingSettings"] = logging_to_json(record.logging)
+    event["eventTimeMS"] = str(record.event_time_ms)
+    event["requestId"] = record.request_id
+    event["fqrv"] = fqrv_to_json(record.fqrv)
+    event["latencyMs"] = record.latency_ms
+    event["status"] = record.status
+    if record.error:
+        event["error"] = record.error
+        event["errorCode"] = record.error_code
+    event["protocol"] = record.protocol
+    line = {"topic": "graphpipe" if record.is_graphpipe else "basic", "key": record.key, "event": event}
+    return orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY)

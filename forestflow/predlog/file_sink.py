@@ -1,7 +1,7 @@
 """The embedded default sink: prediction events appended to a local file.
 
 ``jsonl``: one JSON object per line (``{"topic": "basic"|"graphpipe", "key": ..., "event": {...}}``,
-the event in protobuf's JSON mapping). ``protobuf``: length-delimited records (varint length +
+the event in protobuf's JSON mapping, encoded by :func:`encode_event_json`). ``protobuf``: length-delimited records (varint length +
 serialized event), the way protobuf's ``writeDelimitedTo`` writes them; GraphPipe events go to a
 sibling file with ``.gp`` before the suffix.
 """
@@ -12,10 +12,8 @@ import asyncio
 from pathlib import Path
 from typing import BinaryIO
 
-import orjson
 from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
 
-from forestflow.predlog.encode import event_to_dict
 from forestflow.predlog.log import LogEntry
 
 
@@ -28,6 +26,8 @@ class FileSink:
         self.path = path
         self.gp_path = path.with_name(f"{path.stem}.gp{path.suffix}")
         self.fmt = fmt
+        #: What PredictionLog encodes entries as for this sink.
+        self.encoding = "jsonl" if fmt == "jsonl" else "protobuf"
         self._files: dict[bool, BinaryIO] = {}
 
     async def start(self) -> None:
@@ -48,19 +48,7 @@ class FileSink:
             if self.fmt == "protobuf":
                 fh.write(b"".join(_VarintBytes(len(e.value)) + e.value for e in chosen))
             else:
-                fh.write(
-                    b"".join(
-                        orjson.dumps(
-                            {
-                                "topic": "graphpipe" if graphpipe else "basic",
-                                "key": e.key.decode() if e.key is not None else None,
-                                "event": event_to_dict(e.value, graphpipe),
-                            }
-                        )
-                        + b"\n"
-                        for e in chosen
-                    )
-                )
+                fh.write(b"".join(e.value + b"\n" for e in chosen))
             fh.flush()
 
     async def close(self) -> None:

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import structlog
 
-from forestflow.predlog.encode import encode_event
+from forestflow.predlog.encode import encode_event, encode_event_json
 from forestflow.predlog.record import PredictionRecord
 
 log = structlog.get_logger("forestflow.predlog")
@@ -66,6 +66,8 @@ class LogStats:
     delivered: int = 0
     dropped_overflow: int = 0
     dropped_shutdown: int = 0
+    #: Events the sink refused for good (e.g. over Kafka's max request size).
+    dropped_rejected: int = 0
     encode_errors: int = 0
     send_failures: int = 0
     buffered: int = 0
@@ -75,7 +77,7 @@ class LogStats:
     @property
     def dropped(self) -> int:
         """Events that will never be delivered."""
-        return self.dropped_overflow + self.dropped_shutdown + self.encode_errors
+        return self.dropped_overflow + self.dropped_shutdown + self.dropped_rejected + self.encode_errors
 
 
 class PredictionLog:
@@ -95,11 +97,14 @@ class PredictionLog:
         self.retry_backoff_s = retry_backoff_s
         self.warn_interval_s = warn_interval_s
         self.stats = LogStats()
+        # A sink may ask for JSON lines (the local file); everything else gets the protobuf event.
+        self._encode = encode_event_json if getattr(sink, "encoding", "protobuf") == "jsonl" else encode_event
         self._queue: deque[LogEntry] = deque()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._last_warned_drops = 0
+        self._rejected_seen = 0
         self._last_warn_at = 0.0
 
     # ---- request path ------------------------------------------------------------------------------
@@ -107,7 +112,7 @@ class PredictionLog:
         """Encode and buffer one event without waiting; False if it was dropped."""
         self.stats.produced += 1
         try:
-            value = encode_event(record)
+            value = self._encode(record)
         except Exception:  # a model output the encoder cannot represent must not fail the request
             self.stats.encode_errors += 1
             log.exception("prediction_log_encode_failed", fqrv=str(record.fqrv), request_id=record.request_id)
@@ -210,9 +215,13 @@ class PredictionLog:
             except Exception as exc:
                 log.warning("prediction_log_send_failed", sink=self.sink.name, error=str(exc), events=len(batch))
                 failed = batch
-            delivered = len(batch) - len(failed)
+            # A sink that refuses an event for good counts it in ``rejected``: dropped, not delivered.
+            rejected = getattr(self.sink, "rejected", 0) - self._rejected_seen
+            self._rejected_seen += rejected
+            self.stats.dropped_rejected += rejected
+            delivered = len(batch) - len(failed) - rejected
             self.stats.delivered += delivered
-            self.stats.buffered -= delivered
+            self.stats.buffered -= delivered + rejected
             self.stats.buffered_bytes -= sum(e.size for e in batch) - sum(e.size for e in failed)
             if failed:
                 self.stats.send_failures += 1

@@ -1,0 +1,35 @@
+"""The JSON line of the local log is exactly protobuf's JSON mapping of the same PredictionEvent."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import orjson
+import pytest
+
+from forestflow.core.frame import Frame
+from forestflow.predlog.encode import encode_event, encode_event_json, event_to_dict
+from forestflow.predlog.record import PredictionRecord
+from tests.predlog import make_record
+
+
+def records() -> list[PredictionRecord]:
+    ok = make_record(3, {"user": "u3"})
+    vector = dataclasses.replace(
+        make_record(4), response=Frame.from_columns({"label": ["a", "b"], "p": np.array([[0.25, 0.75], [0.5, 0.5]])}),
+        request=Frame.from_columns({"x": np.array([1.0, 2.0]), "b": np.array([True, False])}),
+    )
+    failed = dataclasses.replace(make_record(5), response=None, status=504, error="deadline exceeded", error_code="DeadlineExceeded")
+    shadow = make_record(6, served=False)
+    gp = make_record(7, {"user": "g"}, graphpipe=True)
+    gp_failed = dataclasses.replace(make_record(8, graphpipe=True), raw_response=None, status=400, error="bad", error_code="InvalidInput")
+    return [ok, vector, failed, shadow, gp, gp_failed]
+
+
+@pytest.mark.parametrize("record", records(), ids=["ok", "vector", "failed", "shadow", "gp", "gp-failed"])
+def test_json_line_equals_protobuf_json_mapping(record: PredictionRecord) -> None:
+    line = orjson.loads(encode_event_json(record))
+    assert line["topic"] == ("graphpipe" if record.is_graphpipe else "basic")
+    assert line["key"] == record.key
+    assert line["event"] == event_to_dict(encode_event(record), record.is_graphpipe)
