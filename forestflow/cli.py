@@ -43,10 +43,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from forestflow.logs import configure_logging
 
     configure_logging(settings.log_level)
+    from forestflow.errors import GatewayError
+
     try:
         asyncio.run(_serve(settings))
     except OSError as exc:
         return _fail(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror or exc}")
+    except GatewayError as exc:  # e.g. the registry store is unreachable at start
+        return _fail(exc.message, code=1)
     return 0
 
 
@@ -166,12 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", help="prediction log tools")
     logs_sub = logs.add_subparsers(dest="logs_command", required=True)
     tail = logs_sub.add_parser("tail", help="print events of a Kafka topic as JSON lines")
-    try:
-        from forestflow.predlog.tail import add_tail_arguments
+    from forestflow.predlog.tail import add_tail_arguments
 
-        add_tail_arguments(tail)
-    except ImportError:  # pragma: no cover - the Kafka extras are part of the default install
-        pass
+    add_tail_arguments(tail)
     tail.set_defaults(func=cmd_logs_tail)
     return parser
 
