@@ -103,6 +103,14 @@ class ModelColumn:
             return self.level_of_number(v)
         return _NAN if v is None else UNSEEN
 
+    def code_of(self, v: Any, unseen: float = _NAN) -> float:
+        """The level index of one value (NaN = missing), ``unseen`` for an unknown one."""
+        index = self.lookup.get(v) if isinstance(v, str) else None
+        if index is not None:
+            return float(index)
+        level = self.level_of(v)
+        return unseen if level == UNSEEN else level
+
     def codes(self, arr: np.ndarray, unseen: float = _NAN) -> np.ndarray | list[float]:
         """Level indices (NaN = missing) for a whole column; ``unseen`` for unknown values."""
         if arr.dtype.kind in "biuf":
@@ -121,8 +129,7 @@ class ModelColumn:
         if -1 in found:
             for i, code in enumerate(found):
                 if code == -1:
-                    level = self.level_of(arr[i])
-                    found[i] = unseen if level == UNSEEN else level
+                    found[i] = self.code_of(arr[i], unseen)
         return found
 
 
@@ -166,9 +173,10 @@ def build_matrix(
     Columns are matched by name; model columns the frame lacks are NA, frame columns the model
     lacks are reported. A missing offset is 0.
     """
-    X = np.full((frame.num_rows, len(columns)), _NAN)
     if index is None:
         index = {c.name: j for j, c in enumerate(columns)}
+    single = frame.num_rows == 1  # one row: plain Python per value beats numpy per column
+    X = [_NAN] * len(columns) if single else np.full((frame.num_rows, len(columns)), _NAN)
     offsets = None
     unknown: list[str] = []
     for name, arr in frame.columns.items():
@@ -176,13 +184,16 @@ def build_matrix(
         if j is not None:
             col = columns[j]
             values = _one_per_row(name, arr)
-            X[:, j] = col.codes(values, unseen) if col.domain is not None else numbers(values)
+            if single:
+                X[j] = col.code_of(values[0], unseen) if col.domain is not None else _number(values[0])
+            else:
+                X[:, j] = col.codes(values, unseen) if col.domain is not None else numbers(values)
         elif name == offset:
             offsets = np.array(numbers(_one_per_row(name, arr)), dtype=np.float64)
             offsets[np.isnan(offsets)] = 0.0
         else:
             unknown.append(name)
-    return X, offsets, unknown
+    return (np.array([X]) if single else X), offsets, unknown
 
 
 def _java_message(exc: BaseException) -> str:

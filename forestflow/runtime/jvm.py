@@ -178,8 +178,9 @@ def score_batch(model: Any, X: np.ndarray, offsets: np.ndarray | None, preds_siz
 
     n = len(X)
     if n == 1 and offsets is None:  # one row: a direct call is cheaper than the loop handle
-        out = jpype.JArray(jpype.JDouble)(preds_size)
-        model.score0(jpype.JArray.of(np.ascontiguousarray(X[0], dtype=np.float64)), out)
+        doubles = jpype.JArray(jpype.JDouble)
+        out = doubles(preds_size)
+        model.score0(doubles(np.ascontiguousarray(X[0], dtype=np.float64)), out)
         return np.asarray(out).reshape(1, preds_size)
     rows = jpype.JArray.of(np.ascontiguousarray(X, dtype=np.float64))
     preds = jpype.JDouble[n, preds_size]  # allocated on the Java side: cheaper than converting zeros

@@ -252,10 +252,16 @@ def test_batch_equals_single_rows(servables: dict[str, H2OMojoServable]) -> None
         "DCAPS": rng.choice(np.array(["1", "2", None], dtype=object), n),
     })
     frame.columns["AGE"][::7] = np.nan
-    batch = s.predict(frame)
-    singles = [s.predict(frame.slice(i, i + 1)) for i in range(n)]
-    assert list(batch["predict"]) == [o["predict"][0] for o in singles]
-    np.testing.assert_array_equal(batch["1"], [o["1"][0] for o in singles])
+    as_numbers = Frame({
+        **frame.columns,
+        "DPROS": rng.choice(np.array([1.0, 2.0, 3.0, 4.0, 5.0, np.nan]), n).astype(np.float32),
+        "PSA": np.array([f" {v:.3f}" if i % 5 else "n/a" for i, v in enumerate(frame["PSA"])], dtype=object),
+    })
+    for f in (frame, as_numbers):
+        batch = s.predict(f)
+        singles = [s.predict(f.slice(i, i + 1)) for i in range(n)]
+        assert list(batch["predict"]) == [o["predict"][0] for o in singles]
+        np.testing.assert_array_equal(batch["1"], [o["1"][0] for o in singles])
 
 
 def test_offset_column(servables: dict[str, H2OMojoServable]) -> None:
