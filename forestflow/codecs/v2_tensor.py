@@ -62,9 +62,9 @@ def check_header(name: str, datatype: Any, shape: Any, what: str = "input") -> t
     """Validate a tensor's datatype and shape; returns the numpy dtype and the shape."""
     if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise InvalidInput(f"{what} {name!r}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
-    if not isinstance(shape, (list, tuple)) or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
+    if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidInput(f"{what} {name!r}: shape must be a list of non-negative integers, got {shape!r}")
-    return DATATYPES[datatype], tuple(int(d) for d in shape)
+    return DATATYPES[datatype], tuple(shape)
 
 
 def element_count(shape: Sequence[int]) -> int:
@@ -107,8 +107,8 @@ def array_from_json(name: str, datatype: Any, shape: Any, data: Any, what: str =
     if not isinstance(data, list):
         raise InvalidInput(f"{what} {name!r}: data must be a JSON array, got {type(data).__name__}")
     if datatype == "BYTES":
-        flat = _flatten(data)
-        bad = [v for v in flat if not isinstance(v, str)]
+        flat = data if all(type(v) is str for v in data) else _flatten(data)
+        bad = [v for v in flat if not isinstance(v, str)] if flat is not data else None
         if bad:
             raise InvalidInput(f"{what} {name!r}: BYTES data must be strings, got {bad[0]!r}")
         _check_count(name, dims, len(flat), what)
@@ -143,9 +143,11 @@ def array_from_json(name: str, datatype: Any, shape: Any, data: Any, what: str =
         if (int(low) if kind in "biu" else float(low)) < info.min or (int(high) if kind in "biu" else float(high)) > info.max:
             raise InvalidInput(f"{what} {name!r}: value out of range for {datatype}")
         return raw.astype(dtype).reshape(dims)
+    if datatype == "FP64":
+        return raw.astype(dtype, copy=False).reshape(dims)
     with np.errstate(over="ignore"):
         out = raw.astype(dtype)
-    if datatype != "FP64" and kind == "f" and np.any(np.isinf(out) & np.isfinite(raw)):
+    if kind == "f" and np.any(np.isinf(out) & np.isfinite(raw)):
         raise InvalidInput(f"{what} {name!r}: value out of range for {datatype}")
     return out.reshape(dims)
 
