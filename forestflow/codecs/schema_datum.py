@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -57,8 +58,9 @@ _V2_TO_FF = {
 def _column(ff_type: str, values: list[Any], field: str) -> np.ndarray:
     """Convert one field's values to a typed column, with a 400 naming the field on failure."""
     if ff_type == "String":
-        if not all(isinstance(v, str) for v in values):
-            raise InvalidInput(f"field {field!r}: String tensors take strings")
+        # null is a missing value (NA), an addition to ForestFlow: JSON has no other way to say it.
+        if not all(isinstance(v, str) or v is None for v in values):
+            raise InvalidInput(f"field {field!r}: String tensors take strings (or null for a missing value)")
         arr = np.empty(len(values), dtype=object)
         arr[:] = values
         return arr
@@ -73,8 +75,12 @@ def _column(ff_type: str, values: list[Any], field: str) -> np.ndarray:
         if not all(isinstance(v, bool) for v in values):
             raise InvalidInput(f"field {field!r}: Bool tensors take true/false")
         return np.array(values, dtype=np.bool_)
-    if any(isinstance(v, bool) or v is None for v in values):
+    if any(isinstance(v, bool) for v in values):
         raise InvalidInput(f"field {field!r}: {ff_type} tensors take numbers")
+    if None in values:
+        if ff_type not in ("Float64", "Float32", "Float16"):
+            raise InvalidInput(f"field {field!r}: {ff_type} tensors take numbers (null only in Float tensors)")
+        values = [math.nan if v is None else v for v in values]
     try:
         return np.array(values, dtype=FF_DTYPES[ff_type])
     except (ValueError, TypeError, OverflowError):
