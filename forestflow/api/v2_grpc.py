@@ -7,8 +7,8 @@ that has both fails with "duplicate symbol". The service is served through gener
 handlers, so no generated stubs are needed; on the wire it is the standard service.
 
 Inputs may come typed (``contents``, as TrustyAI sends) or raw (``raw_input_contents``, as
-tritonclient and kserve send); answers use ``raw_output_contents`` (tritonclient reads nothing
-else) unless the request itself was typed. Gateway errors map once, by kind, to status codes.
+tritonclient and kserve send); answers always use ``raw_output_contents``: tritonclient reads
+nothing else, and kserve and TrustyAI read it too. Gateway errors map once, by kind, to status codes.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from forestflow.api import v2_common
 from forestflow.api.common import GATEWAY, SETTINGS
 from forestflow.codecs.v2 import encode_outputs
-from forestflow.codecs.v2_tensor import Tensor, array_from_contents, array_from_raw, fill_contents, raw_bytes
+from forestflow.codecs.v2_tensor import Tensor, array_from_contents, array_from_raw, raw_bytes
 from forestflow.errors import DeadlineExceeded, GatewayError, InvalidInput, Kind
 from forestflow.service import Gateway
 
@@ -142,13 +142,9 @@ class InferenceService:
         response = self.m["ModelInferResponse"](
             model_name=request.model_name, model_version=result.fqrv.release, id=request_id
         )
-        typed = bool(request.inputs) and not raw and all(o.datatype != "FP16" for o in outputs)
         for tensor in outputs:
-            out = response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-            if typed:
-                fill_contents(out.contents, tensor.array, tensor.datatype)
-            else:
-                response.raw_output_contents.append(raw_bytes(tensor.array, tensor.datatype))
+            response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+            response.raw_output_contents.append(raw_bytes(tensor.array, tensor.datatype))
         if layout.explicit:
             response.parameters["content_type"].string_param = layout.content_type
         return response

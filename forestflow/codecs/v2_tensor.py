@@ -245,14 +245,3 @@ def raw_bytes(array: np.ndarray, datatype: str) -> bytes:
         return np.ascontiguousarray(array, dtype=np.uint8).tobytes()
     return np.ascontiguousarray(array, dtype=DATATYPES[datatype].newbyteorder("<")).tobytes()
 
-
-def fill_contents(contents: Any, array: np.ndarray, datatype: str) -> None:
-    """Append a tensor's elements to the typed-contents field that carries its datatype."""
-    field_name = CONTENTS_FIELD[datatype]
-    if field_name is None:
-        raise InvalidInput(f"{datatype} output cannot be sent as typed contents")
-    flat = array.reshape(-1)
-    if datatype == "BYTES":
-        getattr(contents, field_name).extend(_as_bytes(v) for v in flat)
-    else:
-        getattr(contents, field_name).extend(flat.tolist())
