@@ -101,7 +101,14 @@ def parse_outputs(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         return []
     if not isinstance(items, list):
         raise InvalidInput("outputs: expected a list of {name, parameters}")
-    return [(_name(item, f"outputs[{i}]"), _object(item.get("parameters"), f"outputs[{i}].parameters")) for i, item in enumerate(items)]
+    wanted = []
+    for i, item in enumerate(items):
+        name = _name(item, f"outputs[{i}]")
+        params = _object(item.get("parameters"), f"output {name!r}: parameters")
+        if not isinstance(params.get("binary_data", False), bool):
+            raise InvalidInput(f"output {name!r}: parameters.binary_data must be true or false")
+        wanted.append((name, params))
+    return wanted
 
 
 def split_body(body: bytes, header: str | None) -> tuple[bytes, memoryview]:
@@ -126,8 +133,6 @@ def encode_response(
     for tensor in outputs:
         params = wanted.get(tensor.name, {})
         binary = params.get("binary_data", binary_default)
-        if not isinstance(binary, bool):
-            raise InvalidInput(f"output {tensor.name!r}: parameters.binary_data must be true or false")
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
         if binary or (tensor.datatype == "BYTES" and not json_safe(tensor.array)):
             blob = raw_bytes(tensor.array, tensor.datatype)
@@ -209,6 +214,9 @@ async def infer(request: web.Request) -> web.Response:
         raise InvalidInput("id: expected a string")
     tensors = parse_inputs(doc, binary)
     wanted = parse_outputs(doc)
+    binary_default = parameters.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise InvalidInput("parameters.binary_data_output must be true or false")
     request_id = str(client_id) if client_id not in (None, "") else request_id_of(request)
     result, layout = await v2_common.infer(
         gateway, name, version, tensors, parameters,
@@ -219,9 +227,6 @@ async def infer(request: web.Request) -> web.Response:
     reply: dict[str, Any] = {"model_name": name, "model_version": result.fqrv.release, "id": request_id}
     if layout.explicit:
         reply["parameters"] = {"content_type": layout.content_type}
-    binary_default = parameters.get("binary_data_output", False)
-    if not isinstance(binary_default, bool):
-        raise InvalidInput("parameters.binary_data_output must be true or false")
     body, json_length = encode_response(reply, outputs, dict(wanted), binary_default)
     headers = {}
     unknown = result.frame.parameters.get("unknown_inputs") or []

@@ -174,6 +174,7 @@ BAD_REQUESTS: list[tuple[str, Any, str]] = [
     ("no data", {"inputs": [{"name": "x", "shape": [1], "datatype": "FP64"}]}, "'x'"),
     ("missing binary", {"inputs": [{"name": "x", "shape": [1], "datatype": "FP64", "parameters": {"binary_data_size": 8}}]}, "'x'"),
     ("unknown output", {"inputs": json_inputs([1.0], ["a"]), "outputs": [{"name": "nope"}]}, "nope"),
+    ("bad binary_data", {"inputs": json_inputs([1.0], ["a"]), "outputs": [{"name": "echo", "parameters": {"binary_data": "yes"}}]}, "'echo'"),
     ("bad content_type", {"parameters": {"content_type": "xml"}, "inputs": json_inputs([1.0], ["a"])}, "content_type"),
 ]
 
