@@ -1,10 +1,10 @@
 """KServe / Open Inference Protocol V2 over gRPC: ``inference.GRPCInferenceService`` on grpc.aio.
 
-The message classes are built from our own ``proto/grpc_predict_v2.proto`` (compiled to a
-FileDescriptorSet by scripts/gen_proto.py) inside a **private descriptor pool**: tritonclient,
-kserve and mlserver register the same ``inference.*`` names in the default pool, and a process
-that has both fails with "duplicate symbol". The service is served through generic method
-handlers, so no generated stubs are needed; on the wire it is the standard service.
+The message classes come from our own ``proto/grpc_predict_v2.proto``, built in a **private
+descriptor pool** by forestflow/_proto/grpc_predict_v2.py: tritonclient, kserve and mlserver
+register the same ``inference.*`` names in the default pool, and a process that has both would
+fail with "duplicate symbol". The service is served through generic method handlers, so no
+generated stubs are needed; on the wire it is the standard service.
 
 Inputs may come typed (``contents``, as TrustyAI sends) or raw (``raw_input_contents``, as
 tritonclient and kserve send); answers always use ``raw_output_contents``: tritonclient reads
@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from functools import cache
-from importlib import resources
 from typing import Any
 
 import grpc
 import structlog
 from aiohttp import web
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from forestflow._proto.grpc_predict_v2 import SERVICE, messages
 from forestflow.api import v2_common
 from forestflow.api.common import GATEWAY, SETTINGS
 from forestflow.codecs.v2 import encode_outputs
@@ -33,7 +31,6 @@ from forestflow.service import Gateway
 
 log = structlog.get_logger("forestflow.grpc")
 
-SERVICE = "inference.GRPCInferenceService"
 #: The port the gRPC server listens on (None when disabled); tests read it when grpc_port = 0.
 GRPC_PORT = web.AppKey("grpc_port", object)
 
@@ -51,21 +48,6 @@ STATUS: dict[Kind, grpc.StatusCode] = {
     Kind.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
     Kind.INTERNAL: grpc.StatusCode.INTERNAL,
 }
-
-
-@cache
-def messages() -> dict[str, Any]:
-    """The ``inference.*`` message classes, built in a private descriptor pool."""
-    data = resources.files("forestflow._proto").joinpath("grpc_predict_v2.binpb").read_bytes()
-    pool = descriptor_pool.DescriptorPool()
-    for file in descriptor_pb2.FileDescriptorSet.FromString(data).file:
-        pool.Add(file)
-    service = pool.FindServiceByName(SERVICE)
-    out: dict[str, Any] = {}
-    for method in service.methods:
-        out[method.input_type.name] = message_factory.GetMessageClass(method.input_type)
-        out[method.output_type.name] = message_factory.GetMessageClass(method.output_type)
-    return out
 
 
 def parameters_of(field: Any) -> dict[str, Any]:

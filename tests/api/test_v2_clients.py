@@ -43,6 +43,9 @@ async def test_real_clients_against_the_echo_servable(tmp_path: Path, client_pyt
                "columns": JOB_COLUMNS, "outputs": ["double", "echo"], "bad_input": "x"}
         triton, kserve = await run_families(client_python, job, "triton", "kserve")
 
+    # The gateway's private-pool classes load beside each client's own inference.* ones, wire-identical.
+    for seen in (triton["private_pool"], kserve["private_pool"]):
+        assert seen == {"round_trip": True, "name": "a", "shape": [2, 1], "param": 3}
     for family, not_found, invalid in (("http", "404", "400"), ("grpc", "StatusCode.NOT_FOUND", "StatusCode.INVALID_ARGUMENT")):
         seen = triton[family]
         assert (seen["live"], seen["ready"], seen["model_ready"], seen["version_ready"]) == (True, True, True, True)

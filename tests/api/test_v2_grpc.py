@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from google.protobuf import descriptor_pool
 
-from forestflow.api.v2_grpc import GRPC_PORT, SERVICE, STATUS, messages
+from forestflow._proto.grpc_predict_v2 import SERVICE, messages
+from forestflow.api.v2_grpc import GRPC_PORT, STATUS
 from forestflow.errors import Kind
 from tests.api.v2_support import V2Gateway, v2_gateway
 from tests.support import python_servable, serve_in_process

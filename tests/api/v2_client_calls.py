@@ -6,8 +6,8 @@ and kserve cannot share a process (both register ``inference.*`` protobuf names)
 
     python v2_client_calls.py triton|kserve  < job.json  > result.json
 
-The job: ``{"http": "host:port", "grpc": "host:port", "model", "version", "columns": [{name,
-datatype, values}], "bad_input": name}``. Every answer is recorded, errors included, so that
+The job: ``{"http": "host:port", "grpc": "host:port", "repo": path, "model", "version",
+"columns": [{name, datatype, values}], "outputs": [names], "bad_input": name}``. Every answer is recorded, errors included, so that
 the test (not this script) decides what is right.
 """
 
@@ -50,14 +50,31 @@ def bad_array(job: dict[str, Any]) -> tuple[str, np.ndarray]:
     return job["bad_input"], np.ones((n, 2), dtype=np.float64)
 
 
+def private_pool(repo: str, request_class: Any) -> dict[str, Any]:
+    """Load the gateway's message classes next to a client's own ``inference.*`` ones and cross-parse."""
+    sys.path.insert(0, repo)
+    from forestflow._proto.grpc_predict_v2 import messages
+
+    ours = messages()["ModelInferRequest"](model_name="m", id="i")
+    tensor = ours.inputs.add(name="a", datatype="FP64", shape=[2, 1])
+    tensor.parameters["k"].int64_param = 3
+    ours.raw_input_contents.append(bytes(16))
+    theirs = request_class.FromString(ours.SerializeToString())
+    back = messages()["ModelInferRequest"].FromString(theirs.SerializeToString())
+    return {"round_trip": back == ours, "name": theirs.inputs[0].name, "shape": list(theirs.inputs[0].shape),
+            "param": theirs.inputs[0].parameters["k"].int64_param}
+
+
 # ---- tritonclient --------------------------------------------------------------------------------
 def triton(job: dict[str, Any]) -> dict[str, Any]:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
+    from tritonclient.grpc import service_pb2
+
     model, version = job["model"], job["version"]
-    res: dict[str, Any] = {}
+    res: dict[str, Any] = {"private_pool": private_pool(job["repo"], service_pb2.ModelInferRequest)}
 
     def error(call: Any) -> dict[str, Any]:
         try:
@@ -117,9 +134,11 @@ async def kserve(job: dict[str, Any]) -> dict[str, Any]:
     import httpx
     from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig
 
+    from kserve.protocol.grpc import grpc_predict_v2_pb2
+
     model, version = job["model"], job["version"]
     base = f"http://{job['http']}"
-    res: dict[str, Any] = {}
+    res: dict[str, Any] = {"private_pool": private_pool(job["repo"], grpc_predict_v2_pb2.ModelInferRequest)}
 
     def request(binary: bool, name: str = model, swap: tuple[str, np.ndarray] | None = None) -> InferRequest:
         inputs = []

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from forestflow.api.v2_grpc import GRPC_PORT
-from tests.support import InProcessGateway, serve_in_process
+from tests.support import ROOT, InProcessGateway, serve_in_process
 
 CLIENT_REQUIREMENTS = ["tritonclient[http,grpc]==2.73.0", "kserve==0.21.0", "pandas<3"]
 CLIENT_SCRIPT = Path(__file__).with_name("v2_client_calls.py")
@@ -63,6 +63,7 @@ def ensure_client_python() -> Path:
 
 async def run_clients(python: Path, family: str, job: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
     """Run one client family against the gateway without blocking its event loop."""
+    job = {"repo": str(ROOT), **job}
     proc = await asyncio.create_subprocess_exec(
         str(python), str(CLIENT_SCRIPT), family,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
