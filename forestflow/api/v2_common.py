@@ -133,7 +133,8 @@ async def infer(
     gateway.contract_state(contract)
     if version:
         version_fqrv(contract, version)
-    frame, layout = decode_inputs(tensors, input_specs(gateway, contract, version), parameters)
+    model_parameters = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS}
+    frame, layout = decode_inputs(tensors, input_specs(gateway, contract, version), model_parameters)
     result = await gateway.infer(
         contract,
         frame,
