@@ -67,65 +67,71 @@ def private_pool(repo: str, request_class: Any) -> dict[str, Any]:
 
 # ---- tritonclient --------------------------------------------------------------------------------
 def triton(job: dict[str, Any]) -> dict[str, Any]:
+    """tritonclient over HTTP then gRPC (one process: both are tritonclient)."""
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
-    from tritonclient.utils import InferenceServerException
-
     from tritonclient.grpc import service_pb2
 
-    model, version = job["model"], job["version"]
     res: dict[str, Any] = {"private_pool": private_pool(job["repo"], service_pb2.ModelInferRequest)}
+    res["http"] = triton_family(job, "http", httpclient)
+    res["grpc"] = triton_family(job, "grpc", grpcclient)
+    return res
 
-    def error(call: Any) -> dict[str, Any]:
+
+def triton_family(job: dict[str, Any], family: str, mod: Any) -> dict[str, Any]:
+    """Every call of one tritonclient module, errors recorded as (status, message)."""
+    from tritonclient.utils import InferenceServerException
+
+    model, version = job["model"], job["version"]
+    as_json = {"as_json": True} if family == "grpc" else {}
+    c = mod.InferenceServerClient(job[family])
+    r: dict[str, Any] = {}
+
+    def error(call: Any, *args: Any) -> dict[str, Any]:
         try:
-            call()
+            call(*args)
         except InferenceServerException as exc:
             return {"status": str(exc.status()), "message": exc.message()}
         return {"status": "no error"}
 
-    for family, mod, url in (("http", httpclient, job["http"]), ("grpc", grpcclient, job["grpc"])):
-        c = mod.InferenceServerClient(url)
-        r: dict[str, Any] = res.setdefault(family, {})
-        r["live"], r["ready"] = c.is_server_live(), c.is_server_ready()
-        r["model_ready"] = c.is_model_ready(model)
-        r["version_ready"] = c.is_model_ready(model, version)
-        r["unknown_ready"] = c.is_model_ready(UNKNOWN)
-        r["server_metadata"] = c.get_server_metadata(**({"as_json": True} if family == "grpc" else {}))
-        r["model_metadata"] = c.get_model_metadata(model, **({"as_json": True} if family == "grpc" else {}))
+    def inputs(binary: bool) -> list[Any]:
+        out = []
+        for name, dt, arr in arrays(job):
+            t = mod.InferInput(name, list(arr.shape), dt)
+            t.set_data_from_numpy(arr, **({"binary_data": binary} if family == "http" else {}))
+            out.append(t)
+        return out
 
-        def inputs(binary: bool) -> list[Any]:
-            out = []
-            for name, dt, arr in arrays(job):
-                t = mod.InferInput(name, list(arr.shape), dt)
-                t.set_data_from_numpy(arr, **({"binary_data": binary} if family == "http" else {}))
-                out.append(t)
-            return out
+    def outputs_of(result: Any) -> dict[str, Any]:
+        response = result.get_response(**as_json)
+        names = [o["name"] for o in response["outputs"]]
+        return {"id": response.get("id"), "model_version": response.get("model_version"),
+                "outputs": {n: plain(result.as_numpy(n)) for n in names}}
 
-        def outputs_of(result: Any) -> dict[str, Any]:
-            response = result.get_response(**({"as_json": True} if family == "grpc" else {}))
-            names = [o["name"] for o in response["outputs"]]
-            return {"id": response.get("id"), "model_version": response.get("model_version"),
-                    "outputs": {n: plain(result.as_numpy(n)) for n in names}}
-
-        r["infer"] = outputs_of(c.infer(model, inputs(True), request_id="req-1"))
-        r["infer_version"] = outputs_of(c.infer(model, inputs(True), model_version=version))
-        first = job["outputs"][0]
-        if family == "http":
-            json_out = [httpclient.InferRequestedOutput(first, binary_data=False)]
-            r["infer_json"] = outputs_of(c.infer(model, inputs(False), outputs=json_out))
-            r["infer_gzip"] = outputs_of(c.infer(
-                model, inputs(True), request_compression_algorithm="gzip", response_compression_algorithm="gzip"
-            ))
-        else:
-            r["infer_subset"] = outputs_of(c.infer(model, inputs(True), outputs=[grpcclient.InferRequestedOutput(first)]))
-        r["unknown_model"] = error(lambda: c.infer(UNKNOWN, inputs(True)))
-        name, bad = bad_array(job)
-        bad_input = mod.InferInput(name, list(bad.shape), "FP64")
-        bad_input.set_data_from_numpy(bad)
-        others = [t for t in inputs(True) if t.name() != name]
-        r["bad_shape"] = error(lambda: c.infer(model, [bad_input, *others]))
-        r["after_errors"] = outputs_of(c.infer(model, inputs(True)))
-    return res
+    r["live"], r["ready"] = c.is_server_live(), c.is_server_ready()
+    r["model_ready"] = c.is_model_ready(model)
+    r["version_ready"] = c.is_model_ready(model, version)
+    r["unknown_ready"] = c.is_model_ready(UNKNOWN)
+    r["server_metadata"] = c.get_server_metadata(**as_json)
+    r["model_metadata"] = c.get_model_metadata(model, **as_json)
+    r["infer"] = outputs_of(c.infer(model, inputs(True), request_id="req-1"))
+    r["infer_version"] = outputs_of(c.infer(model, inputs(True), model_version=version))
+    first = job["outputs"][0]
+    if family == "http":
+        json_out = [mod.InferRequestedOutput(first, binary_data=False)]
+        r["infer_json"] = outputs_of(c.infer(model, inputs(False), outputs=json_out))
+        r["infer_gzip"] = outputs_of(c.infer(
+            model, inputs(True), request_compression_algorithm="gzip", response_compression_algorithm="gzip"
+        ))
+    else:
+        r["infer_subset"] = outputs_of(c.infer(model, inputs(True), outputs=[mod.InferRequestedOutput(first)]))
+    r["unknown_model"] = error(c.infer, UNKNOWN, inputs(True))
+    name, bad = bad_array(job)
+    bad_input = mod.InferInput(name, list(bad.shape), "FP64")
+    bad_input.set_data_from_numpy(bad)
+    r["bad_shape"] = error(c.infer, model, [bad_input, *(t for t in inputs(True) if t.name() != name)])
+    r["after_errors"] = outputs_of(c.infer(model, inputs(True)))
+    return r
 
 
 # ---- kserve --------------------------------------------------------------------------------------
@@ -136,7 +142,7 @@ async def kserve(job: dict[str, Any]) -> dict[str, Any]:
 
     from kserve.protocol.grpc import grpc_predict_v2_pb2
 
-    model, version = job["model"], job["version"]
+    model = job["model"]
     base = f"http://{job['http']}"
     res: dict[str, Any] = {"private_pool": private_pool(job["repo"], grpc_predict_v2_pb2.ModelInferRequest)}
 
