@@ -1,0 +1,114 @@
+"""End to end: the gateway scores over HTTP and its prediction events land in a real Kafka topic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from forestflow._proto import forestflow_pb2 as pb
+from tests.kafka_broker import KafkaBroker, running_broker
+from tests.predlog import read_topic, wait_for
+from tests.support import ROOT, python_servable, score_body, serve_in_process
+
+TOPIC = "e2e.predictions"
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[KafkaBroker]:
+    with running_broker() as b:
+        yield b
+
+
+def kafka_settings(broker: KafkaBroker, topic: str) -> dict[str, object]:
+    return {
+        "kafka_bootstrap_servers": broker.bootstrap,
+        "kafka_topic": topic,
+        "kafka_enable_idempotence": False,
+        "kafka_request_timeout_ms": 3000,
+    }
+
+
+async def test_n_batches_give_n_served_events_keyed_by_configs(broker: KafkaBroker, tmp_path: Path) -> None:
+    topic = TOPIC + ".n"
+    async with serve_in_process(tmp_path / "d", **kafka_settings(broker, topic)) as gw:
+        body = python_servable(log_level="FULL", key_features=["customer", "missing", "order"])
+        body["servableSettings"]["loggingSettings"]["keyFeaturesSeparator"] = "/"
+        async with gw.session.post(gw.url + "/servable", json=body) as r:
+            assert r.status == 200
+        sent = {}
+        for i in range(12):
+            configs = {"customer": f"c{i}", "order": str(100 + i)} if i % 3 else {}
+            xs = [float(i), i + 0.5]
+            async with gw.session.post(gw.url + "/acme/demo/1/score", json=score_body(xs, configs=configs)) as r:
+                assert r.status == 200
+                sent[r.headers["X-Request-Id"]] = (configs, xs)
+        records = await read_topic(broker.bootstrap, topic, expect=12)
+    assert len(records) == 12
+    for record in records:
+        event = pb.PredictionEvent.FromString(record.value)
+        configs, xs = sent[event.requestId]
+        assert event.servedRequest and event.status == 200 and event.protocol == "basic"
+        expected_key = f"{configs['customer']}/{configs['order']}".encode() if configs else None
+        assert record.key == expected_key
+        assert dict(event.inferenceRequest.configs) == configs
+        got_x = [d.tensors[[s.type for s in event.inferenceRequest.schema].index(pb.Float64)].Float64.data[0] for d in event.inferenceRequest.datum]
+        assert got_x == xs
+        assert [d.tensors[0].Float64.data[0] for d in event.prediction.datum] == [2 * x for x in xs]
+        assert event.prediction.fqrv.release_version == "v1"
+
+
+async def test_broker_stopped_while_1000_requests_are_scored(broker: KafkaBroker, tmp_path: Path) -> None:
+    topic = TOPIC + ".outage"
+    async with serve_in_process(tmp_path / "d", **kafka_settings(broker, topic)) as gw:
+        async with gw.session.post(gw.url + "/servable", json=python_servable(log_level="FULL")) as r:
+            assert r.status == 200
+        broker.stop()
+        stopped_at = asyncio.get_running_loop().time()
+        try:
+            ids: list[str] = []
+
+            async def one(i: int) -> None:
+                async with gw.session.post(gw.url + "/acme/demo/1/score", json=score_body([float(i)], configs={"reqid": str(i)})) as r:
+                    assert r.status == 200
+                    ids.append(r.headers["X-Request-Id"])
+
+            for start in range(0, 1000, 50):
+                await asyncio.gather(*(one(i) for i in range(start, start + 50)))
+            assert len(ids) == 1000
+            assert log_stats_delivered(gw) == 0
+            # The broker stays away for 10 s in all.
+            await asyncio.sleep(max(0.0, 10.0 - (asyncio.get_running_loop().time() - stopped_at)))
+        finally:
+            broker.restart()
+        log = gw.gateway.prediction_log
+        await wait_for(lambda: log.stats.delivered == 1000, 60, "all 1000 events delivered")
+        records = await read_topic(broker.bootstrap, topic, expect=1000)
+    counts = Counter(pb.PredictionEvent.FromString(r.value).requestId for r in records)
+    assert set(counts) == set(ids)
+    assert max(counts.values()) == 1, "an event arrived twice"
+    assert log.stats.dropped == 0
+
+
+def log_stats_delivered(gw: object) -> int:
+    return gw.gateway.prediction_log.stats.delivered  # type: ignore[attr-defined]
+
+
+def test_logs_tail_cli_prints_json_lines(broker: KafkaBroker, tmp_path: Path) -> None:
+    topic = TOPIC + ".n"  # written by the first test of this module
+    result = subprocess.run(
+        [sys.executable, "-m", "forestflow.cli", "logs", "tail", "--bootstrap", broker.bootstrap, "--topic", topic,
+         "--from-beginning", "--key", "c1/101", "--max-events", "1", "--idle-timeout", "10"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1
+    assert lines[0]["key"] == "c1/101"
+    assert lines[0]["inferenceRequest"]["configs"] == {"customer": "c1", "order": "101"}
