@@ -37,6 +37,8 @@ class Result:
     p50_ms: float
     p99_ms: float
     errors: int
+    #: Server CPU microseconds per request (filled in by the runner when it knows the server's pid).
+    cpu_us: float = float("nan")
 
 
 def drive(url: str, body: bytes, content_type: str, concurrency: int, duration_s: float) -> Result:

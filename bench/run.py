@@ -72,6 +72,11 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
 
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process so far (all its threads, the JVM's included)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def rss_mb(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -105,6 +110,14 @@ def deploy(server: Server, contract: tuple[str, str, int], log_level: str) -> No
     r.raise_for_status()
 
 
+def measured(server: Server, path: str, body: bytes, ctype: str, conc: int, duration: float) -> Result:
+    """drive() plus the server's CPU time per request (robust when other work shares the machine)."""
+    before = server.cpu_s()
+    result = drive(server.url + path, body, ctype, conc, duration)
+    result.cpu_us = (server.cpu_s() - before) / result.requests * 1e6 if result.requests else float("nan")
+    return result
+
+
 @dataclass
 class Cell:
     endpoint: str
@@ -117,6 +130,11 @@ class Cell:
     @property
     def ratio(self) -> float:
         return self.result.rps / self.floor.rps if self.floor and self.floor.rps else float("nan")
+
+    @property
+    def cpu_ratio(self) -> float:
+        """Floor CPU per request / gateway CPU per request: the throughput ratio on one busy core."""
+        return self.floor.cpu_us / self.result.cpu_us if self.floor and self.result.cpu_us else float("nan")
 
 
 def endpoints(rows: int, contract: str) -> dict[str, tuple[str, bytes, str]]:
@@ -161,10 +179,10 @@ def run_matrix(args: argparse.Namespace) -> list[Cell]:
                         continue
                     drive(gw.url + path, body, ctype, 16, min(2.0, duration))  # warm-up
                     for conc in concurrencies:
-                        floor_results[(name, rows, conc)] = drive(floor.url + path, body, ctype, conc, duration)
+                        floor_results[(name, rows, conc)] = measured(floor, path, body, ctype, conc, duration)
                         for logging, contract in loggings:
                             cpath, cbody, _ = endpoints(rows, contract)[name]
-                            result = drive(gw.url + cpath, cbody, ctype, conc, duration)
+                            result = measured(gw, cpath, cbody, ctype, conc, duration)
                             cells.append(Cell(name, rows, conc, logging, result, floor_results[(name, rows, conc)]))
                             print_cell(cells[-1])
         finally:
@@ -194,7 +212,7 @@ def kafka_cells(args: argparse.Namespace, work: Path, row_counts: list[int], con
                         continue
                     drive(gw.url + path, body, ctype, 16, min(2.0, duration))
                     for conc in concurrencies:
-                        result = drive(gw.url + path, body, ctype, conc, duration)
+                        result = measured(gw, path, body, ctype, conc, duration)
                         cells.append(Cell(name, rows, conc, "FULL-kafka", result, floor_results[(name, rows, conc)]))
                         print_cell(cells[-1])
             metrics = requests.get(gw.url + "/metrics/json", timeout=10).json()["predictionLog"]
@@ -214,7 +232,8 @@ def report_rss(work: Path) -> None:
         gw.stop()
 
 
-HEADER = f"{'endpoint':8} {'rows':>4} {'conc':>4} {'logging':10} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'floor':>8} {'ratio':>6} {'errors':>6}"
+HEADER = (f"{'endpoint':8} {'rows':>4} {'conc':>4} {'logging':10} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'floor':>8} "
+          f"{'ratio':>6} {'cpu us':>7} {'floor us':>8} {'cpu-ratio':>9} {'errors':>6}")
 
 
 def print_cell(c: Cell) -> None:
@@ -223,7 +242,8 @@ def print_cell(c: Cell) -> None:
         print_cell.first = False  # type: ignore[attr-defined]
     r, f = c.result, c.floor
     print(f"{c.endpoint:8} {c.rows:>4} {c.concurrency:>4} {c.logging:10} {r.rps:>8.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} "
-          f"{(f.rps if f else float('nan')):>8.0f} {c.ratio:>6.2f} {r.errors:>6}", flush=True)
+          f"{(f.rps if f else float('nan')):>8.0f} {c.ratio:>6.2f} {r.cpu_us:>7.0f} {(f.cpu_us if f else float('nan')):>8.0f} "
+          f"{c.cpu_ratio:>9.2f} {r.errors:>6}", flush=True)
 
 
 print_cell.first = True  # type: ignore[attr-defined]
