@@ -11,7 +11,6 @@ and prints req/s, p50/p99 and the gateway/floor ratio per cell, then which targe
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
 import subprocess

@@ -25,7 +25,8 @@ import pytest
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, ServableNotReady
-from forestflow.runtime.h2o_mojo import H2OMojoServable, parse_number
+from forestflow.runtime.h2o_inputs import parse_number
+from forestflow.runtime.h2o_mojo import H2OMojoServable
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "h2o"
