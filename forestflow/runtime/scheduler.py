@@ -126,6 +126,10 @@ class ServableScheduler:
             if not future.done():
                 future.cancel()
             raise
+        finally:
+            # A failed future holds its exception, whose traceback holds this frame: without this,
+            # that cycle keeps the request's frame alive until a full GC pass.
+            del future, frame
 
     def offer(self, frame: Frame, priority: Priority, timeout_s: float) -> asyncio.Future[Frame]:
         """Admit ``frame`` without waiting and return the future of its result.
@@ -162,6 +166,7 @@ class ServableScheduler:
         return job.future
 
     def _expire(self, job: _Job) -> None:
+        job.timer = None  # the handle holds the job: drop the cycle
         if job.future.done():
             return
         self.stats.deadline_exceeded += 1
@@ -174,6 +179,7 @@ class ServableScheduler:
         """Forget a job nobody waits for any more: unqueue it, or free its slot if running."""
         if job.timer is not None:
             job.timer.cancel()
+            job.timer = None
         if job.on_abandon is not None:
             job.on_abandon()
             return
@@ -278,8 +284,12 @@ class ServableScheduler:
         offset = 0
         for job in batch:
             rows = job.frame.num_rows
+            # Unlink the timer and the batch's closure: both refer back to the job, and reference
+            # cycles would keep every finished job (frames included) alive until a full GC pass.
             if job.timer is not None:
                 job.timer.cancel()
+                job.timer = None
+            job.on_abandon = None
             if not job.future.done():
                 if error is not None:
                     job.future.set_exception(error)

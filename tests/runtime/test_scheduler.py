@@ -8,6 +8,7 @@ rather than on timing.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import DeadlineExceeded, InvalidInput, Overloaded, ScoringError
 from forestflow.runtime.base import Servable, ServableMetadata
-from forestflow.runtime.scheduler import Priority, ServableScheduler, ShadowDropped
+from forestflow.runtime.scheduler import Priority, ServableScheduler, ShadowDropped, _Job
 
 LIVE, SHADOW = Priority.LIVE, Priority.SHADOW
 LONG = 30.0  # a deadline no test reaches
@@ -351,3 +352,33 @@ async def test_own_pool_reuses_slots_of_abandoned_calls_until_its_spare_threads_
         first.set()
         second.set()
         await scheduler.close()
+
+
+async def test_finished_jobs_leave_no_reference_cycles(executor, gates) -> None:
+    # A job caught in a cycle (with its frames) lives until a full GC pass: under load that means
+    # memory growth and long gen-2 pauses on the event loop.
+    scheduler, _ = make_scheduler(executor, slots=1, max_batch_rows=10)
+    first, second = gates(), gates()
+    gc.collect()
+    gc.disable()
+    try:
+        await scheduler.submit(job("plain"), LIVE, LONG)
+        blocker = spawn(scheduler, job("blocker", first), LIVE)
+        await wait_until(lambda: scheduler.running == 1)
+        batched = [spawn(scheduler, Frame({"x": np.ones(2)}), LIVE) for _ in range(3)]
+        with pytest.raises(DeadlineExceeded):  # expires in the queue
+            await scheduler.submit(job("expires-queued"), SHADOW, 0.05)
+        first.set()
+        await asyncio.gather(blocker, *batched)
+        with pytest.raises(DeadlineExceeded):  # expires while running
+            await scheduler.submit(job("expires-running", second), LIVE, 0.05)
+        second.set()
+        await wait_until(lambda: scheduler.stats.abandoned_running == 0)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        leaked = [o for o in gc.garbage if isinstance(o, (_Job, Frame))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert leaked == []
