@@ -53,10 +53,11 @@ def build_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app.cleanup_ctx.append(_gateway_context)
     app.cleanup_ctx.append(v2_grpc.grpc_context)  # after the gateway: it serves it, and stops first
+    # aiohttp tries dynamic routes in registration order: the data plane goes first.
+    basic.add_routes(app)
+    v2_rest.add_routes(app)
+    graphpipe.add_routes(app)
+    v1_rest.add_routes(app)
     ops.add_routes(app)
     admin.add_routes(app)
-    basic.add_routes(app)
-    graphpipe.add_routes(app)
-    v2_rest.add_routes(app)
-    v1_rest.add_routes(app)
     return app

@@ -13,6 +13,8 @@ the ``spawn`` start method for worker processes.
 
 from __future__ import annotations
 
+import functools
+
 import importlib.util
 import os
 import shlex
@@ -169,6 +171,14 @@ def score0_loop(with_offset: bool = False) -> Any:
         return handle
 
 
+@functools.cache
+def _double_array() -> Any:
+    """The ``double[]`` array type (building it costs more than a one-row score)."""
+    import jpype
+
+    return jpype.JArray(jpype.JDouble)
+
+
 def score_batch(model: Any, X: np.ndarray, offsets: np.ndarray | None, preds_size: int) -> np.ndarray:
     """``GenModel.score0`` of every row of ``X`` (NaN = NA) in one Java call: ``(n, preds_size)``.
 
@@ -178,7 +188,7 @@ def score_batch(model: Any, X: np.ndarray, offsets: np.ndarray | None, preds_siz
 
     n = len(X)
     if n == 1 and offsets is None:  # one row: a direct call is cheaper than the loop handle
-        doubles = jpype.JArray(jpype.JDouble)
+        doubles = _double_array()
         out = doubles(preds_size)
         model.score0(doubles(np.ascontiguousarray(X[0], dtype=np.float64)), out)
         return np.asarray(out).reshape(1, preds_size)
