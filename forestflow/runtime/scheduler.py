@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -317,8 +316,3 @@ def _same_parameters(a: Frame, b: Frame) -> bool:
         return bool(a.parameters == b.parameters)
     except Exception:  # e.g. arrays among the parameters: ambiguous truth value
         return False
-
-
-def monotonic_ms() -> float:
-    """A monotonic clock in ms (for latency figures)."""
-    return time.perf_counter() * 1000.0
