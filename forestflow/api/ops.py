@@ -35,6 +35,7 @@ async def metrics(request: web.Request) -> web.Response:
             "microBatches": loaded.scheduler.stats.batches,
             # predict calls still running after every caller gave up (a stuck model shows here)
             "abandonedRunning": loaded.scheduler.stats.abandoned_running,
+            "inlineCalls": loaded.scheduler.stats.inline_calls,
         }
         for fqrv, loaded in gateway.loaded.items()
     }

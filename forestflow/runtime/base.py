@@ -35,6 +35,9 @@ class Servable(abc.ABC):
 
     #: How many ``predict`` calls may run at once for this servable (None = scheduler default).
     max_concurrency: int | None = None
+    #: Live batches of at most this many rows are scored on the event loop, without a thread hop.
+    #: Only for flavors whose small batches take well under ~100 us and never block (0 = never).
+    inline_max_rows: int = 0
 
     def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
         self.fqrv = fqrv

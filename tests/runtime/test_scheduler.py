@@ -382,3 +382,52 @@ async def test_finished_jobs_leave_no_reference_cycles(executor, gates) -> None:
         gc.garbage.clear()
         gc.enable()
     assert leaked == []
+
+
+class InlineProbe(Probe):
+    """A probe that allows one-row live batches on the event loop, and records the scoring thread."""
+
+    inline_max_rows = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+
+    def predict(self, frame: Frame) -> Frame:
+        self.threads.append(threading.get_ident())
+        return super().predict(frame)
+
+
+async def test_tiny_live_batches_run_on_the_loop_and_the_rest_in_threads() -> None:
+    probe = InlineProbe()
+    pool = ThreadPoolExecutor(2)
+    scheduler = ServableScheduler(probe, pool, slots=1, live_queue=8, shadow_queue=8)
+    loop_thread = threading.get_ident()
+    out = await scheduler.submit(job("one", x=3.0), LIVE, LONG)
+    assert out["y"].tolist() == [6.0]
+    await scheduler.submit(job("two", rows=2), LIVE, LONG)
+    await scheduler.submit(job("shadow"), SHADOW, LONG)
+    assert [t == loop_thread for t in probe.threads] == [True, False, False]
+    assert scheduler.stats.inline_calls == 1
+    with pytest.raises(ScoringError) as info:
+        await scheduler.submit(job("boom", **{"raise": RuntimeError("model bug")}), LIVE, LONG)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    pool.shutdown()
+
+
+async def test_inline_never_overtakes_queued_live_work() -> None:
+    probe = InlineProbe()
+    pool = ThreadPoolExecutor(2)
+    scheduler = ServableScheduler(probe, pool, slots=1, live_queue=8, shadow_queue=8)
+    gate = threading.Event()
+    first = asyncio.ensure_future(scheduler.submit(job("held", gate, rows=2), LIVE, LONG))
+    await wait_until(lambda: probe.started == ["held"])
+    second = asyncio.ensure_future(scheduler.submit(job("queued", rows=2), LIVE, LONG))
+    await asyncio.sleep(0)
+    third = asyncio.ensure_future(scheduler.submit(job("tiny"), LIVE, LONG))  # one row, but the slot is busy
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.gather(first, second, third)
+    assert probe.started == ["held", "queued", "tiny"]
+    assert scheduler.stats.inline_calls == 0
+    pool.shutdown()
