@@ -65,6 +65,9 @@ class InferResult:
     fqrv: FQRV
     frame: Frame
     latency_ms: float
+    #: The front-end's encoding of the answer, when it asked the service to make it (made once,
+    #: shared with the prediction log).
+    response_json: bytes | None = None
 
 
 @dataclass(slots=True)
@@ -354,11 +357,15 @@ class Gateway:
         release: str | None = None,
         raw_request: bytes | None = None,
         encode_raw_response: Callable[[FQRV, Frame], bytes] | None = None,
+        request_json: bytes | None = None,
+        encode_response_json: Callable[[FQRV, Frame], bytes] | None = None,
     ) -> InferResult:
         """Score one batch on the contract's routed servable (or ``release`` directly).
 
         Shadow copies go to every other logging servable and are never awaited. Both the answer
-        and failures are logged for servables that log.
+        and failures are logged for servables that log. A BASIC JSON front-end passes its body as
+        ``request_json`` and its Prediction encoder as ``encode_response_json``: the log then
+        reuses both instead of encoding the request and the answer a second time.
         """
         if frame.num_rows > self.settings.max_rows:
             raise InvalidInput(f"batch of {frame.num_rows} records is over the limit of {self.settings.max_rows}")
@@ -372,7 +379,9 @@ class Gateway:
         else:
             answered = state.route()
             shadows = state.shadow_targets(answered, self.settings.log_sample_every)
-        context = _RequestContext(frame, configs, request_id, protocol, raw_request, encode_raw_response)
+        context = _RequestContext(
+            frame, configs, request_id, protocol, raw_request, encode_raw_response, request_json, encode_response_json
+        )
         if answered is None:
             self._fan_out(state, shadows, context)
             raise NoActiveServablesForContract(contract)
@@ -393,8 +402,9 @@ class Gateway:
             if error.__cause__ is not None:
                 log.error("predict_failed", fqrv=str(fqrv), request_id=request_id, exc_info=error.__cause__)
             raise
-        latency = self._log_outcome(entry, context, True, started, output=out)
-        return InferResult(fqrv, out, latency)
+        response_json = encode_response_json(fqrv, out) if encode_response_json is not None else None
+        latency = self._log_outcome(entry, context, True, started, output=out, response_json=response_json)
+        return InferResult(fqrv, out, latency, response_json)
 
     def _fan_out(self, state: ContractState, releases: list[str], context: _RequestContext) -> None:
         timeout = self.settings.request_timeout_ms / 1000
@@ -437,6 +447,7 @@ class Gateway:
         started: float,
         output: Frame | None = None,
         error: GatewayError | None = None,
+        response_json: bytes | None = None,
     ) -> float:
         latency = (time.perf_counter() - started) * 1000
         logging = entry.settings.logging
@@ -445,6 +456,8 @@ class Gateway:
         raw_response = None
         if context.raw_request is not None and context.encode_raw_response is not None and output is not None:
             raw_response = context.encode_raw_response(entry.fqrv, output)
+        if response_json is None and context.encode_response_json is not None and output is not None:
+            response_json = context.encode_response_json(entry.fqrv, output)
         self.prediction_log.emit(
             PredictionRecord(
                 fqrv=entry.fqrv,
@@ -462,6 +475,8 @@ class Gateway:
                 error_code=error.code if error else "",
                 raw_request=context.raw_request,
                 raw_response=raw_response,
+                request_json=context.request_json,
+                response_json=response_json,
             )
         )
         return latency
@@ -714,6 +729,8 @@ class _RequestContext:
     protocol: str
     raw_request: bytes | None
     encode_raw_response: Callable[[FQRV, Frame], bytes] | None
+    request_json: bytes | None = None
+    encode_response_json: Callable[[FQRV, Frame], bytes] | None = None
 
 
 def _metrics_to_doc(m: ServableMetrics) -> dict[str, Any]:

@@ -6,10 +6,11 @@ from typing import Any
 
 from aiohttp import web
 
-from forestflow.api.common import FQRV_TAG, GATEWAY, contract_from, fqrv_from, read_json, request_id_of, timeout_from
-from forestflow.api.responses import json_response
+from forestflow.api.common import FQRV_TAG, GATEWAY, contract_from, fqrv_from, parse_json, request_id_of, timeout_from
+from forestflow.api.responses import JSON, dumps, json_response
 from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_from_proto, prediction_to_json, prediction_to_proto
+from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 from forestflow.runtime.base import ServableMetadata
 
@@ -23,10 +24,11 @@ async def score(request: web.Request) -> web.Response:
     contract = contract_from(request)
     gateway.contract_state(contract)  # 404 before reading a body for an unknown contract
     as_proto = request.content_type == PROTOBUF
+    body = await request.read()
     if as_proto:
-        frame, configs = frame_from_proto(await request.read())
+        frame, configs = frame_from_proto(body)
     else:
-        frame, configs = frame_from_json(await read_json(request))
+        frame, configs = frame_from_json(parse_json(body))
     result = await gateway.infer(
         contract,
         frame,
@@ -34,17 +36,26 @@ async def score(request: web.Request) -> web.Response:
         request_id=request_id_of(request),
         protocol="basic",
         timeout_s=timeout_from(request),
+        request_json=None if as_proto else body,
+        encode_response_json=None if as_proto else _prediction_json,
     )
     request[FQRV_TAG] = str(result.fqrv)
     unknown = result.frame.parameters.get("unknown_inputs") or []
     headers = {"X-Forestflow-Unknown-Inputs": ",".join(unknown)} if unknown else None
     if as_proto:
-        body = prediction_to_proto(result.fqrv, result.frame).SerializeToString()
-        return web.Response(body=body, content_type=PROTOBUF, headers=headers)
-    prediction = prediction_to_json(result.fqrv, result.frame)
+        payload = prediction_to_proto(result.fqrv, result.frame).SerializeToString()
+        return web.Response(body=payload, content_type=PROTOBUF, headers=headers)
+    assert result.response_json is not None
+    return web.Response(body=b'{"Prediction":' + result.response_json + b"}", content_type=JSON, headers=headers)
+
+
+def _prediction_json(fqrv: FQRV, frame: Frame) -> bytes:
+    """The Prediction JSON of an answer (unknown input names listed when there are any)."""
+    prediction = prediction_to_json(fqrv, frame)
+    unknown = frame.parameters.get("unknown_inputs")
     if unknown:
         prediction["unknownInputs"] = list(unknown)
-    return json_response({"Prediction": prediction}, headers=headers)
+    return dumps(prediction)
 
 
 def metadata_to_json(fqrv: FQRV, meta: ServableMetadata) -> dict[str, Any]:

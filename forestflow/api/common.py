@@ -45,7 +45,11 @@ def fqrv_from(request: web.Request) -> FQRV:
 
 async def read_json(request: web.Request) -> Any:
     """The request body parsed as JSON, or a 400 that says why not."""
-    body = await request.read()
+    return parse_json(await request.read())
+
+
+def parse_json(body: bytes) -> Any:
+    """``body`` parsed as JSON, or a 400 that says why not."""
     if not body:
         raise InvalidInput("body: empty; expected JSON")
     try:

@@ -91,10 +91,15 @@ def encode_event_json(record: PredictionRecord) -> bytes:
         event["servedRequest"] = record.served
         event["inferBytes"] = base64.b64encode(record.raw_request or b"").decode()
     else:
-        if record.response is not None:
+        if record.response_json is not None:
+            event["prediction"] = orjson.Fragment(record.response_json)
+        elif record.response is not None:
             event["prediction"] = prediction_to_json(record.fqrv, record.response)
         event["servedRequest"] = record.served
-        event["inferenceRequest"] = request_to_json(record.request, record.configs)
+        if record.request_json is not None:
+            event["inferenceRequest"] = orjson.Fragment(record.request_json)
+        else:
+            event["inferenceRequest"] = request_to_json(record.request, record.configs)
     event["loggingSettings"] = logging_to_json(record.logging)
     event["eventTimeMS"] = str(record.event_time_ms)
     event["requestId"] = record.request_id

@@ -29,6 +29,10 @@ class PredictionRecord:
     #: GraphPipe: the raw request flatbuffer and the encoded response (PredictionEventGP).
     raw_request: bytes | None = None
     raw_response: bytes | None = None
+    #: BASIC JSON: the request body as the client sent it and the Prediction JSON it got back,
+    #: reused verbatim by the JSON-lines log (the protobuf event is built from the frames).
+    request_json: bytes | None = None
+    response_json: bytes | None = None
 
     @property
     def key(self) -> str | None:

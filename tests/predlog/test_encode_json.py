@@ -33,3 +33,14 @@ def test_json_line_equals_protobuf_json_mapping(record: PredictionRecord) -> Non
     assert line["topic"] == ("graphpipe" if record.is_graphpipe else "basic")
     assert line["key"] == record.key
     assert line["event"] == event_to_dict(encode_event(record), record.is_graphpipe)
+
+
+def test_basic_json_bodies_are_embedded_verbatim() -> None:
+    request_json = b'{"schema":[{"type":"Float64","fields":["x"]}],"datum":[{"tensors":[{"Float64":{"data":[3]}}]}],"configs":{"user":"u3"}}'
+    response_json = b'{"fqrv":{"releaseVersion":"r"},"schema":[],"datum":[]}'
+    record = dataclasses.replace(make_record(3, {"user": "u3"}), request_json=request_json, response_json=response_json)
+    event = orjson.loads(encode_event_json(record))["event"]
+    assert event["inferenceRequest"] == orjson.loads(request_json)
+    assert event["prediction"] == orjson.loads(response_json)
+    # The protobuf event (Kafka) is still built from the frames.
+    assert event_to_dict(encode_event(record))["inferenceRequest"]["configs"] == {"user": "u3"}
