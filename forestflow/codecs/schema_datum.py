@@ -37,7 +37,8 @@ FF_DTYPES: dict[str, Any] = {
 }
 #: Tensor oneof key -> schema type name (the oneof calls bytes "Byte").
 _KEY_TO_TYPE = {name: name for name in FF_DTYPES} | {"Byte": "Bytes"}
-_TYPE_TO_KEY = {name: name for name in FF_DTYPES} | {"Bytes": "Byte"}
+#: Schema type name -> Tensor oneof key (the oneof calls bytes "Byte").
+TENSOR_KEY = {name: name for name in FF_DTYPES} | {"Bytes": "Byte"}
 #: V2 datatype of an output column -> ForestFlow type.
 _V2_TO_FF = {
     "FP16": "Float16",
@@ -110,7 +111,7 @@ def _frame(schema: Sequence[tuple[str, list[str]]], datums: Iterable[Sequence[tu
         for key, data in tensors:
             ff_type = _KEY_TO_TYPE.get(key)
             if ff_type is None:
-                raise InvalidInput(f"datum[{r}]: unknown tensor type {key!r}; expected one of {', '.join(_TYPE_TO_KEY.values())}")
+                raise InvalidInput(f"datum[{r}]: unknown tensor type {key!r}; expected one of {', '.join(TENSOR_KEY.values())}")
             fields = by_type.get(ff_type)
             if fields is None:
                 raise InvalidInput(f"datum[{r}]: a {ff_type} tensor but the schema has no {ff_type} entry")
@@ -171,7 +172,7 @@ def _fast_columns(schema: list[tuple[str, list[str]]], datum: list[Any]) -> dict
     The slow path re-validates everything and produces the precise error message, so this one
     only has to recognise the regular shape quickly.
     """
-    keys = [_TYPE_TO_KEY[t] for t, _ in schema]
+    keys = [TENSOR_KEY[t] for t, _ in schema]
     widths = [len(f) for _, f in schema]
     n = len(keys)
     if not datum or len(set(t for t, _ in schema)) != n:
@@ -259,7 +260,8 @@ def _ff_type(column: np.ndarray) -> str:
     return _V2_TO_FF[dt]
 
 
-def _groups(frame: Frame) -> list[tuple[str, list[str]]]:
+def type_groups(frame: Frame) -> list[tuple[str, list[str]]]:
+    """Output columns grouped by ForestFlow type, in order of first appearance (one schema entry each)."""
     groups: dict[str, list[str]] = {}
     for name, column in frame.columns.items():
         groups.setdefault(_ff_type(column), []).append(name)
@@ -274,7 +276,7 @@ def _json_values(ff_type: str, values: list[Any]) -> list[Any]:
     return values
 
 
-def _row_values(frame: Frame, names: list[str]) -> list[list[Any]]:
+def row_values(frame: Frame, names: list[str]) -> list[list[Any]]:
     """Per row, the values of the named columns concatenated (vector columns contribute all theirs)."""
     n = frame.num_rows
     cols = [frame.columns[name] for name in names]
@@ -292,11 +294,11 @@ def _row_values(frame: Frame, names: list[str]) -> list[list[Any]]:
 
 def _schema_datum_json(frame: Frame) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """A frame as ForestFlow's (schema, datum) JSON: typed groups in column order, one datum per row."""
-    groups = _groups(frame)
+    groups = type_groups(frame)
     per_group = []
     for ff_type, names in groups:
-        key = _TYPE_TO_KEY[ff_type]
-        rows = _row_values(frame, names)
+        key = TENSOR_KEY[ff_type]
+        rows = row_values(frame, names)
         if ff_type in ("Int64", "Bytes"):
             rows = [_json_values(ff_type, r) for r in rows]
         per_group.append([{key: {"data": r}} for r in rows])
@@ -320,7 +322,7 @@ def request_to_json(frame: Frame, configs: dict[str, str]) -> dict[str, Any]:
 
 
 def _fill_proto_datums(frame: Frame, schema: Any, datums: Any) -> None:
-    groups = _groups(frame)
+    groups = type_groups(frame)
     n = frame.num_rows
     for ff_type, names in groups:
         entry = schema.add()
@@ -328,7 +330,7 @@ def _fill_proto_datums(frame: Frame, schema: Any, datums: Any) -> None:
         entry.fields.extend(names)
     out = [datums.add() for _ in range(n)]
     for ff_type, names in groups:
-        key = _TYPE_TO_KEY[ff_type]
+        key = TENSOR_KEY[ff_type]
         tensors = [getattr(d.tensors.add(), key) for d in out]
         for name in names:
             col = frame.columns[name]

@@ -15,7 +15,8 @@ from google.protobuf import json_format
 
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs.ff_settings import fqrv_to_json, logging_to_json
-from forestflow.codecs.schema_datum import prediction_to_json, prediction_to_proto, request_to_json, request_to_proto
+from forestflow.codecs.ff_protobuf import embedded, inference_request_bytes, prediction_bytes
+from forestflow.codecs.schema_datum import prediction_to_json, request_to_json
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
 from forestflow.predlog.record import PredictionRecord
@@ -61,10 +62,12 @@ def encode_event(record: PredictionRecord) -> bytes:
         return gp.SerializeToString()
     event = pb.PredictionEvent()
     _fill_common(event, record)
-    event.inferenceRequest.CopyFrom(request_to_proto(record.request, record.configs))
+    # The request and the prediction are assembled as bytes and appended: a parser merges fields
+    # in any order, and this skips a protobuf API call per record and tensor.
+    payload = event.SerializeToString() + embedded(3, inference_request_bytes(record.request, record.configs))
     if record.response is not None:
-        event.prediction.CopyFrom(prediction_to_proto(record.fqrv, record.response))
-    return event.SerializeToString()
+        payload += embedded(1, prediction_bytes(record.fqrv, record.response))
+    return payload
 
 
 def decode_event(payload: bytes, graphpipe: bool = False) -> Any:
