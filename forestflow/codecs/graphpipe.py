@@ -13,6 +13,8 @@ reader checks vector lengths against the buffer size so a corrupt body cannot ma
 
 from __future__ import annotations
 
+import struct
+
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +134,35 @@ def _strings(length: int, get: Any, size: int, what: str) -> list[str]:
     return [_text(get(i), f"{what}[{i}]") for i in range(_checked_length(length, 4, size, what))]
 
 
+_U32 = struct.Struct("<I")
+
+
+def _string_vector(tensor: Any, count: int, what: str) -> list[bytes]:
+    """The ``string_val`` elements, read straight from the buffer.
+
+    The generated accessor costs several Python calls per element (9 us per string here); the
+    same walk over the offsets in one loop is an order of magnitude cheaper, bounds checked.
+    """
+    if not count:
+        return []
+    table = tensor._tab
+    buf = table.Bytes
+    size = len(buf)
+    vector = table.Vector(table.Offset(10))  # string_val is field 3: vtable slot 10
+    out = []
+    unpack = _U32.unpack_from
+    for j in range(count):
+        slot = vector + 4 * j
+        start = slot + unpack(buf, slot)[0]
+        if start + 4 > size:
+            raise InvalidInput(f"{what}[{j}]: string offset outside the body")
+        length = unpack(buf, start)[0]
+        if start + 4 + length > size:
+            raise InvalidInput(f"{what}[{j}]: string length outside the body")
+        out.append(bytes(buf[start + 4 : start + 4 + length]))
+    return out
+
+
 def _read_tensor(tensor: Any, i: int, size: int) -> np.ndarray:
     where = f"input_tensors[{i}]"
     gp_type = tensor.Type()
@@ -139,7 +170,7 @@ def _read_tensor(tensor: Any, i: int, size: int) -> np.ndarray:
     shape = [int(d) for d in tensor.ShapeAsNumpy()] if dims else []
     if gp_type == Type.String:
         count = _checked_length(tensor.StringValLength(), 4, size, f"{where}.string_val")
-        raw = [tensor.StringVal(j) for j in range(count)]
+        raw = _string_vector(tensor, count, f"{where}.string_val")
         try:
             values: list[Any] = [v.decode("utf-8") for v in raw]
         except UnicodeDecodeError:
@@ -271,7 +302,15 @@ def _offsets(builder: flatbuffers.Builder, offsets: list[int]) -> int:
 
 
 def _strings_vector(builder: flatbuffers.Builder, values: Sequence[bytes]) -> int:
-    return _offsets(builder, [builder.CreateString(v) for v in values])
+    # Labels repeat: equal strings are written once and referenced from every slot.
+    written: dict[bytes, int] = {}
+    offsets = []
+    for v in values:
+        offset = written.get(v)
+        if offset is None:
+            offset = written[v] = builder.CreateString(v)
+        offsets.append(offset)
+    return _offsets(builder, offsets)
 
 
 def _shape(builder: flatbuffers.Builder, shape: Sequence[int]) -> int:
