@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.support import FIXTURES, InProcessGateway, python_servable, score_body, serve_in_process
+from tests.support import FIXTURES, InProcessGateway, python_servable, score_body, serve_in_process, wait_for
 
 GATED = FIXTURES / "servables" / "gated"
 CONTRACT = ("acme", "demo", 1)
@@ -33,17 +33,8 @@ async def gateway(tmp_path: Path, **overrides: Any) -> AsyncIterator[InProcessGa
 
 
 async def wait_until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll an async or sync condition until it is truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        await asyncio.sleep(0.01)
+    """Poll until ``condition`` holds (see tests.support.wait_for)."""
+    await wait_for(condition, timeout, what)
 
 
 async def deploy(gw: InProcessGateway, **kwargs: Any) -> None:

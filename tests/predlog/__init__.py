@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -16,6 +15,7 @@ from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import LoggingSettings, LogLevel
 from forestflow.predlog.kafka_sink import KafkaSink
 from forestflow.predlog.record import PredictionRecord
+from tests.support import wait_for  # noqa: F401  (shared helper, re-exported for these tests)
 
 FQ = FQRV(Contract("acme", "predlog", 3), "v1.2")
 #: Key = configs["user"] + "|" + configs["session"], names that are missing skipped.
@@ -120,15 +120,3 @@ async def produce_raw(bootstrap: str, topic: str, items: list[tuple[bytes | None
         await producer.stop()
 
 
-async def wait_for(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float, what: str) -> None:
-    """Poll ``condition`` until it holds; fail with ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)

@@ -8,9 +8,7 @@ import base64
 import io
 import json
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 from aiokafka.errors import KafkaConnectionError
@@ -22,26 +20,8 @@ from forestflow.predlog.log import LogEntry
 from forestflow.predlog.record import PredictionRecord
 from forestflow.predlog.tail import add_tail_arguments, run_tail, tail
 from forestflow.settings import Settings
-from tests.kafka_broker import KafkaBroker, free_port, running_broker
+from tests.kafka_broker import KafkaBroker, free_port
 from tests.predlog import kafka_sink, make_record, produce_raw, read_topic
-
-
-@pytest.fixture(scope="module")
-def module_broker() -> Iterator[KafkaBroker]:
-    with running_broker() as broker:
-        yield broker
-
-
-@pytest.fixture
-def broker(module_broker: KafkaBroker) -> KafkaBroker:
-    """The module's broker, running (a previous test may have stopped or paused it)."""
-    module_broker.start()
-    return module_broker
-
-
-@pytest.fixture
-def topic() -> str:
-    return f"predlog-{uuid.uuid4().hex[:10]}"
 
 
 def entry(record: PredictionRecord) -> LogEntry:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,26 +15,8 @@ from forestflow.predlog.encode import encode_event
 from forestflow.predlog.file_sink import FileSink
 from forestflow.predlog.log import PredictionLog
 from forestflow.predlog.record import PredictionRecord
-from tests.kafka_broker import KafkaBroker, running_broker
+from tests.kafka_broker import KafkaBroker
 from tests.predlog import FQ, columns_of, kafka_sink, make_record, read_topic, wait_for
-
-
-@pytest.fixture(scope="module")
-def module_broker() -> Iterator[KafkaBroker]:
-    with running_broker() as broker:
-        yield broker
-
-
-@pytest.fixture
-def broker(module_broker: KafkaBroker) -> KafkaBroker:
-    """The module's broker, running (a previous test may have stopped it)."""
-    module_broker.start()
-    return module_broker
-
-
-@pytest.fixture
-def topic() -> str:
-    return f"plog-{uuid.uuid4().hex[:10]}"
 
 
 def ids_in(records: list, graphpipe: bool = False) -> Counter[str]:
