@@ -12,6 +12,8 @@ import base64
 import binascii
 import math
 from collections.abc import Iterable, Sequence
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -170,34 +172,62 @@ def _fast_columns(schema: list[tuple[str, list[str]]], datum: list[Any]) -> dict
     """Columns for the common, well-formed case (tensors in schema order); None -> take the slow path.
 
     The slow path re-validates everything and produces the precise error message, so this one
-    only has to recognise the regular shape quickly.
+    only has to recognise the regular shape quickly. Its loops are ``map`` over C callables (no
+    Python-level step per record), and each typed group becomes one 2-D array whose columns are
+    views.
     """
-    keys = [TENSOR_KEY[t] for t, _ in schema]
-    widths = [len(f) for _, f in schema]
-    n = len(keys)
-    if not datum or len(set(t for t, _ in schema)) != n:
+    n = len(schema)
+    if not datum or len({t for t, _ in schema}) != n:
         return None
-    per_entry: list[list[Any]] = [[] for _ in range(n)]
     try:
-        for d in datum:
-            tensors = d["tensors"]
-            if len(tensors) != n:
+        per_record = list(map(_TENSORS, datum))
+        if set(map(len, per_record)) != {n}:
+            return None
+        per_entry = []
+        for i, (ff_type, fields) in enumerate(schema):
+            tensors = list(map(itemgetter(i), per_record))
+            if set(map(len, tensors)) != {1}:
                 return None
-            for i in range(n):
-                tensor = tensors[i]
-                if len(tensor) != 1:
-                    return None
-                data = tensor[keys[i]]["data"]
-                if type(data) is not list or len(data) != widths[i]:
-                    return None
-                per_entry[i].append(data)
-    except (KeyError, TypeError, AttributeError):
+            rows = list(map(_DATA, map(itemgetter(TENSOR_KEY[ff_type]), tensors)))
+            if set(map(type, rows)) != {list} or set(map(len, rows)) != {len(fields)}:
+                return None
+            per_entry.append(rows)
+    except (KeyError, TypeError, IndexError):
         return None
     columns: dict[str, np.ndarray] = {}
     for (ff_type, fields), rows in zip(schema, per_entry):
-        for field, values in zip(fields, zip(*rows)):
-            columns[field] = _column(ff_type, list(values), field)
+        block = _block(ff_type, rows)
+        if block is None:  # something unusual (null, a bool, a wrong type): per column, with checks
+            for field, values in zip(fields, zip(*rows)):
+                columns[field] = _column(ff_type, list(values), field)
+        else:
+            for j, field in enumerate(fields):
+                columns[field] = block[:, j]
     return columns
+
+
+_TENSORS = itemgetter("tensors")
+_DATA = itemgetter("data")
+_NUMBER_TYPES = frozenset((int, float))
+
+
+def _block(ff_type: str, rows: list[list[Any]]) -> np.ndarray | None:
+    """A typed group's values as one 2-D array, or None when it needs the per-column checks."""
+    types = set(map(type, chain.from_iterable(rows)))
+    if ff_type == "String":
+        if types != {str}:
+            return None
+        block = np.empty((len(rows), len(rows[0])), dtype=object)
+        block[:] = rows
+        return block
+    if ff_type in ("Float64", "Float32", "Float16"):
+        if not types <= _NUMBER_TYPES:
+            return None
+        try:
+            return np.array(rows, dtype=FF_DTYPES[ff_type])
+        except (ValueError, OverflowError):
+            return None
+    return None
 
 
 def frame_from_json(body: Any) -> tuple[Frame, dict[str, str]]:
