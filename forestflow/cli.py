@@ -47,12 +47,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from forestflow.errors import GatewayError
 
     try:
-        asyncio.run(_serve(settings))
+        _run(_serve(settings), settings.event_loop)
     except OSError as exc:
         return _fail(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror or exc}")
     except GatewayError as exc:  # e.g. the registry store is unreachable at start
         return _fail(exc.message, code=1)
     return 0
+
+
+def _run(main: Any, event_loop: str) -> None:
+    """Run the server coroutine on asyncio's loop, or on uvloop when the settings ask for it."""
+    if event_loop == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main)
+    else:
+        asyncio.run(main)
 
 
 async def _serve(settings: Any) -> None:

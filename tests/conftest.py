@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import asyncio
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,3 +32,13 @@ def gateway_process(tmp_path: Path) -> Iterator[type[GatewayProcess]]:
     yield Tracked
     for proc in started:
         proc.kill()
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """The loop the tests run on: asyncio's, like ``forestflow serve`` by default; FORESTFLOW_TEST_LOOP=uvloop
+    runs them on uvloop (the opt-in ``event_loop`` setting)."""
+    if os.environ.get("FORESTFLOW_TEST_LOOP", "asyncio") == "asyncio":
+        return {"asyncio": asyncio.new_event_loop}
+    import uvloop
+
+    return {"uvloop": uvloop.new_event_loop}
