@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import orjson
 
 from forestflow.core.ids import FQRV, Contract
+from forestflow.core.policies import ServableMetrics
 
 
 def servable_key(fqrv: FQRV) -> str:
@@ -35,6 +36,32 @@ def metrics_key(fqrv: FQRV) -> str:
 def routing_key(contract: Contract) -> str:
     """Key of a contract's router state document."""
     return f"routing/{contract}"
+
+
+def metrics_to_doc(m: ServableMetrics) -> dict[str, Any]:
+    """A servable's metrics as its ``metrics/<fqrv>`` document."""
+    return {
+        "createdAtMS": m.created_at_ms,
+        "scoreCount": m.score_count,
+        "shadeCount": m.shade_count,
+        "becameValidAtMS": m.became_valid_at_ms,
+        "currentPhaseInPct": m.current_phase_in_pct,
+        "performanceMetrics": m.performance_metrics,
+    }
+
+
+def metrics_from_doc(doc: dict[str, Any] | None, created_at_ms: int) -> ServableMetrics:
+    """Inverse of :func:`metrics_to_doc` (fresh metrics when there is no document)."""
+    if not doc:
+        return ServableMetrics(created_at_ms=created_at_ms)
+    return ServableMetrics(
+        created_at_ms=int(doc.get("createdAtMS") or created_at_ms),
+        score_count=int(doc.get("scoreCount", 0)),
+        shade_count=int(doc.get("shadeCount", 0)),
+        became_valid_at_ms=doc.get("becameValidAtMS"),
+        current_phase_in_pct=int(doc.get("currentPhaseInPct", 0)),
+        performance_metrics={str(k): float(v) for k, v in (doc.get("performanceMetrics") or {}).items()},
+    )
 
 
 class Store(Protocol):
