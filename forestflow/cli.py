@@ -70,11 +70,11 @@ async def _serve(settings: Any) -> None:
     import structlog
     from aiohttp import web
 
-    from forestflow.api.app import build_app
+    from forestflow.api.app import build_app, make_runner
 
     log = structlog.get_logger("forestflow")
     app = build_app(settings)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=settings.shutdown_timeout_s, handle_signals=False)
+    runner = make_runner(app, settings)
     await runner.setup()
     # What start-up loaded (modules, restored servables) lives as long as the process: move it out
     # of the collector's reach, or every full pass walks it and pauses the loop for tens of ms.

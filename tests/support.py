@@ -20,7 +20,7 @@ import aiohttp
 import requests
 from aiohttp import web
 
-from forestflow.api.app import build_app
+from forestflow.api.app import build_app, make_runner
 from forestflow.api.common import GATEWAY
 from forestflow.service import Gateway
 from forestflow.settings import Settings
@@ -110,9 +110,9 @@ class InProcessGateway:
 @asynccontextmanager
 async def serve_in_process(data_dir: Path, **overrides: Any) -> AsyncIterator[InProcessGateway]:
     """Run the real app on a free port; yields its URL and a client session."""
-    settings = Settings.load(environ={}, overrides={"data_dir": data_dir, "port": 0, "grpc_port": -1, "allow_python": True, **overrides})
+    settings = Settings.load(environ={}, overrides={"data_dir": data_dir, "port": 0, "grpc_port": -1, "allow_python": True, "shutdown_timeout_s": 5, **overrides})
     app = build_app(settings)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
+    runner = make_runner(app, settings)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

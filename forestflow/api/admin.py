@@ -6,6 +6,7 @@ token is configured (401 without, 403 wrong, compared in constant time, each ref
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import Awaitable, Callable
 
@@ -49,7 +50,9 @@ def admin(handler: Handler) -> Handler:
                 audit.warning("admin_refused", reason="wrong token", method=request.method, path=request.path,
                               peer=request.remote, request_id=request_id_of(request))
                 raise Forbidden("the admin token is wrong")
-        response = await handler(request)
+        # Shielded: a client that disconnects mid-deploy must not cut a write between the store
+        # and the in-memory registry (the server cancels handlers of disconnected clients).
+        response = await asyncio.shield(handler(request))
         audit.info("admin_write", method=request.method, path=request.path, status=response.status,
                    peer=request.remote, request_id=request_id_of(request))
         return response

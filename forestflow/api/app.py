@@ -61,3 +61,15 @@ def build_app(settings: Settings) -> web.Application:
     ops.add_routes(app)
     admin.add_routes(app)
     return app
+
+
+def make_runner(app: web.Application, settings: Settings) -> web.AppRunner:
+    """The runner serving ``app``: a client that disconnects cancels its handler.
+
+    Cancelling the handler withdraws its queued scoring job, so a client that gave up does not hold
+    a queue place (or a slot) for work nobody will read. Admin writes are shielded from this (see
+    ``api.admin.admin``), and the prediction-log enqueue never sits behind an await.
+    """
+    return web.AppRunner(
+        app, access_log=None, shutdown_timeout=settings.shutdown_timeout_s, handle_signals=False, handler_cancellation=True
+    )

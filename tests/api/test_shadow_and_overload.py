@@ -14,9 +14,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 
+from forestflow.runtime.scheduler import Priority
 from tests.support import FIXTURES, InProcessGateway, python_servable, score_body, serve_in_process, wait_for
 
 GATED = FIXTURES / "servables" / "gated"
@@ -329,3 +331,25 @@ async def test_promotion_from_shadow_to_live_by_phase_in_then_expiry(tmp_path: P
         assert answers[-3:] == ["new"] * 3
         await wait_until(lambda: len(events(tmp_path)) == before + 3, what="events after expiry")
         assert [e["fqrv"]["releaseVersion"] for e in events(tmp_path)[before:]] == ["new"] * 3
+
+
+async def test_a_client_that_disconnects_gives_its_queue_place_back(tmp_path: Path) -> None:
+    """The handler of a client that gave up is cancelled and its queued job withdrawn."""
+    gate = tmp_path / "open"
+    async with serve_in_process(tmp_path / "data", scoring_slots=1, access_log=False) as gw:
+        body = python_servable(CONTRACT, directory=FIXTURES / "servables" / "gated")
+        async with gw.session.post(gw.url + "/servable", json=body) as r:
+            assert r.status == 200
+        path = gw.url + "/" + "/".join(map(str, CONTRACT)) + "/score"
+        held = asyncio.ensure_future(gw.session.post(path, json=score_body([1.0], configs={"gate": str(gate)})))
+        scheduler = next(iter(gw.gateway.loaded.values())).scheduler
+        await wait_for(lambda: scheduler.running == 1, 10, "the first request scoring")
+        with pytest.raises(asyncio.TimeoutError):
+            async with gw.session.post(path, json=score_body([2.0]), timeout=aiohttp.ClientTimeout(total=0.5)):
+                pass
+        assert scheduler.queued(Priority.LIVE) in (0, 1)
+        await wait_for(lambda: scheduler.queued(Priority.LIVE) == 0, 5, "the abandoned job withdrawn")
+        gate.write_text("go")
+        response = await held
+        assert response.status == 200
+        response.release()
