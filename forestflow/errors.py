@@ -24,6 +24,7 @@ class Kind(enum.Enum):
     OVERLOADED = "overloaded"  # HTTP 503 + Retry-After, RESOURCE_EXHAUSTED
     UNAVAILABLE = "unavailable"  # HTTP 503, UNAVAILABLE
     DEADLINE = "deadline"  # HTTP 504, DEADLINE_EXCEEDED
+    CANCELLED = "cancelled"  # the client went away: 499 in the prediction log, gRPC CANCELLED
     UNAUTHENTICATED = "unauthenticated"  # HTTP 401
     FORBIDDEN = "forbidden"  # HTTP 403
     INTERNAL = "internal"  # HTTP 500, INTERNAL
@@ -43,6 +44,7 @@ HTTP_STATUS: dict[Kind, int] = {
     Kind.OVERLOADED: 503,
     Kind.UNAVAILABLE: 503,
     Kind.DEADLINE: 504,
+    Kind.CANCELLED: 499,
 }
 
 
@@ -174,6 +176,12 @@ class DeadlineExceeded(GatewayError):
     """The request's deadline passed while it was queued or being scored."""
 
     kind = Kind.DEADLINE
+
+
+class ClientClosedRequest(GatewayError):
+    """The caller disconnected (or cancelled) before its answer was ready; nobody receives a reply."""
+
+    kind = Kind.CANCELLED
 
 
 class StoreUnavailable(GatewayError):

@@ -27,6 +27,7 @@ from forestflow.core.policies import (
     LogLevel,
 )
 from forestflow.errors import (
+    ClientClosedRequest,
     GatewayError,
     InvalidInput,
     NoActiveServablesForContract,
@@ -223,6 +224,10 @@ class Gateway(Administration, ReplicaSync):
             self._log_outcome(entry, context, True, started, error=error)
             if error.__cause__ is not None:
                 log.error("predict_failed", fqrv=str(fqrv), request_id=request_id, exc_info=error.__cause__)
+            raise
+        except asyncio.CancelledError:
+            # The client went away: its job is withdrawn, and the prediction log still says so.
+            self._log_outcome(entry, context, True, started, error=ClientClosedRequest("the client closed the request"))
             raise
         response_json = encode_response_json(fqrv, out) if encode_response_json is not None else None
         latency = self._log_outcome(entry, context, True, started, output=out, response_json=response_json)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import time
@@ -68,6 +69,9 @@ def build_middleware(enable_access_log: bool) -> Callable[[web.Request, Handler]
             error_resp = error_response(_http_error(exc, request), request_id)
             status = error_resp.status
             return error_resp
+        except asyncio.CancelledError:
+            status = 499  # the client disconnected; nothing is sent
+            raise
         except Exception:
             log.exception("unhandled_error", request_id=request_id, path=request.path)
             status = 500

@@ -44,6 +44,7 @@ STATUS: dict[Kind, grpc.StatusCode] = {
     Kind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Kind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     Kind.DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Kind.CANCELLED: grpc.StatusCode.CANCELLED,
     Kind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     Kind.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
     Kind.INTERNAL: grpc.StatusCode.INTERNAL,

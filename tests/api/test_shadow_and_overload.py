@@ -337,7 +337,7 @@ async def test_a_client_that_disconnects_gives_its_queue_place_back(tmp_path: Pa
     """The handler of a client that gave up is cancelled and its queued job withdrawn."""
     gate = tmp_path / "open"
     async with serve_in_process(tmp_path / "data", scoring_slots=1, access_log=False) as gw:
-        body = python_servable(CONTRACT, directory=FIXTURES / "servables" / "gated")
+        body = python_servable(CONTRACT, directory=FIXTURES / "servables" / "gated", log_level="FULL")
         async with gw.session.post(gw.url + "/servable", json=body) as r:
             assert r.status == 200
         path = gw.url + "/" + "/".join(map(str, CONTRACT)) + "/score"
@@ -353,3 +353,7 @@ async def test_a_client_that_disconnects_gives_its_queue_place_back(tmp_path: Pa
         response = await held
         assert response.status == 200
         response.release()
+        log = gw.gateway.prediction_log
+        await wait_for(lambda: log.stats.delivered == 2, 5, "both outcomes logged")
+    lines = [orjson.loads(line) for line in (tmp_path / "data" / "predictions.jsonl").read_bytes().splitlines()]
+    assert sorted((e["event"]["status"], e["event"].get("errorCode")) for e in lines) == [(200, None), (499, "ClientClosedRequest")]
