@@ -9,7 +9,8 @@ from aiohttp import web
 from forestflow.api.common import FQRV_TAG, GATEWAY, contract_from, fqrv_from, parse_json, request_id_of, timeout_from
 from forestflow.api.responses import JSON, dumps, json_response
 from forestflow.codecs.ff_settings import fqrv_to_json
-from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_from_proto, prediction_to_json, prediction_to_proto
+from forestflow.codecs.ff_protobuf import prediction_bytes
+from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_from_proto, prediction_to_json
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 from forestflow.runtime.base import ServableMetadata
@@ -43,7 +44,7 @@ async def score(request: web.Request) -> web.Response:
     unknown = result.frame.parameters.get("unknown_inputs") or []
     headers = {"X-Forestflow-Unknown-Inputs": ",".join(unknown)} if unknown else None
     if as_proto:
-        payload = prediction_to_proto(result.fqrv, result.frame).SerializeToString()
+        payload = prediction_bytes(result.fqrv, result.frame)
         return web.Response(body=payload, content_type=PROTOBUF, headers=headers)
     assert result.response_json is not None
     return web.Response(body=b'{"Prediction":' + result.response_json + b"}", content_type=JSON, headers=headers)

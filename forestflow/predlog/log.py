@@ -174,13 +174,6 @@ class PredictionLog:
             log.warning("prediction_log_sink_close_failed", sink=self.sink.name, exc_info=True)
         log.info("prediction_log_closed", produced=self.stats.produced, delivered=self.stats.delivered, dropped=self.stats.dropped)
 
-    async def wait_drained(self, timeout_s: float) -> bool:
-        """Wait until the buffer is empty (tests and benchmarks)."""
-        deadline = time.monotonic() + timeout_s
-        while self._queue and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        return not self._queue
-
     # ---- drain -------------------------------------------------------------------------------------
     async def _drain(self) -> None:
         backoff = self.retry_backoff_s

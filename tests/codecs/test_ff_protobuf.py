@@ -2,14 +2,58 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs.ff_protobuf import inference_request_bytes, prediction_bytes, varint
-from forestflow.codecs.schema_datum import prediction_to_proto, request_to_proto
+from forestflow.codecs.schema_datum import TENSOR_KEY, type_groups
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
+
+# The oracle: the same messages built field by field through the protobuf API.
+def _fill_proto_datums(frame: Frame, schema: Any, datums: Any) -> None:
+    groups = type_groups(frame)
+    n = frame.num_rows
+    for ff_type, names in groups:
+        entry = schema.add()
+        entry.type = pb.TensorType.Value(ff_type)
+        entry.fields.extend(names)
+    out = [datums.add() for _ in range(n)]
+    for ff_type, names in groups:
+        key = TENSOR_KEY[ff_type]
+        tensors = [getattr(d.tensors.add(), key) for d in out]
+        for name in names:
+            col = frame.columns[name]
+            flat = col.reshape(n, -1).tolist() if col.ndim > 1 else [[v] for v in col.tolist()]
+            for tensor, vals in zip(tensors, flat):
+                if ff_type in ("Float32", "Float16", "Float64"):
+                    vals = [float(v) for v in vals]
+                elif ff_type not in ("String", "Bytes", "Bool"):
+                    vals = [int(v) for v in vals]
+                tensor.data.extend(vals)
+
+
+def prediction_to_proto(fqrv: FQRV, frame: Frame) -> pb.Prediction:
+    """A Prediction built through the protobuf API."""
+    message = pb.Prediction()
+    message.fqrv.contract.organization = fqrv.contract.organization
+    message.fqrv.contract.project = fqrv.contract.project
+    message.fqrv.contract.contract_number = fqrv.contract.number
+    message.fqrv.release_version = fqrv.release
+    _fill_proto_datums(frame, message.schema, message.datum)
+    return message
+
+
+def request_to_proto(frame: Frame, configs: dict[str, str]) -> pb.InferenceRequest:
+    """An InferenceRequest built through the protobuf API."""
+    message = pb.InferenceRequest()
+    _fill_proto_datums(frame, message.schema, message.datum)
+    message.configs.update(configs)
+    return message
+
 
 FQ = FQRV(Contract("org", "proj", 300), "release-1.2")
 RNG = np.random.default_rng(7)

@@ -25,7 +25,7 @@ def ids_in(records: list, graphpipe: bool = False) -> Counter[str]:
 
 
 async def delivered_all(plog: PredictionLog, timeout_s: float) -> None:
-    """Wait until nothing is buffered (``wait_drained`` returns while the last batch is in flight)."""
+    """Wait until nothing is buffered (no batch in flight either)."""
     await wait_for(lambda: plog.stats.buffered == 0, timeout_s, f"the log to drain ({plog.stats})")
 
 
