@@ -91,7 +91,7 @@ async def _serve(settings: Any) -> None:
     await stop.wait()
     log.info("stopping")
     await runner.cleanup()
-    log.info("stopped")
+    log.info("stopped")  # written after (and with) every buffered access line
 
 
 # ---- client commands ------------------------------------------------------------------------------

@@ -11,11 +11,12 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
+from forestflow import logs
+
 from forestflow.api.common import CONTRACT, FQRV_TAG, REQUEST_ID, SETTINGS
 from forestflow.api.responses import error_response
 from forestflow.errors import GatewayError, InvalidInput, MethodNotAllowed, NotFound, PayloadTooLarge, ScoringError
 
-access_log = structlog.get_logger("forestflow.access")
 log = structlog.get_logger("forestflow.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -78,15 +79,14 @@ def build_middleware(enable_access_log: bool) -> Callable[[web.Request, Handler]
             return error_response(ScoringError(request.get(FQRV_TAG), "internal error; see the gateway log with this request_id"), request_id)
         finally:
             if enable_access_log:
-                access_log.info(
-                    "request",
-                    request_id=request_id,
-                    method=request.method,
-                    path=request.path,
-                    status=status,
-                    contract=request.get(CONTRACT),
-                    fqrv=request.get(FQRV_TAG),
-                    ms=round((time.perf_counter() - started) * 1000, 3),
+                logs.access(
+                    request_id,
+                    request.method,
+                    request.path,
+                    status,
+                    request.get(CONTRACT),
+                    request.get(FQRV_TAG),
+                    round((time.perf_counter() - started) * 1000, 3),
                 )
 
     return middleware
