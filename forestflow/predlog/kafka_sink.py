@@ -234,10 +234,19 @@ class KafkaSink:
         try:
             await asyncio.wait_for(producer.stop(), timeout)
         except asyncio.CancelledError:
-            raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # we are being cancelled
+            # stop() awaits the sender task cancelled above and lets its CancelledError out (seen
+            # when that task is still unwinding, e.g. on uvloop): stop() did not get to the sockets.
+            await self._close_client(producer)
         except Exception as exc:  # a hung or dead connection: drop the sockets ourselves
             log.warning("prediction_log_kafka_close_timeout", error=repr(exc))
-            try:
-                await asyncio.wait_for(producer.client.close(), 1.0)
-            except Exception:  # nothing more we can do about a socket that will not close
-                pass
+            await self._close_client(producer)
+
+    @staticmethod
+    async def _close_client(producer: AIOKafkaProducer) -> None:
+        try:
+            await asyncio.wait_for(producer.client.close(), 1.0)
+        except Exception:  # nothing more we can do about a socket that will not close
+            pass
