@@ -145,6 +145,7 @@ class Administration:
             shadow_queue=self.settings.shadow_queue,
             max_batch_rows=self.settings.max_batch_rows if getattr(servable, "batchable", False) else 0,
             max_threads=self.settings.scoring_threads,
+            coalesce_rows=self.settings.max_batch_rows,
         )
         return Loaded(defn, servable, scheduler)
 

@@ -74,7 +74,7 @@ class Settings:
     )
     live_queue: int = _doc("live requests queued per servable before 503", default=64)
     shadow_queue: int = _doc("shadow copies queued per servable before they are dropped", default=64)
-    max_batch_rows: int = _doc("micro-batch limit for queued requests (0 = off)", default=512)
+    max_batch_rows: int = _doc("most rows scored in one combined call of concurrent requests (0 = no micro-batching)", default=512)
     max_body_bytes: int = _doc("largest request body accepted (after decompression)", default=64 * 1024 * 1024)
     max_rows: int = _doc("largest batch (records) accepted", default=100000)
     evaluation_interval_s: float = _doc("contract re-evaluation period (phase-in, validity)", default=5.0)

@@ -36,6 +36,8 @@ async def metrics(request: web.Request) -> web.Response:
             # predict calls still running after every caller gave up (a stuck model shows here)
             "abandonedRunning": loaded.scheduler.stats.abandoned_running,
             "inlineCalls": loaded.scheduler.stats.inline_calls,
+            # requests scored together with others of the same event-loop turn (in inlineCalls)
+            "coalescedRequests": loaded.scheduler.stats.coalesced_jobs,
         }
         for fqrv, loaded in gateway.loaded.items()
     }

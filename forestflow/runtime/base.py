@@ -38,6 +38,9 @@ class Servable(abc.ABC):
     #: Live batches of at most this many rows are scored on the event loop, without a thread hop.
     #: Only for flavors whose small batches take well under ~100 us and never block (0 = never).
     inline_max_rows: int = 0
+    #: Whether ``predict`` reads ``frame.parameters`` (request configs): if not, requests with
+    #: different configs may be scored together in one call.
+    reads_parameters: bool = True
 
     def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
         self.fqrv = fqrv

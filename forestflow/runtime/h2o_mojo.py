@@ -50,6 +50,7 @@ class H2OMojoServable(Servable):
     max_concurrency = 2
     #: One to a few rows score in ~40-100 us: cheaper on the event loop than through a thread.
     inline_max_rows = 4
+    reads_parameters = False
 
     def __init__(self, fqrv: Any, artifact_dir: Path, settings: dict[str, Any]) -> None:
         super().__init__(fqrv, artifact_dir, settings)

@@ -15,6 +15,10 @@ scheduler counts the servable as full rather than queueing work on threads that 
 
 Queued live jobs whose frames have the same columns and parameters may be scored as one batch
 (micro-batching) when the servable allows it: one model call for many small concurrent requests.
+
+Tiny live batches of servables that allow it (``inline_max_rows``) are scored on the event loop,
+without a thread hop. Under concurrent load, those arriving in the same turn of the event loop are
+scored together, in one call at the end of that turn (see :meth:`ServableScheduler._end_turn`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ from dataclasses import dataclass
 from forestflow.core.frame import Frame
 from forestflow.errors import DeadlineExceeded, GatewayError, Overloaded, ScoringError
 from forestflow.runtime.base import Servable
+
+
+#: Most rows one combined call on the event loop may hold: it stays well under a millisecond.
+_MAX_ROWS_ON_LOOP = 64
 
 
 class Priority(enum.IntEnum):
@@ -67,6 +75,8 @@ class SchedulerStats:
     abandoned_running: int = 0
     #: tiny live batches scored on the event loop (no thread hop).
     inline_calls: int = 0
+    #: of those, requests scored together in one call with others of the same loop turn.
+    coalesced_jobs: int = 0
 
 
 class ServableScheduler:
@@ -86,6 +96,7 @@ class ServableScheduler:
         shadow_queue: int,
         max_batch_rows: int = 0,
         max_threads: int = 0,
+        coalesce_rows: int = 0,
     ) -> None:
         self.servable = servable
         self.slots = max(1, slots)
@@ -101,6 +112,12 @@ class ServableScheduler:
         self.shadow_limit = shadow_queue
         #: 0 disables micro-batching; otherwise the most rows one combined call may hold.
         self.max_batch_rows = max_batch_rows
+        #: 0 disables scoring same-turn inline requests together; otherwise the most rows per call.
+        self.coalesce_rows = min(coalesce_rows, _MAX_ROWS_ON_LOOP)
+        self._turn_armed = False
+        self._turn_offers = 0
+        self._coalescing = False
+        self._gathered: list[tuple[Frame, asyncio.Future[Frame]]] = []
         self.running = 0
         self.queues: dict[Priority, deque[_Job]] = {Priority.LIVE: deque(), Priority.SHADOW: deque()}
         self.stats = SchedulerStats()
@@ -157,7 +174,7 @@ class ServableScheduler:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         if not must_queue and priority is Priority.LIVE and frame.num_rows <= self.servable.inline_max_rows:
-            return self._run_inline(frame, loop.create_future())
+            return self._inline(frame, loop)
         job = _Job(frame, priority, deadline, loop.create_future(), timeout_s)
         job.timer = loop.call_at(deadline, self._expire, job)
         job.future.add_done_callback(lambda f: self._abandon(job) if f.cancelled() else None)
@@ -167,6 +184,67 @@ class ServableScheduler:
         else:
             self._start([job])
         return job.future
+
+    def _inline(self, frame: Frame, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Frame]:
+        """Score a tiny live batch on the event loop: now, or with the others of this loop turn.
+
+        Requests whose handlers run in the same turn of the loop (their bytes arrived together)
+        are gathered and scored in one call when that turn ends: one model call for many tiny
+        requests costs far less than one each (for H2O, a cold Java call per request). Gathering
+        only pays under concurrent load, so it starts after a turn that saw several requests and
+        stops after one that saw a single request; otherwise each is scored at once.
+        """
+        future = loop.create_future()
+        if self.coalesce_rows:
+            self._turn_offers += 1
+            if not self._turn_armed:
+                self._turn_armed = True
+                loop.call_soon(self._end_turn)
+            if self._coalescing:
+                self._gathered.append((frame, future))
+                return future
+        return self._run_inline(frame, future)
+
+    def _end_turn(self) -> None:
+        """After every handler of one loop turn ran: score what they gathered, choose the next mode."""
+        self._turn_armed = False
+        self._coalescing = self._turn_offers > 1
+        self._turn_offers = 0
+        gathered, self._gathered = self._gathered, []
+        groups: dict[object, list[tuple[Frame, asyncio.Future[Frame]]]] = {}
+        reads_parameters = self.servable.reads_parameters
+        for frame, future in gathered:
+            if not future.done():  # a client that left cancelled it
+                key = (_signature(frame), _parameters_key(frame) if reads_parameters else None)
+                groups.setdefault(key, []).append((frame, future))
+        for group in groups.values():
+            start = 0
+            while start < len(group):
+                stop, rows = start, 0
+                while stop < len(group) and (stop == start or rows + group[stop][0].num_rows <= self.coalesce_rows):
+                    rows += group[stop][0].num_rows
+                    stop += 1
+                self._run_together(group[start:stop])
+                start = stop
+
+    def _run_together(self, jobs: list[tuple[Frame, asyncio.Future[Frame]]]) -> None:
+        if len(jobs) == 1:
+            self._run_inline(*jobs[0])
+            return
+        frames = [frame for frame, _ in jobs]
+        try:
+            out = self.servable.predict(Frame.concat(frames))
+        except Exception:
+            # One bad request must not fail the others: each is scored (and fails) on its own.
+            for frame, future in jobs:
+                self._run_inline(frame, future)
+            return
+        self.stats.inline_calls += 1
+        self.stats.coalesced_jobs += len(jobs)
+        offset = 0
+        for frame, future in jobs:
+            future.set_result(out.slice(offset, offset + frame.num_rows))
+            offset += frame.num_rows
 
     def _run_inline(self, frame: Frame, future: asyncio.Future[Frame]) -> asyncio.Future[Frame]:
         """Score a tiny live batch right here on the event loop.
@@ -321,6 +399,10 @@ class ServableScheduler:
     async def close(self) -> None:
         """Refuse new work; queued jobs fail fast; calls already running finish in the background."""
         self.closed = True
+        gathered, self._gathered = self._gathered, []
+        for _, future in gathered:
+            if not future.done():
+                future.set_exception(Overloaded(f"servable {self.servable.fqrv} was unloaded"))
         for queue in self.queues.values():
             while queue:
                 self._finish([queue.popleft()], error=Overloaded(f"servable {self.servable.fqrv} was unloaded"))
@@ -330,6 +412,14 @@ class ServableScheduler:
 
 def _signature(frame: Frame) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
     return tuple((n, c.dtype.str, c.shape[1:]) for n, c in frame.columns.items())
+
+
+def _parameters_key(frame: Frame) -> object:
+    """A hashable stand-in for a frame's parameters (identity when they are not hashable)."""
+    try:
+        return frozenset(frame.parameters.items())
+    except TypeError:
+        return id(frame)
 
 
 def _same_parameters(a: Frame, b: Frame) -> bool:

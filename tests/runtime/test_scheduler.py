@@ -431,3 +431,77 @@ async def test_inline_never_overtakes_queued_live_work() -> None:
     assert probe.started == ["held", "queued", "tiny"]
     assert scheduler.stats.inline_calls == 0
     pool.shutdown()
+
+
+class CoalescingProbe(InlineProbe):
+    """Scores up to four rows on the loop and ignores request parameters, so same-turn requests may share a call."""
+
+    inline_max_rows = 4
+    reads_parameters = False
+
+
+def coalescing_scheduler(probe: Probe, coalesce_rows: int = 64) -> ServableScheduler:
+    return ServableScheduler(probe, ThreadPoolExecutor(1), slots=1, live_queue=8, shadow_queue=8, coalesce_rows=coalesce_rows)
+
+
+async def test_requests_of_one_loop_turn_share_one_call_once_load_is_seen() -> None:
+    probe = CoalescingProbe()
+    scheduler = coalescing_scheduler(probe)
+
+    def burst(xs: list[float]) -> Any:
+        return asyncio.gather(*(scheduler.submit(job(f"x{x}", x=x), LIVE, LONG) for x in xs))
+
+    first = await burst([1.0, 2.0, 3.0])  # no load seen yet: each scored at once
+    assert probe.rows_per_call == [1, 1, 1]
+    second = await burst([4.0, 5.0, 6.0, 7.0])  # the previous turn had three: gathered into one call
+    assert probe.rows_per_call == [1, 1, 1, 4]
+    assert [o["y"].tolist() for o in first + second] == [[2.0], [4.0], [6.0], [8.0], [10.0], [12.0], [14.0]]
+    assert scheduler.stats.coalesced_jobs == 4
+    alone = await scheduler.submit(job("alone", x=8.0), LIVE, LONG)  # gathered, but alone in its turn
+    assert alone["y"].tolist() == [16.0] and probe.rows_per_call[-1] == 1
+    future = scheduler.offer(job("direct", x=9.0), LIVE, LONG)  # a quiet turn before: scored at once again
+    assert future.done() and future.result()["y"].tolist() == [18.0]
+
+
+async def test_a_failing_request_does_not_fail_the_others_of_its_turn() -> None:
+    probe = CoalescingProbe()
+    scheduler = coalescing_scheduler(probe)
+    await asyncio.gather(*(scheduler.submit(job(f"w{i}"), LIVE, LONG) for i in range(2)))
+    bad = job("bad", **{"raise": RuntimeError("model bug")})  # first of the group: the combined call fails
+    results = await asyncio.gather(
+        scheduler.submit(bad, LIVE, LONG), scheduler.submit(job("ok1", x=2.0), LIVE, LONG),
+        scheduler.submit(job("ok2", x=3.0), LIVE, LONG), return_exceptions=True,
+    )
+    assert isinstance(results[0], ScoringError) and isinstance(results[0].__cause__, RuntimeError)
+    assert [r["y"].tolist() for r in results[1:]] == [[4.0], [6.0]]
+    assert probe.rows_per_call[2:] == [3, 1, 1, 1]  # the failed combined call, then one call each
+
+
+async def test_combined_calls_keep_to_the_row_limit_and_skip_withdrawn_requests() -> None:
+    probe = CoalescingProbe()
+    scheduler = coalescing_scheduler(probe, coalesce_rows=4)
+    await asyncio.gather(*(scheduler.submit(job(f"w{i}"), LIVE, LONG) for i in range(2)))
+    probe.rows_per_call.clear()
+    outs = await asyncio.gather(*(scheduler.submit(job(f"p{i}", x=float(i), rows=2), LIVE, LONG) for i in range(3)))
+    assert probe.rows_per_call == [4, 2]
+    assert [o["y"].tolist() for o in outs] == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0]]
+
+    probe.rows_per_call.clear()
+    tasks = [asyncio.ensure_future(scheduler.submit(job(f"c{i}", x=float(i)), LIVE, LONG)) for i in range(3)]
+
+    async def leave() -> None:  # runs in the same turn, after the three offered: the client of the 2nd leaves
+        tasks[1].cancel()
+
+    await asyncio.gather(*tasks, asyncio.ensure_future(leave()), return_exceptions=True)
+    assert tasks[1].cancelled()
+    assert probe.rows_per_call == [2] and [tasks[0].result()["y"].tolist(), tasks[2].result()["y"].tolist()] == [[0.0], [4.0]]
+
+
+async def test_servables_that_read_parameters_share_calls_only_with_equal_parameters() -> None:
+    probe = InlineProbe()  # reads parameters
+    probe.inline_max_rows = 4
+    scheduler = coalescing_scheduler(probe)
+    await asyncio.gather(*(scheduler.submit(job("w"), LIVE, LONG) for _ in range(2)))
+    probe.rows_per_call.clear()
+    await asyncio.gather(*(scheduler.submit(job(tag), LIVE, LONG) for tag in ("a", "b", "a", "a")))
+    assert sorted(probe.rows_per_call) == [1, 3]
