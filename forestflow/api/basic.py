@@ -7,10 +7,10 @@ from typing import Any
 from aiohttp import web
 
 from forestflow.api.common import FQRV_TAG, GATEWAY, contract_from, fqrv_from, parse_json, request_id_of, timeout_from
-from forestflow.api.responses import JSON, dumps, json_response
+from forestflow.api.responses import JSON, json_response
 from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.codecs.ff_protobuf import prediction_bytes
-from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_from_proto, prediction_to_json
+from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_from_proto, prediction_json
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 from forestflow.runtime.base import ServableMetadata
@@ -52,11 +52,7 @@ async def score(request: web.Request) -> web.Response:
 
 def _prediction_json(fqrv: FQRV, frame: Frame) -> bytes:
     """The Prediction JSON of an answer (unknown input names listed when there are any)."""
-    prediction = prediction_to_json(fqrv, frame)
-    unknown = frame.parameters.get("unknown_inputs")
-    if unknown:
-        prediction["unknownInputs"] = list(unknown)
-    return dumps(prediction)
+    return prediction_json(fqrv, frame, frame.parameters.get("unknown_inputs") or ())
 
 
 def metadata_to_json(fqrv: FQRV, meta: ServableMetadata) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs.ff_settings import fqrv_to_json, logging_to_json
 from forestflow.codecs.ff_protobuf import embedded, inference_request_bytes, prediction_bytes
-from forestflow.codecs.schema_datum import prediction_to_json, request_to_json
+from forestflow.codecs.schema_datum import prediction_json, request_json
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
 from forestflow.predlog.record import PredictionRecord
@@ -97,12 +97,12 @@ def encode_event_json(record: PredictionRecord) -> bytes:
         if record.response_json is not None:
             event["prediction"] = orjson.Fragment(record.response_json)
         elif record.response is not None:
-            event["prediction"] = prediction_to_json(record.fqrv, record.response)
+            event["prediction"] = orjson.Fragment(prediction_json(record.fqrv, record.response))
         event["servedRequest"] = record.served
         if record.request_json is not None:
             event["inferenceRequest"] = orjson.Fragment(record.request_json)
         else:
-            event["inferenceRequest"] = request_to_json(record.request, record.configs)
+            event["inferenceRequest"] = orjson.Fragment(request_json(record.request, record.configs))
     event["loggingSettings"] = logging_to_json(record.logging)
     event["eventTimeMS"] = str(record.event_time_ms)
     event["requestId"] = record.request_id
