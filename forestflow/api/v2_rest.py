@@ -149,9 +149,9 @@ def encode_response(
 
 
 def _compress(request: web.Request, response: web.Response, size: int) -> None:
-    accepted = {part.split(";")[0].strip().lower() for part in request.headers.get(hdrs.ACCEPT_ENCODING, "").split(",")}
     if size < MIN_COMPRESS_BYTES:
         return
+    accepted = {part.split(";")[0].strip().lower() for part in request.headers.get(hdrs.ACCEPT_ENCODING, "").split(",")}
     if "gzip" in accepted:
         response.enable_compression(web.ContentCoding.gzip)
     elif "deflate" in accepted:

@@ -37,6 +37,9 @@ from forestflow.runtime.base import Servable
 
 #: Most rows one combined call on the event loop may hold: it stays well under a millisecond.
 _MAX_ROWS_ON_LOOP = 64
+#: Only requests this small are gathered with others: for bigger ones a call of their own costs
+#: little more per row, and waiting for the end of the turn would be all cost.
+_GATHER_MAX_ROWS = 8
 
 
 class Priority(enum.IntEnum):
@@ -195,7 +198,7 @@ class ServableScheduler:
         stops after one that saw a single request; otherwise each is scored at once.
         """
         future = loop.create_future()
-        if self.coalesce_rows:
+        if self.coalesce_rows and frame.num_rows <= _GATHER_MAX_ROWS:
             self._turn_offers += 1
             if not self._turn_armed:
                 self._turn_armed = True
