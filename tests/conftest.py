@@ -35,9 +35,11 @@ def gateway_process(tmp_path: Path) -> Iterator[type[GatewayProcess]]:
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """The loop the tests run on: asyncio's, like ``forestflow serve`` by default; FORESTFLOW_TEST_LOOP=uvloop
-    runs them on uvloop (the opt-in ``event_loop`` setting)."""
-    if os.environ.get("FORESTFLOW_TEST_LOOP", "asyncio") == "asyncio":
+    """The loop the tests run on: asyncio's, like ``forestflow serve`` by default; FF_TEST_LOOP=uvloop
+    runs them on uvloop (the opt-in ``event_loop`` setting; gateway child processes get it too).
+
+    Not a FORESTFLOW_* name: child gateways inherit the environment and refuse unknown settings."""
+    if os.environ.get("FF_TEST_LOOP", "asyncio") == "asyncio":
         return {"asyncio": asyncio.new_event_loop}
     import uvloop
 

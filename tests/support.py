@@ -131,7 +131,8 @@ class GatewayProcess:
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "FORESTFLOW_ALLOW_PYTHON": "1", "FORESTFLOW_GRPC_PORT": "-1", **(env or {})}
+        loop = {"FORESTFLOW_EVENT_LOOP": os.environ["FF_TEST_LOOP"]} if os.environ.get("FF_TEST_LOOP") else {}
+        self.env = {**os.environ, "FORESTFLOW_ALLOW_PYTHON": "1", "FORESTFLOW_GRPC_PORT": "-1", **loop, **(env or {})}
         self.args = args or []
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"gateway-{self.port}.log"
