@@ -35,6 +35,7 @@ class LineSink:
         self._pending = bytearray()
         self._lock = threading.Lock()  # structlog lines may come from scoring threads
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
 
     def write(self, line: bytes) -> None:
         """Write ``line`` now, after whatever is buffered."""
@@ -52,11 +53,14 @@ class LineSink:
             full = len(self._pending) >= self._max_pending
         if full:
             self.flush()
-        elif self._timer is None:
-            try:
-                self._timer = asyncio.get_running_loop().call_later(ACCESS_FLUSH_S, self._timed_flush)
-            except RuntimeError:  # no loop (a test, a script): nothing would flush it later
-                self.flush()
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a test, a script): nothing would flush it later
+            self.flush()
+            return
+        if self._timer is None or self._timer_loop is not loop:  # (a timer of a loop that ended never fires)
+            self._timer, self._timer_loop = loop.call_later(ACCESS_FLUSH_S, self._timed_flush), loop
 
     def _timed_flush(self) -> None:
         self._timer = None

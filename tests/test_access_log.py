@@ -68,3 +68,20 @@ def test_every_request_gets_one_line_with_id_contract_servable_status_latency(
     events = [l.get("event") for l in _lines(gw)]
     assert events[-1] == "stopped"  # the last access lines were written before it, at shutdown
     assert events.count("request") == len(access) + 3
+
+
+def test_a_timer_left_behind_by_an_ended_loop_does_not_hold_later_lines() -> None:
+    out = io.BytesIO()
+    sink = logs.LineSink(out)
+
+    async def buffer_then_leave() -> None:
+        sink.buffer(b"first\n")  # its loop ends before the timer fires
+
+    async def buffer_and_wait() -> None:
+        sink.buffer(b"second\n")
+        await asyncio.sleep(logs.ACCESS_FLUSH_S + 0.1)
+
+    asyncio.run(buffer_then_leave())
+    assert out.getvalue() == b""
+    asyncio.run(buffer_and_wait())
+    assert out.getvalue() == b"first\nsecond\n"
