@@ -120,11 +120,6 @@ def configure_logging(level: str = "info", stream: BinaryIO | None = None) -> No
     )
 
 
-def flush_logs() -> None:
-    """Write the buffered access lines (at shutdown)."""
-    _sink.flush()
-
-
 _second = -1
 _second_text = ""
 

@@ -12,7 +12,6 @@ import structlog
 from aiohttp import web
 
 from forestflow import logs
-
 from forestflow.api.common import CONTRACT, FQRV_TAG, REQUEST_ID, SETTINGS
 from forestflow.api.responses import error_response
 from forestflow.errors import GatewayError, InvalidInput, MethodNotAllowed, NotFound, PayloadTooLarge, ScoringError

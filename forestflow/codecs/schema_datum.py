@@ -339,7 +339,7 @@ def _rows_json(frame: Frame, ff_type: str, names: list[str]) -> list[bytes]:
     rows: list[list[Any]] | None = None
     if frame.num_rows == 1:  # the common single record: no row boundaries to find
         values = list(chain.from_iterable(c.reshape(-1).tolist() for c in cols))
-        return [_dumps(_json_values(ff_type, values) if ff_type in ("Int64", "Bytes") else values)]
+        return [_dumps(_json_values(ff_type, values))]
     if ff_type in ("Float64", "Bool") and all(c.ndim == 1 for c in cols):
         dumped = _dumps(np.column_stack(cols))
     else:
