@@ -25,7 +25,9 @@ from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+from aiokafka.errors import KafkaConnectionError
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from forestflow.predlog.log import LogEntry
 
@@ -33,6 +35,11 @@ log = structlog.get_logger("forestflow.predlog.kafka")
 
 #: Added to the request timeout for every bounded wait (connect, one batch, close).
 _MARGIN_S = 1.0
+#: aiokafka's own default partitioner: a key goes to the partition ``send()`` would have chosen.
+_PARTITIONER = DefaultPartitioner()
+#: Record batches of up to this many bytes (aiokafka's default is 16 KiB); below Kafka's default
+#: message.max.bytes of 1 MiB.
+_BATCH_BYTES = 512 * 1024
 #: Upper bound for stopping a producer (it holds nothing we still want at that point).
 _CLOSE_TIMEOUT_S = 5.0
 
@@ -85,6 +92,7 @@ class KafkaSink:
         self.rejected = 0
         self._producer: AIOKafkaProducer | None = None
         self._broken = False
+        self._refused: set[int] = set()  # ids of entries of the current send() refused as too large
 
     @classmethod
     def from_settings(cls, settings: Any) -> KafkaSink:
@@ -116,6 +124,7 @@ class KafkaSink:
             enable_idempotence=self.enable_idempotence,
             request_timeout_ms=self.request_timeout_ms,
             max_request_size=self.max_request_size,
+            max_batch_size=min(_BATCH_BYTES, self.max_request_size),
         )
 
     async def start(self) -> None:
@@ -131,35 +140,36 @@ class KafkaSink:
         self._broken = False
 
     async def send(self, entries: list[LogEntry]) -> list[LogEntry]:
-        """Produce ``entries``; return those whose delivery was not confirmed, in their order."""
+        """Produce ``entries``; return those whose delivery was not confirmed, in their order.
+
+        Entries are packed into one record batch per topic partition (aiokafka's batch API: one
+        delivery future per batch instead of a coroutine and a future per event), partitioned by
+        key exactly as aiokafka's default partitioner does for ``send()``.
+        """
         producer = self._producer
         if producer is None or self._broken:
             return list(entries)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.delivery_timeout_s
-        pending: list[tuple[LogEntry, asyncio.Future[Any]]] = []
-        unsent_from = len(entries)  # entries from here on were never handed to the producer
+        pending: list[tuple[list[LogEntry], asyncio.Future[Any]]] = []
+        handed: set[int] = set()  # ids of the entries given to the producer
         error: BaseException | None = None
-        i = 0
         try:
             try:
                 async with asyncio.timeout_at(deadline):
-                    for i, entry in enumerate(entries):
-                        topic = self.gp_topic if entry.graphpipe else self.topic
-                        try:
-                            fut = await producer.send(topic, entry.value, key=entry.key)
-                        except MessageSizeTooLargeError as exc:
-                            self.rejected += 1
-                            log.error("prediction_log_event_too_large", topic=topic, bytes=len(entry.value), error=str(exc))
-                            continue
-                        except Exception as exc:
-                            unsent_from, error = i, exc
+                    for (topic, partition), batches in (await self._pack(producer, entries)).items():
+                        for builder, members in batches:
+                            try:
+                                fut = await producer.send_batch(builder, topic, partition=partition)
+                            except Exception as exc:
+                                error = exc
+                                break
+                            pending.append((members, fut))
+                            handed.update(map(id, members))
+                        if error is not None:
                             break
-                        pending.append((entry, fut))
             except TimeoutError as exc:
-                # Cancelling aiokafka's send() while it waits for metadata or for room means the
-                # entry it was handling was not queued.
-                unsent_from = i
+                # Cancelling send_batch() while it waits for room means its batch was not queued.
                 error = exc
             if pending:
                 await asyncio.wait([fut for _, fut in pending], timeout=max(0.0, deadline - loop.time()))
@@ -172,18 +182,15 @@ class KafkaSink:
         def confirmed(fut: asyncio.Future[Any]) -> bool:
             return fut.done() and not fut.cancelled() and fut.exception() is None
 
-        if unsent_from == len(entries) and all(confirmed(fut) for _, fut in pending):
+        unconfirmed = {id(e) for members, fut in pending if not confirmed(fut) for e in members}
+        if error is None and not unconfirmed:
             return []
         self._broken = True
         self._discard_pending(producer, [fut for _, fut in pending])
-        failed: list[LogEntry] = []
-        for entry, fut in pending:
-            if confirmed(fut):
-                continue
-            failed.append(entry)
-            if error is None and fut.done() and not fut.cancelled():
-                error = fut.exception()
-        failed.extend(entries[unsent_from:])
+        if error is None:
+            error = next((fut.exception() for _, fut in pending if fut.done() and not confirmed(fut) and not fut.cancelled()), None)
+        failed = [e for e in entries if id(e) in unconfirmed or (id(e) not in handed and id(e) not in self._refused)]
+        self._refused.clear()
         log.warning(
             "prediction_log_kafka_delivery_failed",
             failed=len(failed),
@@ -191,6 +198,31 @@ class KafkaSink:
             error=repr(error) if error is not None else "not confirmed in time",
         )
         return failed
+
+    async def _pack(
+        self, producer: AIOKafkaProducer, entries: list[LogEntry]
+    ) -> dict[tuple[str, int], list[tuple[Any, list[LogEntry]]]]:
+        """Record batches per (topic, partition), each with the entries it holds, in entry order."""
+        self._refused.clear()
+        partitions: dict[str, list[int]] = {}
+        out: dict[tuple[str, int], list[tuple[Any, list[LogEntry]]]] = {}
+        for entry in entries:
+            topic = self.gp_topic if entry.graphpipe else self.topic
+            if DefaultRecordBatchBuilder.estimate_size_in_bytes(entry.key, entry.value, []) > self.max_request_size:
+                self.rejected += 1
+                self._refused.add(id(entry))
+                log.error("prediction_log_event_too_large", topic=topic, bytes=len(entry.value), max_request_size=self.max_request_size)
+                continue
+            known = partitions.get(topic)
+            if known is None:
+                known = partitions[topic] = sorted(await producer.partitions_for(topic))
+            batches = out.setdefault((topic, _PARTITIONER(entry.key, known, known)), [])
+            if not batches or batches[-1][0].append(timestamp=None, key=entry.key, value=entry.value, headers=[]) is None:
+                builder = producer.create_batch()
+                builder.append(timestamp=None, key=entry.key, value=entry.value, headers=[])  # a first record always fits
+                batches.append((builder, []))
+            batches[-1][1].append(entry)
+        return out
 
     async def close(self) -> None:
         """Stop the producer within a bounded time, discarding anything it still holds."""
