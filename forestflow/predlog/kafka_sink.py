@@ -92,7 +92,6 @@ class KafkaSink:
         self.rejected = 0
         self._producer: AIOKafkaProducer | None = None
         self._broken = False
-        self._refused: set[int] = set()  # ids of entries of the current send() refused as too large
 
     @classmethod
     def from_settings(cls, settings: Any) -> KafkaSink:
@@ -153,23 +152,17 @@ class KafkaSink:
         deadline = loop.time() + self.delivery_timeout_s
         pending: list[tuple[list[LogEntry], asyncio.Future[Any]]] = []
         handed: set[int] = set()  # ids of the entries given to the producer
+        refused: set[int] = set()  # ids of the entries too large to ever be sent
         error: BaseException | None = None
         try:
             try:
                 async with asyncio.timeout_at(deadline):
-                    for (topic, partition), batches in (await self._pack(producer, entries)).items():
-                        for builder, members in batches:
-                            try:
-                                fut = await producer.send_batch(builder, topic, partition=partition)
-                            except Exception as exc:
-                                error = exc
-                                break
-                            pending.append((members, fut))
-                            handed.update(map(id, members))
-                        if error is not None:
-                            break
-            except TimeoutError as exc:
-                # Cancelling send_batch() while it waits for room means its batch was not queued.
+                    packed, refused = await self._pack(producer, entries)
+                    for (topic, partition), builder, members in packed:
+                        fut = await producer.send_batch(builder, topic, partition=partition)
+                        pending.append((members, fut))
+                        handed.update(map(id, members))
+            except Exception as exc:  # TimeoutError included: a cancelled send_batch() did not queue its batch
                 error = exc
             if pending:
                 await asyncio.wait([fut for _, fut in pending], timeout=max(0.0, deadline - loop.time()))
@@ -189,8 +182,7 @@ class KafkaSink:
         self._discard_pending(producer, [fut for _, fut in pending])
         if error is None:
             error = next((fut.exception() for _, fut in pending if fut.done() and not confirmed(fut) and not fut.cancelled()), None)
-        failed = [e for e in entries if id(e) in unconfirmed or (id(e) not in handed and id(e) not in self._refused)]
-        self._refused.clear()
+        failed = [e for e in entries if id(e) in unconfirmed or (id(e) not in handed and id(e) not in refused)]
         log.warning(
             "prediction_log_kafka_delivery_failed",
             failed=len(failed),
@@ -201,16 +193,16 @@ class KafkaSink:
 
     async def _pack(
         self, producer: AIOKafkaProducer, entries: list[LogEntry]
-    ) -> dict[tuple[str, int], list[tuple[Any, list[LogEntry]]]]:
-        """Record batches per (topic, partition), each with the entries it holds, in entry order."""
-        self._refused.clear()
+    ) -> tuple[list[tuple[tuple[str, int], Any, list[LogEntry]]], set[int]]:
+        """Record batches ((topic, partition), batch, its entries in order) and the ids of entries too large to send."""
+        refused: set[int] = set()
         partitions: dict[str, list[int]] = {}
         out: dict[tuple[str, int], list[tuple[Any, list[LogEntry]]]] = {}
         for entry in entries:
             topic = self.gp_topic if entry.graphpipe else self.topic
             if DefaultRecordBatchBuilder.estimate_size_in_bytes(entry.key, entry.value, []) > self.max_request_size:
                 self.rejected += 1
-                self._refused.add(id(entry))
+                refused.add(id(entry))
                 log.error("prediction_log_event_too_large", topic=topic, bytes=len(entry.value), max_request_size=self.max_request_size)
                 continue
             known = partitions.get(topic)
@@ -222,7 +214,7 @@ class KafkaSink:
                 builder.append(timestamp=None, key=entry.key, value=entry.value, headers=[])  # a first record always fits
                 batches.append((builder, []))
             batches[-1][1].append(entry)
-        return out
+        return [(tp, builder, members) for tp, batches in out.items() for builder, members in batches], refused
 
     async def close(self) -> None:
         """Stop the producer within a bounded time, discarding anything it still holds."""

@@ -11,7 +11,9 @@ import time
 from collections import Counter
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
+from aiokafka.partitioner import DefaultPartitioner
 
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.predlog.encode import encode_event
@@ -55,6 +57,33 @@ async def test_send_routes_by_topic_with_keys(broker: KafkaBroker, topic: str) -
         [(b"u0|s0", entries[0].value), (b"s1", entries[1].value), (None, entries[2].value)], key=str
     )
     assert [(r.key, r.value) for r in got_gp] == [(b"u3", entries[3].value)]
+
+
+async def test_entries_over_several_record_batches_arrive_once_on_their_keys_partitions(broker: KafkaBroker, topic: str) -> None:
+    # 400 events of ~3 KB: more than one 512 KiB record batch per partition.
+    entries = [entry(make_record(i, {"user": f"u{i % 37}"}, pad=3000)) for i in range(400)]
+    sink = kafka_sink(broker.bootstrap, topic)
+    await sink.start()
+    try:
+        assert await sink.send(entries) == []
+    finally:
+        await sink.close()
+    got = await read_topic(broker.bootstrap, topic, expect=400)
+    assert request_ids(got) == Counter(f"req-{i}" for i in range(400))
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=False)
+    await producer.start()
+    try:
+        partitions = sorted(await producer.partitions_for(topic))
+    finally:
+        await producer.stop()
+    consumer_view = {r.key: r.partition for r in got}
+    assert len(consumer_view) == 37 and len(set(consumer_view.values())) == len(partitions) > 1
+    for key, partition in consumer_view.items():
+        assert partition == DefaultPartitioner()(key, partitions, partitions)
+    # Within one key, events keep the order they were handed over in.
+    for key in consumer_view:
+        ids = [int(pb.PredictionEvent.FromString(r.value).requestId.split("-")[1]) for r in got if r.key == key]
+        assert ids == sorted(ids)
 
 
 async def test_start_raises_promptly_without_broker() -> None:
