@@ -6,65 +6,67 @@ protobuf's JSON mapping gives the same event (camelCase, int64 as strings, bytes
 
 from __future__ import annotations
 
-from typing import Any
-
 import base64
+import functools
+import struct
+from typing import Any
 
 import orjson
 from google.protobuf import json_format
 
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs.ff_settings import fqrv_to_json, logging_to_json
-from forestflow.codecs.ff_protobuf import embedded, inference_request_bytes, prediction_bytes
+from forestflow.codecs.ff_protobuf import embedded, fqrv_bytes, inference_request_bytes, key, prediction_bytes, varint
 from forestflow.codecs.schema_datum import prediction_json, request_json
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
 from forestflow.predlog.record import PredictionRecord
 
 
-def _fill_fqrv(message: Any, fqrv: FQRV) -> None:
-    message.contract.organization = fqrv.contract.organization
-    message.contract.project = fqrv.contract.project
-    message.contract.contract_number = fqrv.contract.number
-    message.release_version = fqrv.release
+_LATENCY = struct.Struct("<d")
+_SERVED = {True: key(2, 0) + b"\x01", False: key(2, 0) + b"\x00"}
+_EVENT_TIME, _LATENCY_MS, _STATUS = key(10, 0), key(13, 1), key(14, 0)
 
 
-def _fill_logging(message: Any, logging: LoggingSettings) -> None:
-    message.logLevel = logging.log_level.value
-    message.keyFeatures.extend(logging.key_features)
-    message.keyFeaturesSeparator = logging.key_features_separator
+@functools.lru_cache(maxsize=256)
+def _logging_field(logging: LoggingSettings) -> bytes:
+    """Field 4 (loggingSettings) of either event; a servable's settings repeat on every event."""
+    body = key(1, 0) + varint(logging.log_level.value)
+    body += b"".join(embedded(2, name.encode()) for name in logging.key_features)
+    return embedded(4, body + embedded(3, logging.key_features_separator.encode()))
 
 
-def _fill_common(event: Any, record: PredictionRecord) -> None:
-    event.servedRequest = record.served
-    _fill_logging(event.loggingSettings, record.logging)
-    event.eventTimeMS = record.event_time_ms
-    event.requestId = record.request_id
-    _fill_fqrv(event.fqrv, record.fqrv)
-    event.latencyMs = record.latency_ms
-    event.status = record.status
+def _common_fields(record: PredictionRecord) -> bytes:
+    """The fields PredictionEvent and PredictionEventGP share (servedRequest, loggingSettings, 10-17)."""
+    out = [
+        _SERVED[record.served],
+        _logging_field(record.logging),
+        _EVENT_TIME + varint(record.event_time_ms),
+        embedded(11, record.request_id.encode()),
+        embedded(12, fqrv_bytes(record.fqrv)),
+        _LATENCY_MS + _LATENCY.pack(record.latency_ms),
+        _STATUS + varint(record.status),
+    ]
     if record.error:
-        event.error = record.error
-        event.errorCode = record.error_code
-    event.protocol = record.protocol
+        out += (embedded(15, record.error.encode()), embedded(16, record.error_code.encode()))
+    out.append(embedded(17, record.protocol.encode()))
+    return b"".join(out)
 
 
 def encode_event(record: PredictionRecord) -> bytes:
-    """The serialized event: PredictionEventGP for GraphPipe records, else PredictionEvent."""
+    """The serialized event: PredictionEventGP for GraphPipe records, else PredictionEvent.
+
+    Assembled as bytes (cached pieces for what repeats: the servable's fqrv and logging settings),
+    which parses to the message the protobuf API builds field by field (tested).
+    """
+    payload = _common_fields(record)
     if record.is_graphpipe:
-        gp = pb.PredictionEventGP()
-        _fill_common(gp, record)
         assert record.raw_request is not None
-        gp.inferBytes = record.raw_request
+        payload += embedded(3, record.raw_request)
         if record.raw_response is not None:
-            gp.prediction.inferResponse = record.raw_response
-            _fill_fqrv(gp.prediction.fqrv, record.fqrv)
-        return gp.SerializeToString()
-    event = pb.PredictionEvent()
-    _fill_common(event, record)
-    # The request and the prediction are assembled as bytes and appended: a parser merges fields
-    # in any order, and this skips a protobuf API call per record and tensor.
-    payload = event.SerializeToString() + embedded(3, inference_request_bytes(record.request, record.configs))
+            payload += embedded(1, embedded(1, record.raw_response) + embedded(2, fqrv_bytes(record.fqrv)))
+        return payload
+    payload += embedded(3, inference_request_bytes(record.request, record.configs))
     if record.response is not None:
         payload += embedded(1, prediction_bytes(record.fqrv, record.response))
     return payload

@@ -1,0 +1,75 @@
+"""The hand-assembled prediction events parse to exactly what the protobuf API builds field by field."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from forestflow._proto import forestflow_pb2 as pb
+from forestflow.core.ids import FQRV
+from forestflow.core.policies import LoggingSettings, LogLevel
+from forestflow.predlog.encode import decode_event, encode_event
+from forestflow.predlog.record import PredictionRecord
+from tests.codecs.test_ff_protobuf import prediction_to_proto, request_to_proto
+from tests.predlog.test_encode_json import records
+
+
+def _fill_fqrv(message: Any, fqrv: FQRV) -> None:
+    message.contract.organization = fqrv.contract.organization
+    message.contract.project = fqrv.contract.project
+    message.contract.contract_number = fqrv.contract.number
+    message.release_version = fqrv.release
+
+
+def event_to_proto(record: PredictionRecord) -> Any:
+    """The oracle: the event built through the protobuf API."""
+    event = pb.PredictionEventGP() if record.is_graphpipe else pb.PredictionEvent()
+    event.servedRequest = record.served
+    event.loggingSettings.logLevel = record.logging.log_level.value
+    event.loggingSettings.keyFeatures.extend(record.logging.key_features)
+    event.loggingSettings.keyFeaturesSeparator = record.logging.key_features_separator
+    event.eventTimeMS = record.event_time_ms
+    event.requestId = record.request_id
+    _fill_fqrv(event.fqrv, record.fqrv)
+    event.latencyMs = record.latency_ms
+    event.status = record.status
+    if record.error:
+        event.error = record.error
+        event.errorCode = record.error_code
+    event.protocol = record.protocol
+    if record.is_graphpipe:
+        event.inferBytes = record.raw_request
+        if record.raw_response is not None:
+            event.prediction.inferResponse = record.raw_response
+            _fill_fqrv(event.prediction.fqrv, record.fqrv)
+    else:
+        event.inferenceRequest.CopyFrom(request_to_proto(record.request, record.configs))
+        if record.response is not None:
+            event.prediction.CopyFrom(prediction_to_proto(record.fqrv, record.response))
+    return event
+
+
+def more_records() -> list[PredictionRecord]:
+    base = records()
+    odd = dataclasses.replace(
+        base[0],
+        logging=LoggingSettings(LogLevel.SAMPLE, ("user", "sessión"), "::"),
+        request_id="r" * 300,
+        event_time_ms=2**41 + 7,
+        latency_ms=0.0,
+        status=-1,
+        error="x" * 200,
+        error_code="",
+        protocol="",
+    )
+    return [*base, odd]
+
+
+@pytest.mark.parametrize("record", more_records(), ids=["ok", "vector", "failed", "shadow", "gp", "gp-failed", "odd"])
+def test_event_matches_protobuf_api(record: PredictionRecord) -> None:
+    decoded = decode_event(encode_event(record), record.is_graphpipe)
+    assert decoded == event_to_proto(record)
+    # Every field the oracle sets is present on the wire, so consumers see the same presence.
+    assert decoded.ListFields() == event_to_proto(record).ListFields()
