@@ -37,6 +37,17 @@ def pinned(cpu: int, argv: list[str]) -> list[str]:
     return [TASKSET, "-c", str(cpu), *argv] if TASKSET and (os.cpu_count() or 1) > 1 else argv
 
 
+def pin_process(pid: int, cpu: int) -> None:
+    """Move every thread of a running process to one core (when the machine has more than one)."""
+    if (os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
 def free_port() -> int:
     import socket
 
@@ -201,6 +212,10 @@ def kafka_cells(args: argparse.Namespace, work: Path, row_counts: list[int], con
 
     cells: list[Cell] = []
     with running_broker() as broker:
+        # The broker shares the load generator's core: the gateway keeps core 0 to itself, as in
+        # the other cells, and its CPU per request is what the logging cost is measured on.
+        for pid in broker.pids:
+            pin_process(pid, 1)
         env = {"FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "FORESTFLOW_KAFKA_ENABLE_IDEMPOTENCE": "false"}
         gw = start_gateway(work / "data-kafka", env, work, "gateway-kafka")
         try:
@@ -265,8 +280,10 @@ def check_targets(cells: list[Cell]) -> None:
             base = cell(c.endpoint, c.rows, c.concurrency, "NONE")
             if base and base.result.rps:
                 cost = 1 - c.result.rps / base.result.rps
+                cpu_cost = 1 - base.result.cpu_us / c.result.cpu_us
                 if c.concurrency == 16:
-                    print(f"logging {c.logging} cost {c.endpoint} {c.rows}-row c16 <= 10%: {cost * 100:.1f}% {'HOLDS' if cost <= 0.10 else 'MISSED'}")
+                    print(f"logging {c.logging} cost {c.endpoint} {c.rows}-row c16 <= 10%: {cost * 100:.1f}% "
+                          f"(gateway CPU per request: {cpu_cost * 100:.1f}%) {'HOLDS' if cost <= 0.10 else 'MISSED'}")
     for c in cells:
         if c.concurrency == 64:
             ok = c.result.p99_ms <= 3 * c.result.p50_ms

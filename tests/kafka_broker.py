@@ -115,6 +115,11 @@ class KafkaBroker:
         )
 
     @property
+    def pids(self) -> list[int]:
+        """The running broker processes (tansu and the front port), e.g. to pin them to a CPU."""
+        return [proc.pid for proc in (self._tansu, self._front) if proc is not None and proc.poll() is None]
+
+    @property
     def log_path(self) -> Path | None:
         """tansu's stdout and stderr (for diagnosing a failed test)."""
         return self._dir / "tansu.log" if self._dir else None
