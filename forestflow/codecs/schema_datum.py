@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from functools import partial
@@ -22,7 +23,7 @@ import orjson
 
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs.ff_settings import fqrv_to_json
-from forestflow.core.frame import Frame, datatype_of
+from forestflow.core.frame import DATATYPES, Frame, datatype_of
 from forestflow.core.ids import FQRV
 from forestflow.errors import InvalidInput
 
@@ -292,12 +293,30 @@ def _ff_type(column: np.ndarray) -> str:
     return _V2_TO_FF[dt]
 
 
+#: numpy dtype -> ForestFlow type for the fixed-width dtypes (object columns are looked at per column).
+_FF_OF_DTYPE: dict[np.dtype[Any], str] = {
+    dtype: _V2_TO_FF[name] for name, dtype in DATATYPES.items() if name in _V2_TO_FF
+}
+
+
 def type_groups(frame: Frame) -> list[tuple[str, list[str]]]:
     """Output columns grouped by ForestFlow type, in order of first appearance (one schema entry each)."""
     groups: dict[str, list[str]] = {}
     for name, column in frame.columns.items():
-        groups.setdefault(_ff_type(column), []).append(name)
+        ff_type = _FF_OF_DTYPE.get(column.dtype)
+        groups.setdefault(ff_type or _ff_type(column), []).append(name)
     return list(groups.items())
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_json(groups: tuple[tuple[str, tuple[str, ...]], ...]) -> bytes:
+    """The ``schema`` JSON of a layout (outputs of one servable share theirs)."""
+    return orjson.dumps([{"type": t, "fields": list(names)} for t, names in groups])
+
+
+@functools.lru_cache(maxsize=1024)
+def _fqrv_json(fqrv: FQRV) -> bytes:
+    return orjson.dumps(fqrv_to_json(fqrv))
 
 
 def _json_values(ff_type: str, values: list[Any]) -> list[Any]:
@@ -362,7 +381,7 @@ def _schema_datum_bytes(frame: Frame) -> tuple[bytes, bytes]:
     joined with the constant JSON around them, instead of four dicts and a list per row.
     """
     groups = type_groups(frame)
-    schema = orjson.dumps([{"type": t, "fields": names} for t, names in groups])
+    schema = _schema_json(tuple((t, tuple(names)) for t, names in groups))
     if not groups or frame.num_rows == 0:
         return schema, b"[]"
     parts: list[Any] = []
@@ -376,7 +395,7 @@ def _schema_datum_bytes(frame: Frame) -> tuple[bytes, bytes]:
 def prediction_json(fqrv: FQRV, frame: Frame, unknown_inputs: Sequence[str] = ()) -> bytes:
     """The ``Prediction`` body (fqrv, schema, one datum per row, unknown input names if any), without the envelope."""
     schema, datum = _schema_datum_bytes(frame)
-    out = b'{"fqrv":' + orjson.dumps(fqrv_to_json(fqrv)) + b',"schema":' + schema + b',"datum":' + datum
+    out = b'{"fqrv":' + _fqrv_json(fqrv) + b',"schema":' + schema + b',"datum":' + datum
     if unknown_inputs:
         out += b',"unknownInputs":' + orjson.dumps(list(unknown_inputs))
     return out + b"}"
