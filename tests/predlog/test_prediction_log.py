@@ -138,10 +138,12 @@ async def test_outage_within_buffer_delivers_everything_once(broker: KafkaBroker
     await delivered_all(plog, 30)
     await plog.close(5)
     assert (plog.stats.delivered, plog.stats.dropped) == (1501, 0)
-    # emit() never waits for the broker: an outage adds < 5 ms at p99 (the machine is shared, so
-    # compare with the healthy run rather than with an absolute number).
+    # emit() never waits for the broker: the median stays under 1 ms and the p99 within 20 ms of
+    # the healthy run's (a wait on the dead broker would be its connect timeout: seconds). The
+    # machine is shared and virtual, so stalls of a few ms happen in any run (seen: 8 ms at p99
+    # once in a full suite run, with the broker up or not).
     assert _p(outage, 0.5) < 0.001
-    assert _p(outage, 0.99) < _p(healthy, 0.99) + 0.005
+    assert _p(outage, 0.99) < _p(healthy, 0.99) + 0.020
 
     got = await read_topic(broker.bootstrap, topic, expect=1501)
     assert ids_in(got) == Counter([f"req-{i}" for i in range(1500)] + ["req-warm"])
