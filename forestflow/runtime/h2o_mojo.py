@@ -1,9 +1,9 @@
 """The H2O MOJO flavor: scores MOJOs with H2O's genmodel classes in an in-process JVM (JPype).
 
-A batch crosses into Java in one call: the frame becomes a ``double[n][features]`` (categoricals
-as domain indices, NA as NaN, mapped here in numpy) and one ``MethodHandle`` counted loop runs
-``GenModel.score0`` over every row on the Java side. The loop is built from JDK method-handle
-combinators, so no Java source is compiled. Models whose categoricals are encoded by genmodel
+A batch crosses into Java in one call: the frame becomes one flat ``double[]`` of rows
+(categoricals as domain indices, NA as NaN, mapped here in numpy) and our small
+``forestflow.h2o.BatchScorer`` class (``runtime/java``) runs ``GenModel.score0`` over every row on
+the Java side. Models whose categoricals are encoded by genmodel
 itself (one-hot, binary, ... encodings, GAM) are scored row by row through
 ``EasyPredictModelWrapper``, like ForestFlow did. Either way unseen levels and unparsable numbers
 are NA (ForestFlow's ``convertUnknownCategoricalLevelsToNa`` / ``convertInvalidNumbersToNa``).

@@ -25,12 +25,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["JVMError", "ensure_jvm", "genmodel_jar", "is_started", "jclass", "score0_loop", "score_batch"]
+__all__ = ["JAVA_DIR", "JVMError", "batch_scorer", "ensure_jvm", "genmodel_jar", "is_started", "jclass", "score_batch"]
 
 _lock = threading.Lock()
 _started_pid: int | None = None
 _classes: dict[str, Any] = {}
-_loops: dict[bool, Any] = {}
+
+#: Our own Java helper: its source and compiled class (scripts/gen_java.py builds it).
+JAVA_DIR = Path(__file__).resolve().parent / "java"
+JAVA_SOURCES = ("BatchScorer.java",)
 
 # A class every genmodel jar has: proves the classpath is right after start.
 _PROBE_CLASS = "hex.genmodel.MojoModel"
@@ -126,49 +129,20 @@ def jclass(name: str) -> Any:
     return cls
 
 
-def score0_loop(with_offset: bool = False) -> Any:
-    """A MethodHandle ``(int n, GenModel m, double[][] X, [double[] O,] double[][] P) -> void``.
+@functools.cache
+def batch_scorer() -> Any:
+    """Our ``forestflow.h2o.BatchScorer`` class (see ``java/BatchScorer.java``), loaded once.
 
-    Invoked with ``invokeWithArguments``, it runs ``m.score0(X[i], [O[i],] P[i])`` for every
-    ``i < n`` inside the JVM: one JNI crossing per batch instead of one per row. It is assembled
-    from JDK method-handle combinators (``MethodHandles.countedLoop``), so no Java source has to
-    be compiled. Built once per process; method handles are immutable and thread-safe.
+    It is loaded by a class loader of its own whose parent is genmodel's, so it links against the
+    same ``GenModel`` whatever started the JVM and whatever its classpath.
     """
-    ensure_jvm()
-    with _lock:
-        handle = _loops.get(with_offset)
-        if handle is not None:
-            return handle
-        import jpype
+    import jpype
 
-        mh = jpype.JClass("java.lang.invoke.MethodHandles")
-        mt = jpype.JClass("java.lang.invoke.MethodType")
-        gen = jpype.JClass("hex.genmodel.GenModel").class_
-        d1 = jpype.JArray(jpype.JDouble).class_
-        d2 = jpype.JArray(jpype.JDouble, 2).class_
-        void = jpype.JClass("java.lang.Void").TYPE
-        int_ = jpype.JClass("java.lang.Integer").TYPE
-        double_ = jpype.JClass("java.lang.Double").TYPE
-        row = mh.arrayElementGetter(d2)  # (double[][] a, int i) -> a[i]
-        lookup = mh.publicLookup()
-        if with_offset:
-            score = lookup.findVirtual(gen, "score0", mt.methodType(d1, d1, [double_, d1]))
-            score = score.asType(mt.methodType(void, gen, [d1, double_, d1]))
-            body = mh.collectArguments(score, 3, row)
-            body = mh.collectArguments(body, 2, mh.arrayElementGetter(d1))
-            body = mh.collectArguments(body, 1, row)
-            # body takes (m, X, i, O, i, P, i); the loop calls it with (i, n, m, X, O, P).
-            params, order = [gen, d2, d1, d2], [2, 3, 0, 4, 0, 5, 0]
-        else:
-            score = lookup.findVirtual(gen, "score0", mt.methodType(d1, d1, [d1]))
-            score = score.asType(mt.methodType(void, gen, [d1, d1]))
-            body = mh.collectArguments(mh.collectArguments(score, 2, row), 1, row)
-            # body takes (m, X, i, P, i); the loop calls it with (i, n, m, X, P).
-            params, order = [gen, d2, d2], [2, 3, 0, 4, 0]
-        body = mh.permuteArguments(body, mt.methodType(void, int_, [int_, *params]), jpype.JArray(jpype.JInt)(order))
-        iterations = mh.dropArguments(mh.identity(int_), 1, params)  # the loop runs n times
-        handle = _loops[with_offset] = mh.countedLoop(iterations, None, body)
-        return handle
+    ensure_jvm()
+    url = jclass("java.io.File")(str(JAVA_DIR) + os.sep).toURI().toURL()
+    parent = jclass("hex.genmodel.GenModel").class_.getClassLoader()
+    loader = jclass("java.net.URLClassLoader")(jpype.JArray(jclass("java.net.URL"))([url]), parent)
+    return jpype.JClass("forestflow.h2o.BatchScorer", loader=loader)
 
 
 @functools.cache
@@ -182,22 +156,24 @@ def _double_array() -> Any:
 def score_batch(model: Any, X: np.ndarray, offsets: np.ndarray | None, preds_size: int) -> np.ndarray:
     """``GenModel.score0`` of every row of ``X`` (NaN = NA) in one Java call: ``(n, preds_size)``.
 
-    With ``offsets`` the offset overload ``score0(row, offset, preds)`` is used per row.
+    The rows cross as one flat ``double[]`` and the predictions come back as another: a handful
+    of JNI crossings per batch whatever its size (a ``double[][]`` costs one per row each way,
+    and every crossing is slow once other work has pushed the JVM out of the CPU caches). With
+    ``offsets`` the offset overload ``score0(row, offset, preds)`` is used per row.
     """
     import jpype
 
-    n = len(X)
-    if n == 1 and offsets is None:  # one row: a direct call is cheaper than the loop handle
-        doubles = _double_array()
+    n, features = X.shape
+    doubles = _double_array()
+    if n == 1 and offsets is None:  # one row: a direct call is as cheap and needs no copy
         out = doubles(preds_size)
         model.score0(doubles(np.ascontiguousarray(X[0], dtype=np.float64)), out)
-        return np.asarray(out).reshape(1, preds_size)
-    rows = jpype.JArray.of(np.ascontiguousarray(X, dtype=np.float64))
-    preds = jpype.JDouble[n, preds_size]  # allocated on the Java side: cheaper than converting zeros
-    count = jclass("java.lang.Integer")(n)
+        return np.array(out).reshape(1, preds_size)
+    rows = jpype.JArray.of(np.ascontiguousarray(X, dtype=np.float64).reshape(-1))
+    preds = doubles(n * preds_size)  # allocated on the Java side: cheaper than converting zeros
     if offsets is None:
-        score0_loop(False).invokeWithArguments(count, model, rows, preds)
+        batch_scorer().score(model, rows, features, preds, preds_size)
     else:
         jo = jpype.JArray.of(np.ascontiguousarray(offsets, dtype=np.float64))
-        score0_loop(True).invokeWithArguments(count, model, rows, jo, preds)
-    return np.asarray(preds)
+        batch_scorer().scoreWithOffsets(model, rows, features, jo, preds, preds_size)
+    return np.array(preds).reshape(n, preds_size)

@@ -8,6 +8,7 @@ No H2O cluster is started here.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import os
@@ -26,6 +27,7 @@ from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, ServableNotReady
 from forestflow.runtime.h2o_inputs import parse_number
+from forestflow.runtime import jvm
 from forestflow.runtime.h2o_mojo import H2OMojoServable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,6 +265,45 @@ def test_batch_equals_single_rows(servables: dict[str, H2OMojoServable]) -> None
         singles = [s.predict(f.slice(i, i + 1)) for i in range(n)]
         assert list(batch["predict"]) == [o["predict"][0] for o in singles]
         np.testing.assert_array_equal(batch["1"], [o["1"][0] for o in singles])
+
+
+# Models scored in batches (genmodel encodes the others' categoricals, row by row).
+BATCHED = [name for name in SCORED if INFOS[name]["categorical_encoding"] == "AUTO"]
+
+
+@pytest.mark.parametrize("name", BATCHED)
+def test_java_batch_scorer_equals_score0_row_by_row(servables: dict[str, H2OMojoServable], name: str) -> None:
+    """jvm.score_batch (one call to our BatchScorer) against genmodel's score0 called per row from here."""
+    import jpype
+
+    s = servables[name]
+    assert s._batch
+    rng = np.random.default_rng(11)
+    n = 97
+    X = np.empty((n, len(s._columns)))
+    for j, col in enumerate(s._columns):
+        X[:, j] = rng.integers(0, len(col.domain), n) if col.domain is not None else rng.normal(30.0, 20.0, n)
+    X[::5, 0] = np.nan
+    offsets = rng.normal(0.0, 1.0, n) if s._offset is not None else None
+    got = jvm.score_batch(s._model, X, offsets, s._preds_size)
+    doubles = jpype.JArray(jpype.JDouble)
+    for i in range(n):
+        out = doubles(s._preds_size)
+        if offsets is None:
+            s._model.score0(doubles(X[i]), out)
+        else:
+            s._model.score0(doubles(X[i]), float(offsets[i]), out)
+        np.testing.assert_array_equal(got[i], np.array(out))
+
+
+def test_java_helper_class_is_built_from_its_source() -> None:
+    # scripts/gen_java.py compiles the class and records its source's hash: an edited source with
+    # a stale class fails here.
+    for name in jvm.JAVA_SOURCES:
+        source = jvm.JAVA_DIR / name
+        recorded = source.with_name(name + ".sha256").read_text().strip()
+        assert hashlib.sha256(source.read_bytes()).hexdigest() == recorded, f"run scripts/gen_java.py after editing {name}"
+    assert (jvm.JAVA_DIR / "forestflow" / "h2o" / "BatchScorer.class").is_file()
 
 
 def test_offset_column(servables: dict[str, H2OMojoServable]) -> None:
