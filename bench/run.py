@@ -219,6 +219,7 @@ def kafka_cells(args: argparse.Namespace, work: Path, row_counts: list[int], con
         env = {"FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "FORESTFLOW_KAFKA_ENABLE_IDEMPOTENCE": "false"}
         gw = start_gateway(work / "data-kafka", env, work, "gateway-kafka")
         try:
+            deploy(gw, ("bench", "none", 1), "NONE")
             deploy(gw, ("bench", "full", 1), "FULL")
             for rows in row_counts:
                 for name, (path, body, ctype) in endpoints(rows, "bench.full.1").items():
@@ -226,9 +227,13 @@ def kafka_cells(args: argparse.Namespace, work: Path, row_counts: list[int], con
                         continue
                     drive(gw.url + path, body, ctype, 16, min(2.0, duration))
                     for conc in concurrencies:
-                        result = measured(gw, path, body, ctype, conc, duration)
-                        cells.append(Cell(name, rows, conc, "FULL-kafka", result, floor_results[(name, rows, conc)]))
-                        print_cell(cells[-1])
+                        # NONE again in this process right before FULL: the logging cost compares
+                        # two cells measured seconds apart, not minutes (this machine drifts).
+                        for logging, contract in (("NONE-kafka", "bench.none.1"), ("FULL-kafka", "bench.full.1")):
+                            cpath, cbody, _ = endpoints(rows, contract)[name]
+                            result = measured(gw, cpath, cbody, ctype, conc, duration)
+                            cells.append(Cell(name, rows, conc, logging, result, floor_results[(name, rows, conc)]))
+                            print_cell(cells[-1])
             metrics = requests.get(gw.url + "/metrics/json", timeout=10).json()["predictionLog"]
             print(f"# kafka prediction log: {metrics}", flush=True)
         finally:
@@ -277,7 +282,8 @@ def check_targets(cells: list[Cell]) -> None:
             print(f"100-row {endpoint} c16 >= 0.35x floor: {c.ratio:.2f} {'HOLDS' if c.ratio >= 0.35 else 'MISSED'}")
     for c in cells:
         if c.logging.startswith("FULL"):
-            base = cell(c.endpoint, c.rows, c.concurrency, "NONE")
+            # Each FULL cell against the NONE cell measured next to it, in the same gateway process.
+            base = cell(c.endpoint, c.rows, c.concurrency, "NONE-kafka" if c.logging == "FULL-kafka" else "NONE")
             if base and base.result.rps:
                 cost = 1 - c.result.rps / base.result.rps
                 cpu_cost = 1 - base.result.cpu_us / c.result.cpu_us
