@@ -18,7 +18,6 @@ from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs.ff_settings import fqrv_to_json, logging_to_json
 from forestflow.codecs.ff_protobuf import embedded, fqrv_bytes, inference_request_bytes, key, prediction_bytes, varint
 from forestflow.codecs.schema_datum import prediction_json, request_json
-from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
 from forestflow.predlog.record import PredictionRecord
 

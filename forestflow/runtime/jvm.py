@@ -163,6 +163,7 @@ def score_batch(model: Any, X: np.ndarray, offsets: np.ndarray | None, preds_siz
     """
     import jpype
 
+    ensure_jvm()  # cheap once started; refuses a JVM inherited through fork() (it would hang)
     n, features = X.shape
     doubles = _double_array()
     if n == 1 and offsets is None:  # one row: a direct call is as cheap and needs no copy
