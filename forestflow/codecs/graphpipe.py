@@ -28,7 +28,6 @@ from forestflow._proto.graphpipe import (
     InferResponse,
     IOMetadata,
     MetadataResponse,
-    Tensor,
 )
 from forestflow._proto.graphpipe.Req import Req
 from forestflow._proto.graphpipe.Type import Type
@@ -354,28 +353,8 @@ def _offsets(builder: flatbuffers.Builder, offsets: list[int]) -> int:
     return builder.EndVector()
 
 
-def _strings_vector(builder: flatbuffers.Builder, values: Sequence[bytes]) -> int:
-    # Labels repeat: equal strings are written once and referenced from every slot.
-    written: dict[bytes, int] = {}
-    offsets = []
-    for v in values:
-        offset = written.get(v)
-        if offset is None:
-            offset = written[v] = builder.CreateString(v)
-        offsets.append(offset)
-    return _offsets(builder, offsets)
-
-
 def _shape(builder: flatbuffers.Builder, shape: Sequence[int]) -> int:
     return builder.CreateNumpyVector(np.asarray(shape, dtype="<i8"))
-
-
-def _bytes_vector(builder: flatbuffers.Builder, raw: bytes) -> int:
-    # Like Builder.CreateByteVector, but 8-aligned so readers may view the bytes as any numeric type.
-    builder.StartVector(1, len(raw), 8)
-    builder.head = builder.head - len(raw)
-    builder.Bytes[builder.head : builder.head + len(raw)] = raw
-    return builder.EndVector()
 
 
 def _element_bytes(value: Any) -> bytes:
@@ -386,41 +365,102 @@ def _element_bytes(value: Any) -> bytes:
     return str(value).encode("utf-8")
 
 
-def _tensor(builder: flatbuffers.Builder, name: str, array: np.ndarray) -> int:
-    shape = (array.shape[0], 1) if array.ndim == 1 else array.shape
+def _wire_tensor(name: str, array: np.ndarray) -> tuple[int, tuple[int, ...], bytes | list[bytes]]:
+    """(GraphPipe type, shape, little-endian data bytes or the string values) of an output column."""
+    shape = (array.shape[0], 1) if array.ndim == 1 else tuple(array.shape)
     if array.dtype.kind in ("O", "U", "S", "T"):
-        strings = _strings_vector(builder, [_element_bytes(v) for v in array.ravel().tolist()])
-        gp_type, data = Type.String, None
-    else:
-        native = np.dtype(np.uint8) if array.dtype.kind == "b" else array.dtype.newbyteorder("=")
-        gp_type = _GP_TYPE_OF_DTYPE.get(native)
-        if gp_type is None:
-            raise InvalidInput(f"output {name!r}: datatype {array.dtype} has no GraphPipe type")
-        data = _bytes_vector(builder, np.ascontiguousarray(array, dtype=GP_DTYPES[gp_type]).tobytes())
-        strings = None
-    shape_offset = _shape(builder, shape)
-    Tensor.Start(builder)
-    Tensor.AddType(builder, gp_type)
-    Tensor.AddShape(builder, shape_offset)
-    if data is not None:
-        Tensor.AddData(builder, data)
-    if strings is not None:
-        Tensor.AddStringVal(builder, strings)
-    return Tensor.End(builder)
+        return Type.String, shape, [_element_bytes(v) for v in array.ravel().tolist()]
+    native = np.dtype(np.uint8) if array.dtype.kind == "b" else array.dtype.newbyteorder("=")
+    gp_type = _GP_TYPE_OF_DTYPE.get(native)
+    if gp_type is None:
+        raise InvalidInput(f"output {name!r}: datatype {array.dtype} has no GraphPipe type")
+    return gp_type, shape, np.ascontiguousarray(array, dtype=GP_DTYPES[gp_type]).tobytes()
+
+
+# vtables written once: InferResponse with output_tensors only; Tensor with type, shape and
+# either data or string_val (field offsets inside the 16-byte table laid out below).
+_RESPONSE_VTABLE = struct.pack("<HHH", 6, 8, 4)
+_DATA_VTABLE = struct.pack("<HHHHHH", 12, 16, 12, 4, 8, 0)
+_STRINGS_VTABLE = struct.pack("<HHHHHH", 12, 16, 12, 4, 0, 8)
+
+
+class _ForwardWriter:
+    """A flatbuffer written front to back: every uoffset is patched once its target is placed,
+    always later in the buffer, so offsets stay positive as the format requires. Vectors that
+    hold 8-byte values (shapes, tensor data) start 8-aligned, so readers may view them in place.
+    """
+
+    __slots__ = ("buf",)
+
+    def __init__(self) -> None:
+        self.buf = bytearray(4)  # the root uoffset, patched last
+
+    def align(self, n: int, before: int = 0) -> None:
+        """Pad so that the position ``before`` bytes further on is a multiple of ``n``."""
+        self.buf += bytes(-(len(self.buf) + before) % n)
+
+    def point(self, slot: int, target: int) -> None:
+        """Patch the uoffset at ``slot`` to point at ``target``."""
+        _U32.pack_into(self.buf, slot, target - slot)
+
+    def table(self, vtable: bytes, inline: bytes) -> int:
+        """Write a vtable and its table right after it; the table's position."""
+        self.align(4)
+        at = len(self.buf)
+        self.buf += vtable
+        self.align(4)
+        table = len(self.buf)
+        self.buf += _I32.pack(table - at) + inline
+        return table
+
+    def vector(self, count: int, payload: bytes, elem_align: int = 4) -> int:
+        """A vector: its length, then ``payload``; the vector's position."""
+        self.align(elem_align, 4)
+        at = len(self.buf)
+        self.buf += _U32.pack(count) + payload
+        return at
+
+    def strings(self, values: Sequence[bytes]) -> int:
+        """A vector of strings; equal strings (labels repeat) are written once."""
+        vector = self.vector(len(values), bytes(4 * len(values)))
+        written: dict[bytes, int] = {}
+        for j, value in enumerate(values):
+            at = written.get(value)
+            if at is None:
+                self.align(4)
+                at = written[value] = len(self.buf)
+                self.buf += _U32.pack(len(value)) + value + b"\x00"
+            self.point(vector + 4 + 4 * j, at)
+        return vector
+
+
+def _infer_response_bytes(tensors: Sequence[tuple[int, tuple[int, ...], bytes | list[bytes]]]) -> bytes:
+    """An InferResponse holding ``tensors`` (type, shape, data bytes or string values)."""
+    w = _ForwardWriter()
+    response = w.table(_RESPONSE_VTABLE, bytes(4))
+    w.point(0, response)
+    vector = w.vector(len(tensors), bytes(4 * len(tensors)))
+    w.point(response + 4, vector)
+    for k, (gp_type, shape, values) in enumerate(tensors):
+        is_text = isinstance(values, list)
+        # inline: shape uoffset (4), data or string_val uoffset (8), type byte (12), padding.
+        table = w.table(_STRINGS_VTABLE if is_text else _DATA_VTABLE, bytes(8) + bytes((gp_type, 0, 0, 0)))
+        w.point(vector + 4 + 4 * k, table)
+        w.point(table + 4, w.vector(len(shape), struct.pack(f"<{len(shape)}q", *shape), 8))
+        if is_text:
+            w.point(table + 8, w.strings(values))  # type: ignore[arg-type]
+        else:
+            w.point(table + 8, w.vector(len(values), values, 8))  # type: ignore[arg-type]
+    return bytes(w.buf)
 
 
 def encode_infer_response(fqrv: FQRV, frame: Frame, output_names: Sequence[str] = ()) -> bytes:
     """An InferResponse: the FQRV ``[1, 1]`` String tensor, then the outputs (all, or those named)."""
     names = [n for n in output_names if n != FQRV_OUTPUT] if output_names else list(frame.columns)
     selected = frame.select(names)
-    builder = flatbuffers.Builder(1024 + sum(c.nbytes for c in selected.columns.values()))
-    fqrv_tensor = np.array([[str(fqrv)]], dtype=object)
-    tensors = [_tensor(builder, FQRV_OUTPUT, fqrv_tensor)]
-    tensors += [_tensor(builder, name, column) for name, column in selected.columns.items()]
-    vector = _offsets(builder, tensors)
-    InferResponse.Start(builder)
-    InferResponse.AddOutputTensors(builder, vector)
-    return _finish(builder, InferResponse.End(builder))
+    tensors = [(Type.String, (1, 1), [str(fqrv).encode()])]
+    tensors += [_wire_tensor(name, column) for name, column in selected.columns.items()]
+    return _infer_response_bytes(tensors)
 
 
 def encode_errors(errors: Sequence[tuple[int, str]]) -> bytes:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from graphpipe import convert
 
-from forestflow._proto.graphpipe import MetadataResponse
+from forestflow._proto.graphpipe import InferResponse, MetadataResponse
 from forestflow._proto.graphpipe.Type import Type
 from forestflow.codecs.graphpipe import (
     GPInferRequest,
@@ -101,6 +101,40 @@ def test_responses_parse_with_the_official_reader() -> None:
     assert outputs == [] and errors == [{"code": 422, "message": b"nope"}, {"code": 400, "message": b"twice"}]
     with pytest.raises(InvalidInput, match="has no GraphPipe type"):
         encode_infer_response(fqrv, Frame({"t": np.array(["2020-01-01"], dtype="datetime64[D]")}))
+
+
+def test_responses_of_every_type_parse_with_the_official_reader_and_keep_data_aligned() -> None:
+    n = 5
+    rng = np.random.default_rng(5)
+    columns = {
+        "f64": rng.normal(size=n), "f32": rng.normal(size=n).astype(np.float32), "f16": rng.normal(size=n).astype(np.float16),
+        "i8": np.array([-128, 0, 1, 127, -1], dtype=np.int8), "i16": np.arange(n, dtype=np.int16) - 3,
+        "i32": np.arange(n, dtype=np.int32) * -7, "i64": np.array([-(2**62), 0, 2**40, 7, -1], dtype=np.int64),
+        "u8": np.arange(n, dtype=np.uint8), "u16": np.arange(n, dtype=np.uint16) * 300, "u32": np.arange(n, dtype=np.uint32) * 2**30,
+        "u64": np.arange(n, dtype=np.uint64) * 2**62, "flag": np.array([True, False, True, True, False]),
+        "text": np.array(["a", "é", "", "long" * 80, None], dtype=object),
+        "blob": np.array([b"\x00\x01", b"", b"x", b"yz", b"\xff"], dtype=object),
+        "vec": rng.normal(size=(n, 3)),
+    }
+    fqrv = FQRV.parse("acme.demo.1.v1")
+    body = encode_infer_response(fqrv, Frame(columns))
+    outputs, errors = convert.deserialize_infer_response(body)
+    assert errors == [] and outputs[0].tolist() == [[b"acme.demo.1.v1"]]
+    for (name, column), got in zip(columns.items(), outputs[1:]):
+        if column.dtype == object:
+            want = [[b"" if v is None else v if isinstance(v, bytes) else v.encode()] for v in column]
+            assert got.tolist() == want, name
+        else:
+            want = column.astype(np.uint8) if column.dtype == np.bool_ else column
+            assert got.dtype == want.dtype.newbyteorder("<") and got.shape == (want.reshape(n, -1).shape), name
+            np.testing.assert_array_equal(got, want.reshape(n, -1), err_msg=name)
+    # Readers may view numeric data and shapes in place: both vectors start 8-aligned.
+    response = InferResponse.InferResponse.GetRootAs(body, 0)
+    for i in range(response.OutputTensorsLength()):
+        tab = response.OutputTensors(i)._tab
+        for slot in (6, 8):  # shape, data
+            if tab.Offset(slot):
+                assert tab.Vector(tab.Offset(slot)) % 8 == 0
 
 
 def test_metadata_lists_inputs_and_the_response_tensors() -> None:
