@@ -258,13 +258,18 @@ class ServableScheduler:
         self.stats.inline_calls += 1
         try:
             future.set_result(self.servable.predict(frame))
-        except GatewayError as exc:
-            future.set_exception(exc)
-        except Exception as exc:  # the model's own failure: logged by the service through __cause__
-            error = ScoringError(self.servable.fqrv)
-            error.__cause__ = exc
-            future.set_exception(error)
+        except Exception as exc:
+            future.set_exception(self._caller_error(exc))
         return future
+
+    def _caller_error(self, exc: BaseException) -> BaseException:
+        """What the callers of a failed predict get: our own errors as they are, a model's own
+        failure as a ScoringError whose ``__cause__`` (logged by the service) is that failure."""
+        if isinstance(exc, GatewayError):
+            return exc
+        error = ScoringError(self.servable.fqrv)
+        error.__cause__ = exc
+        return error
 
     def _expire(self, job: _Job) -> None:
         job.timer = None  # the handle holds the job: drop the cycle
@@ -361,11 +366,8 @@ class ServableScheduler:
             exc = fut.exception()
             if exc is None:
                 self._finish(batch, result=fut.result())
-                return
-            error = exc if isinstance(exc, GatewayError) else ScoringError(self.servable.fqrv)
-            if error is not exc:
-                error.__cause__ = exc  # the service logs the model's own exception
-            self._finish(batch, error=error)
+            else:
+                self._finish(batch, error=self._caller_error(exc))
 
         def on_abandon() -> None:
             # Every caller of this batch gave up: free the slot now. The thread cannot be
