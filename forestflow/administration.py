@@ -109,13 +109,10 @@ class Administration:
                 if new_contract:
                     changes[contract_key(fqrv.contract)] = contract_settings_to_json(state.settings)
                 try:
-                    await self.store.apply(changes)
-                except GatewayError:
+                    await self._apply(changes)
+                except GatewayError:  # _apply turns any store failure into one
                     await self._unload(loaded)
                     raise
-                except Exception as exc:
-                    await self._unload(loaded)
-                    raise StoreUnavailable(f"registry store unavailable: {exc}") from exc
                 self.contracts[fqrv.contract] = state
                 self.loaded[fqrv] = loaded
                 self.failed.pop(fqrv, None)
