@@ -25,6 +25,7 @@ from forestflow.registry.store import (
     contract_key,
     metrics_from_doc,
     metrics_key,
+    performance_from_doc,
     routing_key,
     servable_key,
 )
@@ -234,7 +235,7 @@ def _adopt_shared_metrics(m: ServableMetrics, doc: dict[str, Any] | None) -> boo
     if stamp is not None and int(stamp) != m.became_valid_at_ms:
         m.became_valid_at_ms = int(stamp)
         changed = True
-    performance = {str(k): float(v) for k, v in (doc.get("performanceMetrics") or {}).items()}
+    performance = performance_from_doc(doc)
     if performance != m.performance_metrics:
         m.performance_metrics = performance
         changed = True

@@ -60,8 +60,13 @@ def metrics_from_doc(doc: dict[str, Any] | None, created_at_ms: int) -> Servable
         shade_count=int(doc.get("shadeCount", 0)),
         became_valid_at_ms=doc.get("becameValidAtMS"),
         current_phase_in_pct=int(doc.get("currentPhaseInPct", 0)),
-        performance_metrics={str(k): float(v) for k, v in (doc.get("performanceMetrics") or {}).items()},
+        performance_metrics=performance_from_doc(doc),
     )
+
+
+def performance_from_doc(doc: dict[str, Any]) -> dict[str, float]:
+    """The performance metrics of a ``metrics/<fqrv>`` document (shared by every replica)."""
+    return {str(k): float(v) for k, v in (doc.get("performanceMetrics") or {}).items()}
 
 
 class Store(Protocol):
