@@ -285,26 +285,28 @@ def ff_type_name(datatype: str) -> str:
     return "String" if datatype == "BYTES" else _V2_TO_FF[datatype]
 
 
+#: numpy dtype -> ForestFlow type for the native fixed-width dtypes (a dict lookup per column).
+_FF_OF_DTYPE: dict[np.dtype[Any], str] = {
+    dtype: _V2_TO_FF[name] for name, dtype in DATATYPES.items() if name in _V2_TO_FF
+}
+
+
 def _ff_type(column: np.ndarray) -> str:
-    dt = datatype_of(column)
+    ff_type = _FF_OF_DTYPE.get(column.dtype)
+    if ff_type is not None:
+        return ff_type
+    dt = datatype_of(column)  # text and object columns, other byte orders
     if dt == "BYTES":
         first = column.flat[0] if column.size else ""
         return "Bytes" if isinstance(first, (bytes, bytearray)) else "String"
     return _V2_TO_FF[dt]
 
 
-#: numpy dtype -> ForestFlow type for the fixed-width dtypes (object columns are looked at per column).
-_FF_OF_DTYPE: dict[np.dtype[Any], str] = {
-    dtype: _V2_TO_FF[name] for name, dtype in DATATYPES.items() if name in _V2_TO_FF
-}
-
-
 def type_groups(frame: Frame) -> list[tuple[str, list[str]]]:
     """Output columns grouped by ForestFlow type, in order of first appearance (one schema entry each)."""
     groups: dict[str, list[str]] = {}
     for name, column in frame.columns.items():
-        ff_type = _FF_OF_DTYPE.get(column.dtype)
-        groups.setdefault(ff_type or _ff_type(column), []).append(name)
+        groups.setdefault(_ff_type(column), []).append(name)
     return list(groups.items())
 
 
