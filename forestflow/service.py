@@ -117,6 +117,7 @@ class Gateway(Administration, ReplicaSync):
         self.draining = True
         for timer in self._timers:
             timer.cancel()
+        await asyncio.gather(*self._timers, return_exceptions=True)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5.0)
         try:

@@ -113,7 +113,14 @@ class FileStore:
                 else:
                     self._docs[key] = doc
             payload = orjson.dumps({"format": 1, "documents": self._docs}, option=orjson.OPT_SORT_KEYS)
-            await asyncio.to_thread(_atomic_write, self.path, payload)
+            write = asyncio.ensure_future(asyncio.to_thread(_atomic_write, self.path, payload))
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                # A cancelled caller must not release the lock while the thread still writes: the
+                # next write would race it on the same temporary file.
+                await asyncio.wait([write])
+                raise
 
     async def close(self) -> None:
         return None
