@@ -1,32 +1,24 @@
 """Administration: deploy, update and delete servables and contracts (persisted, then applied).
 
 Every change is validated, written to the store first (a store that is away answers 503 and
-changes nothing), then applied to the in-memory registry and re-evaluated. Mixed into
-:class:`forestflow.service.Gateway`.
+changes nothing), then applied to the :class:`~forestflow.registry.registry.Registry` and
+re-evaluated. Evaluation (after each change and on the gateway's timer) and the persistence of
+counters live here as well, since both write to the store.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
 import structlog
 
-from forestflow.codecs.ff_settings import (
-    contract_settings_to_json,
-    serve_request_to_json,
-)
-from forestflow.core.contract_state import ContractState, ServableEntry
+from forestflow.codecs.ff_settings import contract_settings_to_json, serve_request_to_json
+from forestflow.core.contract_state import ContractState
 from forestflow.core.definition import ServableDefinition
 from forestflow.core.ids import FQRV, Contract
-from forestflow.core.policies import (
-    ContractSettings,
-    LoggingSettings,
-    PolicySettings,
-    ServableMetrics,
-)
+from forestflow.core.policies import ContractSettings, LoggingSettings, PolicySettings, ServableMetrics
 from forestflow.errors import (
     ContractValidationError,
     CreateServableRequestInvalidError,
@@ -34,137 +26,65 @@ from forestflow.errors import (
     ServableAlreadyExistsError,
     StoreUnavailable,
 )
-from forestflow.registry.store import (
-    contract_key,
-    metrics_key,
-    metrics_to_doc,
-    routing_key,
-    servable_key,
-)
-from forestflow.runtime.base import Servable, create_servable
-from forestflow.runtime.scheduler import ServableScheduler
-
-if TYPE_CHECKING:
-    from forestflow.registry.artifacts import ArtifactCache
-    from forestflow.registry.store import Store
-    from forestflow.settings import Settings
+from forestflow.registry.loader import ServableLoader
+from forestflow.registry.registry import Registry
+from forestflow.registry.store import Store, contract_key, metrics_key, metrics_to_doc, routing_key, servable_key
+from forestflow.settings import Settings
 
 log = structlog.get_logger("forestflow.service")
 
 
-@dataclass(slots=True)
-class Loaded:
-    """A servable in memory with its scheduler."""
-
-    definition: ServableDefinition
-    servable: Servable
-    scheduler: ServableScheduler
-
-
 class Administration:
-    """The admin operations of the Gateway."""
+    """The admin operations: each persisted to the store, then applied to the registry."""
 
-    settings: Settings
-    store: Store
-    artifacts: ArtifactCache
-    clock: Callable[[], int]
-    contracts: dict[Contract, ContractState]
-    loaded: dict[FQRV, Loaded]
-    failed: dict[FQRV, str]
-    _admin_lock: asyncio.Lock
-    _pending: set[FQRV]
+    def __init__(
+        self, settings: Settings, registry: Registry, store: Store, loader: ServableLoader, clock: Callable[[], int]
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.store = store
+        self.loader = loader
+        self.clock = clock
 
-    if TYPE_CHECKING:
-
-        def contract_state(self, contract: Contract) -> ContractState: ...
-        def entry(self, fqrv: FQRV) -> ServableEntry: ...
-        async def _evaluate(self, state: ContractState) -> None: ...
-
+    # ---- servables --------------------------------------------------------------------------------
     async def create_servable(self, defn: ServableDefinition) -> FQRV:
         """Fetch, load and register a servable; answers only once it is ready."""
+        registry = self.registry
         fqrv = defn.fqrv
         if defn.flavor == "Python" and not self.settings.allow_python:
             raise CreateServableRequestInvalidError(
                 "the Python flavor is disabled on this gateway (it runs code named by the request); "
                 "start it with FORESTFLOW_ALLOW_PYTHON=1 to allow it"
             )
-        async with self._admin_lock:
-            if fqrv in self.loaded or fqrv in self._pending:
-                raise ServableAlreadyExistsError(fqrv, self.loaded[fqrv].definition.settings if fqrv in self.loaded else None)
-            existing = self.contracts.get(fqrv.contract)
+        async with registry.lock:
+            if registry.is_held(fqrv):
+                existing_loaded = registry.loaded.get(fqrv)
+                raise ServableAlreadyExistsError(fqrv, existing_loaded.definition.settings if existing_loaded else None)
+            existing = registry.contracts.get(fqrv.contract)
             if existing is not None and defn.contract_settings is not None and existing.settings != defn.contract_settings:
                 raise ContractValidationError(
                     fqrv.contract, f"contract {fqrv.contract} exists: change its settings with PUT /{fqrv.contract.organization}/{fqrv.contract.project}/{fqrv.contract.number}"
                 )
-            self._pending.add(fqrv)
+            registry.pending.add(fqrv)
         try:
             defn = replace(defn, created_at_ms=defn.created_at_ms or self.clock())
-            loaded = await self._load(defn)
-            async with self._admin_lock:
-                state = self.contracts.get(fqrv.contract)
-                new_contract = state is None
-                if state is None:
-                    state = ContractState(fqrv.contract, defn.contract_settings or ContractSettings())
+            loaded = await self.loader.load(defn)
+            async with registry.lock:
                 changes: dict[str, Any] = {servable_key(fqrv): serve_request_to_json(defn)}
-                if new_contract:
-                    changes[contract_key(fqrv.contract)] = contract_settings_to_json(state.settings)
+                if fqrv.contract not in registry.contracts:
+                    settings = defn.contract_settings or ContractSettings()
+                    changes[contract_key(fqrv.contract)] = contract_settings_to_json(settings)
                 try:
-                    await self._apply(changes)
-                except GatewayError:  # _apply turns any store failure into one
-                    await self._unload(loaded)
+                    await self.persist(changes)
+                except GatewayError:  # persist turns any store failure into one
+                    await self.loader.unload(loaded)
                     raise
-                self.contracts[fqrv.contract] = state
-                self.loaded[fqrv] = loaded
-                self.failed.pop(fqrv, None)
-                state.add(ServableEntry(fqrv, defn.settings, ServableMetrics(created_at_ms=defn.created_at_ms)))
-                await self._evaluate(state)
+                state = registry.install(defn, loaded, ServableMetrics(created_at_ms=defn.created_at_ms))
+                await self.evaluate(state)
         finally:
-            self._pending.discard(fqrv)
+            registry.pending.discard(fqrv)
         log.info("servable_created", fqrv=str(fqrv), flavor=defn.flavor)
         return fqrv
-
-    async def _load(self, defn: ServableDefinition) -> Loaded:
-        directory = await self.artifacts.fetch(defn.path)
-        servable = create_servable(defn.flavor, defn.fqrv, directory, defn.flavor_settings)
-        try:
-            await asyncio.to_thread(servable.load)
-        except GatewayError:
-            raise
-        except Exception as exc:  # a flavor bug or an unexpected artifact: a 422 with the reason
-            log.exception("servable_load_failed", fqrv=str(defn.fqrv))
-            raise CreateServableRequestInvalidError(f"loading {defn.fqrv} failed: {type(exc).__name__}: {exc}") from exc
-        slots = servable.max_concurrency or self.settings.scoring_slots
-        scheduler = ServableScheduler(
-            servable,
-            None,  # threads of its own: shadow servables cannot take the threads live work needs
-            slots=slots,
-            live_queue=self.settings.live_queue,
-            shadow_queue=self.settings.shadow_queue,
-            max_batch_rows=self.settings.max_batch_rows if getattr(servable, "batchable", False) else 0,
-            max_threads=self.settings.scoring_threads,
-            coalesce_rows=self.settings.max_batch_rows,
-        )
-        return Loaded(defn, servable, scheduler)
-
-    async def _unload(self, loaded: Loaded) -> None:
-        await loaded.scheduler.close()
-        await asyncio.to_thread(loaded.servable.unload)
-
-    async def create_contract(self, contract: Contract, settings: ContractSettings) -> None:
-        """Register an empty contract (422 if it exists)."""
-        async with self._admin_lock:
-            if contract in self.contracts:
-                raise ContractValidationError(contract, f"contract {contract} already exists")
-            await self._apply({contract_key(contract): contract_settings_to_json(settings)})
-            self.contracts[contract] = ContractState(contract, settings)
-
-    async def update_contract(self, contract: Contract, settings: ContractSettings) -> None:
-        """Replace a contract's settings and rebuild its router."""
-        async with self._admin_lock:
-            state = self.contract_state(contract)
-            await self._apply({contract_key(contract): contract_settings_to_json(settings)})
-            state.update_settings(settings)
-            await self._evaluate(state)
 
     async def update_policy(self, fqrv: FQRV, policy: PolicySettings) -> None:
         """Replace a servable's policy settings (counters kept, unlike ForestFlow) and re-evaluate."""
@@ -176,35 +96,34 @@ class Administration:
 
     async def update_performance(self, fqrv: FQRV, values: dict[str, float]) -> None:
         """Merge reported performance metrics (drives PerformanceBased validity and KeepTopRanked)."""
-        async with self._admin_lock:
-            entry = self.entry(fqrv)
+        async with self.registry.lock:
+            entry = self.registry.entry(fqrv)
             entry.metrics.performance_metrics.update(values)
-            await self._apply({metrics_key(fqrv): metrics_to_doc(entry.metrics)})
-            await self._evaluate(self.contracts[fqrv.contract])
+            await self.persist({metrics_key(fqrv): metrics_to_doc(entry.metrics)})
+            await self.evaluate(self.registry.contracts[fqrv.contract])
 
     async def _update_definition(self, fqrv: FQRV, change: Callable[[ServableDefinition], ServableDefinition]) -> None:
-        async with self._admin_lock:
-            entry = self.entry(fqrv)
-            loaded = self.loaded[fqrv]
-            new = change(loaded.definition)
-            await self._apply({servable_key(fqrv): serve_request_to_json(new)})
-            loaded.definition = new
-            entry.settings = new.settings
-            await self._evaluate(self.contracts[fqrv.contract])
+        registry = self.registry
+        async with registry.lock:
+            registry.entry(fqrv)
+            new = change(registry.loaded[fqrv].definition)
+            await self.persist({servable_key(fqrv): serve_request_to_json(new)})
+            registry.update_definition(new)
+            await self.evaluate(registry.contracts[fqrv.contract])
 
     async def delete_servable(self, fqrv: FQRV) -> list[FQRV]:
         """Remove a servable (and its contract when it was the last); unknown ones are a no-op."""
-        async with self._admin_lock:
-            state = self.contracts.get(fqrv.contract)
+        async with self.registry.lock:
+            state = self.registry.contracts.get(fqrv.contract)
             if state is None or fqrv.release not in state.servables:
                 return []
             await self._remove(state, [fqrv.release])
             if state.servables:
-                await self._evaluate(state)
+                await self.evaluate(state)
         return [fqrv]
 
     async def _remove(self, state: ContractState, releases: list[str]) -> None:
-        """Persist and apply the removal of servables (the caller holds the admin lock)."""
+        """Persist and apply the removal of servables (the caller holds the lock)."""
         changes: dict[str, Any] = {}
         for release in releases:
             fqrv = FQRV(state.contract, release)
@@ -214,17 +133,77 @@ class Administration:
         if not remaining:
             changes[contract_key(state.contract)] = None
             changes[routing_key(state.contract)] = None
-        await self._apply(changes)
+        await self.persist(changes)
+        for loaded in self.registry.remove(state.contract, releases):
+            await self.loader.unload(loaded)
         for release in releases:
-            state.remove(release)
-            loaded = self.loaded.pop(FQRV(state.contract, release), None)
-            if loaded is not None:
-                await self._unload(loaded)
             log.info("servable_removed", fqrv=f"{state.contract}.{release}")
         if not remaining:
-            self.contracts.pop(state.contract, None)
+            self.registry.drop_contract(state.contract)
 
-    async def _apply(self, changes: dict[str, Any]) -> None:
+    # ---- contracts --------------------------------------------------------------------------------
+    async def create_contract(self, contract: Contract, settings: ContractSettings) -> None:
+        """Register an empty contract (422 if it exists)."""
+        async with self.registry.lock:
+            if contract in self.registry.contracts:
+                raise ContractValidationError(contract, f"contract {contract} already exists")
+            await self.persist({contract_key(contract): contract_settings_to_json(settings)})
+            self.registry.ensure_contract(contract, settings)
+
+    async def update_contract(self, contract: Contract, settings: ContractSettings) -> None:
+        """Replace a contract's settings and rebuild its router."""
+        async with self.registry.lock:
+            state = self.registry.contract_state(contract)
+            await self.persist({contract_key(contract): contract_settings_to_json(settings)})
+            state.update_settings(settings)
+            await self.evaluate(state)
+
+    # ---- evaluation and persistence ---------------------------------------------------------------
+    async def evaluate_all(self) -> None:
+        """Re-evaluate every contract (the gateway's timer)."""
+        async with self.registry.lock:
+            for state in list(self.registry.contracts.values()):
+                await self.evaluate(state)
+
+    async def evaluate(self, state: ContractState) -> None:
+        """Evaluate one contract (the caller holds the lock); persist and unload what expired."""
+        expiry = self.registry.evaluate(state, self.clock())
+        if not expiry.releases:
+            return
+        try:
+            changes: dict[str, Any] = {}
+            for fqrv in expiry.releases:
+                changes[servable_key(fqrv)] = None
+                changes[metrics_key(fqrv)] = None
+            await self.persist(changes)
+        finally:
+            for fqrv in expiry.releases:
+                log.info("servable_expired", fqrv=str(fqrv), policy=type(state.settings.expiration).__name__)
+            for loaded in expiry.unload:
+                await self.loader.unload(loaded)
+
+    async def flush_metrics(self, force: bool = False) -> None:
+        """Persist counters and router state when they changed."""
+        registry = self.registry
+        if not (registry.counters_dirty or force):
+            return
+        registry.counters_dirty = False
+        changes: dict[str, Any] = {}
+        for contract, state in registry.contracts.items():
+            for entry in state.servables.values():
+                changes[metrics_key(entry.fqrv)] = metrics_to_doc(entry.metrics)
+            if state.servables:
+                changes[routing_key(contract)] = state.routing_state()
+        if not changes:
+            return
+        try:
+            await self.store.apply(changes)
+        except Exception:
+            registry.counters_dirty = True
+            raise
+
+    async def persist(self, changes: dict[str, Any]) -> None:
+        """Write documents to the store; any failure of the store is StoreUnavailable (503)."""
         try:
             await self.store.apply(changes)
         except GatewayError:

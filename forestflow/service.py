@@ -1,31 +1,32 @@
 """The Gateway: the protocol-free service every front-end calls.
 
-It owns the registry state (contracts, servable definitions, loaded servables and their
-schedulers), routes each request batch to one servable, fans shadow copies out, and hands every
-outcome to the prediction log. Front-ends convert their payloads to a Frame and call
-:meth:`Gateway.infer`; admin front-ends call the ``create_*``/``update_*``/``delete_*`` methods
-(:mod:`forestflow.administration`); :mod:`forestflow.replica_sync` follows the store.
+It composes the collaborators that hold and change the registry, and keeps the request path:
+each request batch is routed to one servable, shadow copies fan out, and every outcome goes to the
+prediction log. Front-ends convert their payloads to a Frame and call :meth:`Gateway.infer`.
+
+Layers, top-down: this module; :mod:`forestflow.administration` (admin changes, evaluation,
+persistence) and :mod:`forestflow.replica_sync` (following the store); the
+:class:`~forestflow.registry.registry.Registry` (contracts, loaded and failed servables); and
+:mod:`forestflow.core` (routing and policies, no I/O). Admin front-ends call :attr:`Gateway.admin`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import structlog
 
-from forestflow.administration import Administration, Loaded
+from forestflow.administration import Administration
 from forestflow.core.contract_state import ContractState, ServableEntry
 from forestflow.core.definition import ServableDefinition
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
-from forestflow.core.policies import (
-    LogLevel,
-)
+from forestflow.core.policies import LogLevel, ServableMetrics
 from forestflow.errors import (
     ClientClosedRequest,
     GatewayError,
@@ -33,14 +34,15 @@ from forestflow.errors import (
     NoActiveServablesForContract,
     ServableNotReady,
     StoreUnavailable,
-    UnknownContract,
     UnknownServable,
     http_status,
 )
 from forestflow.predlog.log import PredictionLog
 from forestflow.predlog.record import PredictionRecord
 from forestflow.registry.artifacts import ArtifactCache
-from forestflow.registry.store import Store, metrics_key, metrics_to_doc, routing_key, servable_key
+from forestflow.registry.loader import ServableLoader
+from forestflow.registry.registry import Loaded, Registry
+from forestflow.registry.store import Store
 from forestflow.replica_sync import ReplicaSync
 from forestflow.runtime.base import ServableMetadata
 from forestflow.runtime.scheduler import Priority, ShadowDropped
@@ -66,8 +68,8 @@ class InferResult:
     response_json: bytes | None = None
 
 
-class Gateway(Administration, ReplicaSync):
-    """Routing, scoring, shadowing and the registry, independent of any protocol."""
+class Gateway:
+    """Routing, scoring, shadowing and logging over a registry, independent of any protocol."""
 
     def __init__(
         self,
@@ -79,56 +81,78 @@ class Gateway(Administration, ReplicaSync):
     ) -> None:
         self.settings = settings
         self.store = store
-        self.artifacts = artifacts
         self.prediction_log = prediction_log
-        self.clock = clock
-        self.contracts: dict[Contract, ContractState] = {}
-        self.loaded: dict[FQRV, Loaded] = {}
-        self.failed: dict[FQRV, str] = {}
-        self._pending: set[FQRV] = set()
-        self._admin_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Future[Any]] = set()  # background work (shadow copies, loads) waited for at stop
+        self.registry = Registry()
+        loader = ServableLoader(settings, artifacts)
+        self.admin = Administration(settings, self.registry, store, loader, clock)
+        self.replica_sync = ReplicaSync(self.registry, store, loader, self.admin)
+        self.loader = loader
+        self._tasks: set[asyncio.Future[Any]] = set()  # shadow copies, waited for briefly at stop
         self._timers: list[asyncio.Task[None]] = []
-        self._metrics_dirty = False
-        # Replica sync: the store's documents as last reconciled, background loads, failed loads.
-        self._snapshot: dict[str, Any] = {}
-        self._syncing: dict[FQRV, ServableDefinition] = {}
-        self._failed_defs: dict[FQRV, ServableDefinition] = {}
         self.started = False
         self.draining = False
+
+    @property
+    def clock(self) -> Callable[[], int]:
+        """Milliseconds now: stamps prediction events and drives evaluation (one clock for both)."""
+        return self.admin.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], int]) -> None:
+        self.admin.clock = clock
+
+    # ---- registry views ---------------------------------------------------------------------------
+    @property
+    def contracts(self) -> Mapping[Contract, ContractState]:
+        """Every contract this gateway holds (read-only: change them through :attr:`admin`)."""
+        return self.registry.contracts
+
+    @property
+    def loaded(self) -> Mapping[FQRV, Loaded]:
+        """The loaded servables (read-only)."""
+        return self.registry.loaded
+
+    @property
+    def failed(self) -> Mapping[FQRV, str]:
+        """Releases whose load failed, with the reason (read-only)."""
+        return self.registry.failed
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         """Restore the registry from the store, load every servable, start the timers."""
         docs = await self.store.load()
-        await self._restore(docs)
+        await self.replica_sync.reconcile(docs, wait=True)
+        registry = self.registry
+        log.info("registry_restored", contracts=len(registry.contracts), servables=len(registry.loaded), failed=len(registry.failed))
         self.prediction_log.start()
         self._timers = [
-            asyncio.create_task(self._every(self.settings.evaluation_interval_s, self.evaluate_all), name="evaluate"),
-            asyncio.create_task(self._every(self.settings.metrics_flush_interval_s, self.flush_metrics), name="flush"),
+            asyncio.create_task(self._every(self.settings.evaluation_interval_s, self.admin.evaluate_all), name="evaluate"),
+            asyncio.create_task(self._every(self.settings.metrics_flush_interval_s, self.admin.flush_metrics), name="flush"),
         ]
         watch = getattr(self.store, "watch", None)
         if watch is not None:  # a shared store (Redis): follow the other replicas' changes
-            watch(self.sync_from_store)
+            watch(self.replica_sync.sync_from_store)
         self.started = True
 
     async def stop(self) -> None:
-        """Stop timers, wait briefly for shadow work, persist counters, flush the log, unload."""
+        """Stop timers, wait briefly for background work, persist counters, flush the log, unload."""
         self.draining = True
+        self.replica_sync.close()
         for timer in self._timers:
             timer.cancel()
         await asyncio.gather(*self._timers, return_exceptions=True)
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=5.0)
+        background = [*self._tasks, *self.replica_sync.tasks]
+        if background:
+            await asyncio.wait(background, timeout=5.0)
         try:
-            await self.flush_metrics(force=True)
+            await self.admin.flush_metrics(force=True)
         except StoreUnavailable as error:  # Redis away: the last flushed counters stand; shut down anyway
             log.warning("final_flush_failed", reason=error.message)
         await self.prediction_log.close(self.settings.log_flush_timeout_s)
-        for loaded in list(self.loaded.values()):
+        for loaded in list(self.registry.loaded.values()):
             await loaded.scheduler.close()
             loaded.servable.unload()
-        self.loaded.clear()
+        self.registry.loaded.clear()
         await self.store.close()
 
     async def _every(self, seconds: float, action: Callable[[], Any]) -> None:
@@ -141,33 +165,26 @@ class Gateway(Administration, ReplicaSync):
             except Exception:  # a timer must survive a failed round
                 log.exception("timer_failed", action=getattr(action, "__name__", str(action)))
 
-    async def _restore(self, docs: dict[str, Any]) -> None:
-        await self.reconcile(docs, wait=True)
-        log.info("registry_restored", contracts=len(self.contracts), servables=len(self.loaded), failed=len(self.failed))
-
     # ---- health -------------------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
         """Serving: started, not draining, every registered servable loaded."""
-        return self.started and not self.draining and not self.failed and not self._pending
+        return self.started and not self.draining and not self.registry.failed and not self.registry.pending
 
     def readiness(self) -> dict[str, Any]:
         """Details behind :attr:`ready`."""
         return {
             "ready": self.ready,
-            "servables": len(self.loaded),
-            "loading": sorted(str(f) for f in self._pending),
-            "failed": {str(f): r for f, r in self.failed.items()},
+            "servables": len(self.registry.loaded),
+            "loading": sorted(str(f) for f in self.registry.pending),
+            "failed": {str(f): r for f, r in self.registry.failed.items()},
             "draining": self.draining,
         }
 
     # ---- data plane ---------------------------------------------------------------------------------
     def contract_state(self, contract: Contract) -> ContractState:
         """The state of a contract or UnknownContract."""
-        state = self.contracts.get(contract)
-        if state is None:
-            raise UnknownContract(contract)
-        return state
+        return self.registry.contract_state(contract)
 
     async def infer(
         self,
@@ -211,10 +228,10 @@ class Gateway(Administration, ReplicaSync):
             raise NoActiveServablesForContract(contract)
         entry = state.servables[answered]
         entry.metrics.score_count += 1
-        self._metrics_dirty = True
+        self.registry.counters_dirty = True
         fqrv = entry.fqrv
         started = time.perf_counter()
-        loaded = self.loaded.get(fqrv)
+        loaded = self.registry.loaded.get(fqrv)
         try:
             if loaded is None:
                 raise ServableNotReady(f"servable {fqrv} is not loaded")
@@ -238,11 +255,11 @@ class Gateway(Administration, ReplicaSync):
         timeout = self.settings.request_timeout_ms / 1000
         for release in releases:
             entry = state.servables[release]
-            loaded = self.loaded.get(entry.fqrv)
+            loaded = self.registry.loaded.get(entry.fqrv)
             if loaded is None:
                 continue
             entry.metrics.shade_count += 1
-            self._metrics_dirty = True
+            self.registry.counters_dirty = True
             started = time.perf_counter()
             try:
                 pending = loaded.scheduler.offer(context.frame, Priority.SHADOW, timeout)
@@ -312,86 +329,27 @@ class Gateway(Administration, ReplicaSync):
     # ---- lookups ----------------------------------------------------------------------------------
     def definition(self, fqrv: FQRV) -> ServableDefinition:
         """The definition of a loaded servable or UnknownServable."""
-        loaded = self.loaded.get(fqrv)
-        if loaded is None:
-            raise UnknownServable(fqrv)
-        return loaded.definition
+        return self.registry.loaded_servable(fqrv).definition
 
     def metadata(self, fqrv: FQRV) -> ServableMetadata:
         """A servable's inputs and outputs."""
-        loaded = self.loaded.get(fqrv)
-        if loaded is None:
-            raise UnknownServable(fqrv)
-        return loaded.servable.metadata()
+        return self.registry.loaded_servable(fqrv).servable.metadata()
 
     def active_release(self, contract: Contract) -> FQRV:
         """The servable that represents the contract in metadata calls (the newest routed one)."""
-        state = self.contract_state(contract)
-        release = state.latest_valid()
-        if release is None:
-            raise NoActiveServablesForContract(contract)
-        return state.servables[release].fqrv
+        return self.registry.active_release(contract)
 
     def servable_entries(self, contract: Contract) -> list[ServableEntry]:
         """The contract's servables, oldest first; 422 when it has none (as ForestFlow)."""
-        state = self.contract_state(contract)
-        if not state.servables:
-            raise NoActiveServablesForContract(contract)
-        return sorted(state.servables.values(), key=lambda e: (e.metrics.created_at_ms, e.fqrv.release))
+        return self.registry.servable_entries(contract)
 
     def entry(self, fqrv: FQRV) -> ServableEntry:
         """One servable's entry or UnknownServable."""
-        state = self.contracts.get(fqrv.contract)
-        if state is None or fqrv.release not in state.servables:
-            raise UnknownServable(fqrv)
-        return state.servables[fqrv.release]
+        return self.registry.entry(fqrv)
 
-    # ---- evaluation and persistence ----------------------------------------------------------------
-    async def evaluate_all(self) -> None:
-        """Re-evaluate every contract (timer)."""
-        async with self._admin_lock:
-            for state in list(self.contracts.values()):
-                await self._evaluate(state)
-
-    async def _evaluate(self, state: ContractState) -> None:
-        """Evaluate one contract; persist and unload what its expiration policy removed."""
-        stamps_before = {r: e.metrics.became_valid_at_ms for r, e in state.servables.items()}
-        result = state.evaluate(self.clock())
-        if result.expired:
-            changes: dict[str, Any] = {}
-            for release in result.expired:
-                fqrv = FQRV(state.contract, release)
-                changes[servable_key(fqrv)] = None
-                changes[metrics_key(fqrv)] = None
-            await self._apply(changes)
-            for release in result.expired:
-                fqrv = FQRV(state.contract, release)
-                log.info("servable_expired", fqrv=str(fqrv), policy=type(state.settings.expiration).__name__)
-                loaded = self.loaded.pop(fqrv, None)
-                if loaded is not None:
-                    await self._unload(loaded)
-        stamped = any(stamps_before.get(r) != e.metrics.became_valid_at_ms for r, e in state.servables.items())
-        if stamped or result.routing_changed:
-            self._metrics_dirty = True
-
-    async def flush_metrics(self, force: bool = False) -> None:
-        """Persist counters and router state when they changed."""
-        if not (self._metrics_dirty or force):
-            return
-        self._metrics_dirty = False
-        changes: dict[str, Any] = {}
-        for contract, state in self.contracts.items():
-            for entry in state.servables.values():
-                changes[metrics_key(entry.fqrv)] = metrics_to_doc(entry.metrics)
-            if state.servables:
-                changes[routing_key(contract)] = state.routing_state()
-        if not changes:
-            return
-        try:
-            await self.store.apply(changes)
-        except Exception:
-            self._metrics_dirty = True
-            raise
+    def stats_metrics(self, entry: ServableEntry) -> ServableMetrics:
+        """A servable's metrics for /stats (summed over the replicas sharing a store)."""
+        return self.replica_sync.stats_metrics(entry)
 
 
 @dataclass(slots=True)

@@ -69,7 +69,7 @@ async def create_servable(request: web.Request) -> web.Response:
         raise InvalidInput("MLflow serve requests are not supported yet; deploy the MOJO with an H2OMojo flavor")
     definition = parse_serve_request(body, url_fqrv)
     request[FQRV_TAG] = str(definition.fqrv)
-    fqrv = await request.app[GATEWAY].create_servable(definition)
+    fqrv = await request.app[GATEWAY].admin.create_servable(definition)
     return json_response({"ServableCreatedSuccessfully": {"fqrv": fqrv_to_json(fqrv)}})
 
 
@@ -77,7 +77,7 @@ async def update_policy(request: web.Request) -> web.Response:
     """PUT .../{release}/policy-settings: replace validity and phase-in."""
     fqrv = fqrv_from(request)
     policy = parse_policy(Obj(await read_json(request), ""))
-    await request.app[GATEWAY].update_policy(fqrv, policy)
+    await request.app[GATEWAY].admin.update_policy(fqrv, policy)
     return json_response({"ServableUpdatedSuccessfully": {"fqrv": fqrv_to_json(fqrv)}})
 
 
@@ -85,7 +85,7 @@ async def update_logging(request: web.Request) -> web.Response:
     """PUT .../{release}/logging-settings: replace the logging settings."""
     fqrv = fqrv_from(request)
     logging = parse_logging(Obj(await read_json(request), ""))
-    await request.app[GATEWAY].update_logging(fqrv, logging)
+    await request.app[GATEWAY].admin.update_logging(fqrv, logging)
     return json_response({"ServableUpdatedSuccessfully": {"fqrv": fqrv_to_json(fqrv)}})
 
 
@@ -101,14 +101,14 @@ async def update_performance(request: web.Request) -> web.Response:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InvalidInput(f"performanceMetrics.{name}: expected a number, got {value!r}")
         values[str(name)] = float(value)
-    await request.app[GATEWAY].update_performance(fqrv, values)
+    await request.app[GATEWAY].admin.update_performance(fqrv, values)
     return json_response({"ServableUpdatedSuccessfully": {"fqrv": fqrv_to_json(fqrv)}})
 
 
 async def delete_servable(request: web.Request) -> web.Response:
     """DELETE /{org}/{project}/{n}/{release}: remove it (a no-op for an unknown release, as ForestFlow)."""
     fqrv = fqrv_from(request)
-    deleted = await request.app[GATEWAY].delete_servable(fqrv)
+    deleted = await request.app[GATEWAY].admin.delete_servable(fqrv)
     return json_response({"ServablesDeletedSuccessfully": {"fqrv": [fqrv_to_json(f) for f in deleted] or [fqrv_to_json(fqrv)]}})
 
 
@@ -117,7 +117,7 @@ async def create_contract(request: web.Request) -> web.Response:
     """POST /contract/{org}/{project}/{n}: register a contract with its settings."""
     contract = contract_from(request)
     settings = parse_contract_settings(Obj(await read_json(request), ""))
-    await request.app[GATEWAY].create_contract(contract, settings)
+    await request.app[GATEWAY].admin.create_contract(contract, settings)
     return json_response({"ContractCreatedSuccessfully": {"contract": contract_to_json(contract)}})
 
 
@@ -125,7 +125,7 @@ async def update_contract(request: web.Request) -> web.Response:
     """PUT /{org}/{project}/{n}: replace a contract's settings, rebuilding its router."""
     contract = contract_from(request)
     settings = parse_contract_settings(Obj(await read_json(request), ""))
-    await request.app[GATEWAY].update_contract(contract, settings)
+    await request.app[GATEWAY].admin.update_contract(contract, settings)
     return json_response({"ContractUpdatedSuccessfully": {"contract": contract_to_json(contract)}})
 
 

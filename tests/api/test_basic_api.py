@@ -128,7 +128,7 @@ async def test_phase_in_split_observed_in_stats(gw: InProcessGateway) -> None:
     await deploy(gw, python_servable(contract_settings=keep_two))
     await deploy(gw, python_servable(release="v2", phase_in={"LinearTimeBasedPhaseIn": {"phase_in_over_secs": 100}}))
     now[0] += 30_000  # 30 s into a 100 s linear phase-in: v2 at 30 %, v1 at 100 %
-    await gw.gateway.evaluate_all()
+    await gw.gateway.admin.evaluate_all()
     counts = {"v1": 0, "v2": 0}
     for _ in range(1000):
         status, body = await score(gw, score_body([1.0]))

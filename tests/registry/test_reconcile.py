@@ -1,4 +1,4 @@
-"""Gateway.reconcile: an in-process gateway brought to a set of store documents, as a replica is."""
+"""ReplicaSync.reconcile: an in-process gateway brought to a set of store documents, as a replica is."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ async def score(gw: InProcessGateway) -> tuple[int, Any]:
 async def test_learns_loads_in_background_then_follows_settings_and_deletes(tmp_path: Path) -> None:
     async with serve_in_process(tmp_path / "data") as gw:
         gateway = gw.gateway
-        await gateway.reconcile(registry("v1", "v2"))
+        await gateway.replica_sync.reconcile(registry("v1", "v2"))
         assert not gateway.ready  # loading in the background: not ready until both are in
         await until(lambda: gateway.ready and len(gateway.loaded) == 2)
         assert sorted(e.fqrv.release for e in gateway.servable_entries(V1.contract)) == ["v1", "v2"]
@@ -51,7 +51,7 @@ async def test_learns_loads_in_background_then_follows_settings_and_deletes(tmp_
         docs = registry("v1", "v2")
         docs["servable/acme.demo.1.v2"] = servable_doc("v2", validity=[{"NeverValid": {}}], log_level="FULL")
         docs["contract/acme.demo.1"] = contract_settings_to_json(ContractSettings())
-        await gateway.reconcile(docs)
+        await gateway.replica_sync.reconcile(docs)
         assert gateway.entry(V2).settings.logging.log_level.name == "FULL"
         assert gateway.contract_state(V1.contract).settings == ContractSettings()
         for _ in range(5):
@@ -59,23 +59,23 @@ async def test_learns_loads_in_background_then_follows_settings_and_deletes(tmp_
             assert status == 200 and body["Prediction"]["fqrv"]["releaseVersion"] == "v1"
 
         del docs["servable/acme.demo.1.v1"]
-        await gateway.reconcile(docs)
+        await gateway.replica_sync.reconcile(docs)
         assert set(gateway.loaded) == {V2}
         assert (await score(gw))[0] == 422  # v2 is never valid: nothing active
-        await gateway.reconcile({})
+        await gateway.replica_sync.reconcile({})
         assert gateway.loaded == {} and gateway.contracts == {}
 
 
 async def test_shared_stamps_and_performance_are_adopted_counters_stay_local(tmp_path: Path) -> None:
     async with serve_in_process(tmp_path / "data") as gw:
         gateway = gw.gateway
-        await gateway.reconcile(registry("v1"), wait=True)
+        await gateway.replica_sync.reconcile(registry("v1"), wait=True)
         for _ in range(3):
             assert (await score(gw))[0] == 200
         docs = registry("v1")
         docs["metrics/acme.demo.1.v1"] = {"createdAtMS": 1, "becameValidAtMS": 12345, "scoreCount": 99,
                                           "performanceMetrics": {"auc": 0.75}}
-        await gateway.reconcile(docs)
+        await gateway.replica_sync.reconcile(docs)
         metrics = gateway.entry(V1).metrics
         assert (metrics.became_valid_at_ms, metrics.performance_metrics, metrics.score_count) == (12345, {"auc": 0.75}, 3)
 
@@ -83,11 +83,11 @@ async def test_shared_stamps_and_performance_are_adopted_counters_stay_local(tmp
 async def test_a_document_that_does_not_parse_leaves_the_servable_serving(tmp_path: Path) -> None:
     async with serve_in_process(tmp_path / "data") as gw:
         gateway = gw.gateway
-        await gateway.reconcile(registry("v1"), wait=True)
+        await gateway.replica_sync.reconcile(registry("v1"), wait=True)
         docs = registry("v1")
         docs["servable/acme.demo.1.v1"] = {"flavor": "garbage"}
         docs["contract/acme.demo.1"] = {"router": {"NoSuchRouter": {}}}
-        await gateway.reconcile(docs)
+        await gateway.replica_sync.reconcile(docs)
         assert set(gateway.loaded) == {V1} and (await score(gw))[0] == 200
         assert gateway.contract_state(Contract.parse("acme.demo.1")).settings.expiration.servables_to_keep == 3
 
@@ -97,12 +97,12 @@ async def test_a_servable_that_fails_to_load_is_reported_and_retried_when_its_de
         gateway = gw.gateway
         broken = registry("v1")
         broken["servable/acme.demo.1.v1"] = servable_doc("v1", directory=tmp_path / "missing")
-        await gateway.reconcile(broken)
-        await until(lambda: V1 in gateway.failed and not gateway._pending)
+        await gateway.replica_sync.reconcile(broken)
+        await until(lambda: V1 in gateway.failed and not gateway.registry.pending)
         assert not gateway.ready
-        await gateway.reconcile(broken)  # same definition: not retried
-        assert not gateway._pending
-        await gateway.reconcile(registry("v1"))
+        await gateway.replica_sync.reconcile(broken)  # same definition: not retried
+        assert not gateway.registry.pending
+        await gateway.replica_sync.reconcile(registry("v1"))
         await until(lambda: gateway.ready and V1 in gateway.loaded)
         assert gateway.failed == {}
 

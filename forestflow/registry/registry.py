@@ -1,0 +1,160 @@
+"""The Registry: every servable this gateway holds, and the lock that orders changes to them.
+
+It owns the contracts (their routing state), the loaded servables with their schedulers, the
+releases whose load failed, and the releases being loaded. It knows nothing of protocols, of the
+store the state is persisted in, or of the prediction log: :mod:`forestflow.administration`
+persists a change and then applies it here, :mod:`forestflow.replica_sync` applies what the store
+says, and :mod:`forestflow.service` reads it on the request path.
+
+Changes are made with :attr:`Registry.lock` held by the caller; lookups need no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from forestflow.core.contract_state import ContractState, Evaluation, ServableEntry
+from forestflow.core.definition import ServableDefinition
+from forestflow.core.ids import FQRV, Contract
+from forestflow.core.policies import ContractSettings, ServableMetrics
+from forestflow.errors import NoActiveServablesForContract, UnknownContract, UnknownServable
+from forestflow.runtime.base import Servable
+from forestflow.runtime.scheduler import ServableScheduler
+
+
+@dataclass(slots=True)
+class Loaded:
+    """A servable in memory with its scheduler."""
+
+    definition: ServableDefinition
+    servable: Servable
+    scheduler: ServableScheduler
+
+
+@dataclass(slots=True)
+class Expiry:
+    """What one evaluation of a contract took out: the releases and the servables to unload."""
+
+    releases: list[FQRV] = field(default_factory=list)
+    unload: list[Loaded] = field(default_factory=list)
+
+
+class Registry:
+    """Contracts, loaded and failed servables, releases being loaded, and the admin lock."""
+
+    def __init__(self) -> None:
+        self.contracts: dict[Contract, ContractState] = {}
+        self.loaded: dict[FQRV, Loaded] = {}
+        #: Releases whose load failed, with the reason (the gateway is not ready while any is here).
+        self.failed: dict[FQRV, str] = {}
+        #: Releases being loaded (deploys in flight and loads learnt from the store).
+        self.pending: set[FQRV] = set()
+        #: Taken by every change, so a change and the store write before it are never interleaved.
+        self.lock = asyncio.Lock()
+        #: Set when counters or routing moved since they were last persisted.
+        self.counters_dirty = False
+
+    # ---- lookups ----------------------------------------------------------------------------------
+    def contract_state(self, contract: Contract) -> ContractState:
+        """The state of a contract or UnknownContract."""
+        state = self.contracts.get(contract)
+        if state is None:
+            raise UnknownContract(contract)
+        return state
+
+    def entry(self, fqrv: FQRV) -> ServableEntry:
+        """One servable's entry or UnknownServable."""
+        state = self.contracts.get(fqrv.contract)
+        if state is None or fqrv.release not in state.servables:
+            raise UnknownServable(fqrv)
+        return state.servables[fqrv.release]
+
+    def loaded_servable(self, fqrv: FQRV) -> Loaded:
+        """A loaded servable or UnknownServable."""
+        loaded = self.loaded.get(fqrv)
+        if loaded is None:
+            raise UnknownServable(fqrv)
+        return loaded
+
+    def servable_entries(self, contract: Contract) -> list[ServableEntry]:
+        """The contract's servables, oldest first; NoActiveServablesForContract when it has none."""
+        state = self.contract_state(contract)
+        if not state.servables:
+            raise NoActiveServablesForContract(contract)
+        return sorted(state.servables.values(), key=lambda e: (e.metrics.created_at_ms, e.fqrv.release))
+
+    def active_release(self, contract: Contract) -> FQRV:
+        """The servable that represents the contract in metadata calls (the newest routed one)."""
+        state = self.contract_state(contract)
+        release = state.latest_valid()
+        if release is None:
+            raise NoActiveServablesForContract(contract)
+        return state.servables[release].fqrv
+
+    def is_held(self, fqrv: FQRV) -> bool:
+        """Whether the release is loaded or being loaded."""
+        return fqrv in self.loaded or fqrv in self.pending
+
+    # ---- changes (the caller holds the lock) ------------------------------------------------------
+    def ensure_contract(self, contract: Contract, settings: ContractSettings | None) -> ContractState:
+        """The contract's state, created with ``settings`` (or the defaults) when it is new."""
+        state = self.contracts.get(contract)
+        if state is None:
+            state = self.contracts[contract] = ContractState(contract, settings or ContractSettings())
+        return state
+
+    def install(self, defn: ServableDefinition, loaded: Loaded, metrics: ServableMetrics) -> ContractState:
+        """Make a loaded servable part of its contract (created when new); clears a past failure."""
+        state = self.ensure_contract(defn.fqrv.contract, defn.contract_settings)
+        loaded.definition = defn
+        self.loaded[defn.fqrv] = loaded
+        self.failed.pop(defn.fqrv, None)
+        state.add(ServableEntry(defn.fqrv, defn.settings, metrics))
+        return state
+
+    def record_failure(self, defn: ServableDefinition, reason: str) -> None:
+        """Remember that a release could not be loaded (its contract is kept, so it can be listed)."""
+        self.failed[defn.fqrv] = reason
+        self.ensure_contract(defn.fqrv.contract, defn.contract_settings)
+
+    def remove(self, contract: Contract, releases: list[str]) -> list[Loaded]:
+        """Take releases out of their contract; returns the servables the caller must unload."""
+        state = self.contracts.get(contract)
+        unload: list[Loaded] = []
+        for release in releases:
+            if state is not None:
+                state.remove(release)
+            loaded = self.loaded.pop(FQRV(contract, release), None)
+            if loaded is not None:
+                unload.append(loaded)
+        return unload
+
+    def drop_contract(self, contract: Contract) -> None:
+        """Forget a contract (its servables must already be removed)."""
+        self.contracts.pop(contract, None)
+
+    def update_definition(self, defn: ServableDefinition) -> None:
+        """A loaded servable's new settings (same artifact): kept on it and on its contract entry."""
+        self.loaded[defn.fqrv].definition = defn
+        self.entry(defn.fqrv).settings = defn.settings
+
+    def evaluate(self, state: ContractState, now_ms: int) -> Expiry:
+        """Evaluate one contract at ``now_ms``: validity stamps, phase-in, router, expirations.
+
+        Expired releases leave the contract and the loaded set; the caller persists their removal
+        and unloads what is returned.
+        """
+        stamps_before = {r: e.metrics.became_valid_at_ms for r, e in state.servables.items()}
+        result: Evaluation = state.evaluate(now_ms)
+        expiry = Expiry()
+        for release in result.expired:
+            fqrv = FQRV(state.contract, release)
+            expiry.releases.append(fqrv)
+            loaded = self.loaded.pop(fqrv, None)
+            if loaded is not None:
+                expiry.unload.append(loaded)
+        stamped = any(stamps_before.get(r) != e.metrics.became_valid_at_ms for r, e in state.servables.items())
+        if stamped or result.routing_changed:
+            self.counters_dirty = True
+        return expiry
