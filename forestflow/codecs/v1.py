@@ -176,10 +176,11 @@ def frame_from_columnar(inputs: dict[str, Any], specs: Sequence[TensorSpec], par
         detail = ", ".join(f"{name}={n}" for name, n in counts.items())
         raise InvalidInput(f"inputs: every input needs one entry per record, got {detail}")
     order = [s.name for s in specs if s.name in inputs] + [n for n in inputs if n not in by_name]
-    return Frame(
-        {n: column(n, inputs[n], by_name.get(n), lambda i, n=n: f"inputs.{n}[{i}]") for n in order},  # type: ignore[misc]
-        dict(parameters),
-    )
+    return Frame({n: column(n, inputs[n], by_name.get(n), _columnar_where(n)) for n in order}, dict(parameters))
+
+
+def _columnar_where(name: str) -> Where:
+    return lambda i: f"inputs.{name}[{i}]"
 
 
 def _plain(v: Any) -> Any:
