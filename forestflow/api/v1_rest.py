@@ -1,91 +1,22 @@
 """KServe V1 (TF-Serving style) REST: model list, model readiness and ``:predict``.
 
-``POST /v1/models/{model}:predict`` takes ``{"instances": [...]}`` (or ``"inputs"``), each instance
-either a list of values in the model's input order or an object keyed by input name, and answers
-``{"predictions": [...]}``, one per instance: the value of a one-output model, else an object of
-output name -> value. Routed by phase-in exactly like /score (shadows and logging included).
+``POST /v1/models/{model}:predict`` takes ``{"instances": [...]}`` (or ``"inputs"``) and answers
+``{"predictions": [...]}``, one per instance; TF Serving's columnar ``{"inputs": {name: batch}}``
+is answered with ``{"outputs": ...}``. How instances map to the model's inputs (vector inputs
+included) is in :mod:`forestflow.codecs.v1`. Routed by phase-in exactly like /score (shadows and
+logging included).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
 from aiohttp import web
 
 from forestflow.api import v2_common
 from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, read_json, request_id_of, timeout_from
 from forestflow.api.responses import json_response
 from forestflow.api.v2_rest import v2_errors
-from forestflow.core.frame import DATATYPES, Frame, TensorSpec
+from forestflow.codecs.v1 import columnar_outputs, frame_from_columnar, frame_from_instances, predictions
 from forestflow.errors import InvalidInput
-
-
-def _column(name: str, values: list[Any], spec: TensorSpec | None) -> np.ndarray:
-    """One input's values across instances, typed as the model declares it."""
-    datatype = spec.datatype if spec is not None else None
-    if datatype in DATATYPES and datatype not in ("BYTES", "BOOL"):
-        if any(isinstance(v, (bool, str, dict)) for v in values):
-            raise InvalidInput(f"input {name!r}: expected numbers ({datatype}), got {next(v for v in values if isinstance(v, (bool, str, dict)))!r}")
-        if datatype.startswith("FP"):
-            values = [np.nan if v is None else v for v in values]
-        try:
-            return np.array(values, dtype=DATATYPES[datatype])
-        except (ValueError, TypeError, OverflowError):
-            raise InvalidInput(f"input {name!r}: values do not fit {datatype}") from None
-    if datatype == "BOOL" and all(isinstance(v, bool) for v in values):
-        return np.array(values, dtype=np.bool_)
-    try:
-        arr = np.array(values)
-    except ValueError:
-        raise InvalidInput(f"input {name!r}: values of different shapes across instances") from None
-    if arr.dtype.kind in "USO" or arr.ndim == 0:
-        out = np.empty(len(values), dtype=object)
-        out[:] = values
-        return out
-    return arr
-
-
-def frame_from_instances(instances: Any, specs: Sequence[TensorSpec], parameters: dict[str, Any]) -> Frame:
-    """The Frame of a V1 ``instances`` list (lists in input order, or objects by input name)."""
-    if not isinstance(instances, list) or not instances:
-        raise InvalidInput("instances: required, a non-empty list")
-    by_name = {s.name: s for s in specs}
-    names = [s.name for s in specs]
-    if all(isinstance(row, dict) for row in instances):
-        order = list(names)
-        for row in instances:
-            order.extend(k for k in row if k not in by_name and k not in order)
-        present = [n for n in order if any(n in row for row in instances)]
-        table = {n: [row.get(n) for row in instances] for n in present}
-    elif all(isinstance(row, list) for row in instances):
-        if not names:
-            raise InvalidInput("instances: this model does not describe its inputs; send objects keyed by input name")
-        for i, row in enumerate(instances):
-            if len(row) != len(names):
-                raise InvalidInput(
-                    f"instances[{i}]: expected {len(names)} values ({', '.join(names)}), got {len(row)}"
-                )
-        table = {n: [row[j] for row in instances] for j, n in enumerate(names)}
-    elif len(names) == 1 and not any(isinstance(row, (dict, list)) for row in instances):
-        table = {names[0]: list(instances)}
-    else:
-        raise InvalidInput("instances: every instance must be a list (values in input order) or an object (by input name)")
-    return Frame({n: _column(n, values, by_name.get(n)) for n, values in table.items()}, dict(parameters))
-
-
-def _plain(v: Any) -> Any:
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-
-
-def predictions(frame: Frame) -> list[Any]:
-    """One prediction per row: the value of a single output, else ``{output: value}``."""
-    columns = {name: [_plain(v) for v in col.tolist()] if col.dtype == object else col.tolist() for name, col in frame.columns.items()}
-    if len(columns) == 1:
-        return next(iter(columns.values()))
-    names = list(columns)
-    return [dict(zip(names, values)) for values in zip(*columns.values())]
 
 
 @v2_errors
@@ -113,11 +44,15 @@ async def predict(request: web.Request) -> web.Response:
     body = await read_json(request)
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object with instances")
-    instances = body.get("instances", body.get("inputs"))
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidInput("parameters: expected a JSON object")
-    frame = frame_from_instances(instances, v2_common.input_specs(gateway, contract, None), parameters)
+    specs = v2_common.input_specs(gateway, contract, None)
+    columnar = "instances" not in body and isinstance(body.get("inputs"), dict)
+    if columnar:
+        frame = frame_from_columnar(body["inputs"], specs, parameters)
+    else:
+        frame = frame_from_instances(body.get("instances", body.get("inputs")), specs, parameters)
     result = await gateway.infer(
         contract,
         frame,
@@ -127,6 +62,8 @@ async def predict(request: web.Request) -> web.Response:
         timeout_s=timeout_from(request),
     )
     request[FQRV_TAG] = str(result.fqrv)
+    if columnar:
+        return json_response({"outputs": columnar_outputs(result.frame)})
     return json_response({"predictions": predictions(result.frame)})
 
 

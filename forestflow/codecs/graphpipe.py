@@ -2,10 +2,18 @@
 
 Reads a ``Request`` (an ``InferRequest`` or a ``MetadataRequest``) and writes the bare root
 ``InferResponse`` / ``MetadataResponse`` tables GraphPipe clients expect. Input tensors become
-Frame columns either by ``input_names`` or, without names, by ForestFlow's grouping: a String
-tensor fills the model's categorical (BYTES) inputs and a numeric tensor its numeric inputs, in
-metadata order, one row per ``shape[0]``. Outputs are the FQRV as a ``[1, 1]`` String tensor
-followed by the model's outputs, 1-D columns as ``[n, 1]``.
+Frame columns, one row per ``shape[0]``:
+
+- by ``input_names`` when the request has them;
+- without names, for a model whose inputs are all scalar columns (H2O), by ForestFlow's grouping:
+  a String tensor fills the model's categorical (BYTES) inputs and a numeric tensor its numeric
+  inputs, in metadata order;
+- without names, for a model with a vector (or N-D) input, one tensor per input in metadata order.
+
+A tensor for a vector input must match its declared shape past the record axis (``[n, 4]`` for
+``[-1, 4]``). Outputs: without ``output_names``, the FQRV as a ``[1, 1]`` String tensor followed
+by every model output; with them, exactly the named tensors in the requested order (``fqrv``
+names the FQRV tensor). 1-D columns go out as ``[n, 1]``.
 
 Every malformed input raises :class:`InvalidInput` with a message that names the culprit; the
 reader checks vector lengths against the buffer size so a corrupt body cannot make it loop.
@@ -276,7 +284,12 @@ def frame_from_request(request: GPInferRequest, inputs: Sequence[TensorSpec]) ->
         raise InvalidInput(f"input_tensors disagree on the record count (shape[0]): {sorted(rows)}")
     if rows == {0}:
         raise InvalidInput("input_tensors: at least one record is required (shape[0] is 0)")
-    columns = _named(request, inputs) if request.input_names else _grouped(request.tensors, inputs)
+    if request.input_names:
+        columns = _named(request, inputs)
+    elif all(is_scalar(spec) for spec in inputs):
+        columns = _grouped(request.tensors, inputs)
+    else:
+        columns = _positional(request.tensors, inputs)
     order = {spec.name: i for i, spec in enumerate(inputs)}
     ordered = dict(sorted(columns.items(), key=lambda kv: order.get(kv[0], len(order))))
     return Frame(ordered)
@@ -294,11 +307,49 @@ def _named(request: GPInferRequest, inputs: Sequence[TensorSpec]) -> dict[str, n
         spec = specs.get(name)
         if specs and spec is None:
             raise InvalidInput(f"input_names: unknown input {name!r}; the model takes {', '.join(specs)}")
-        scalar = spec is None or len(spec.shape) <= 1
-        if scalar and tensor.ndim > 1 and int(np.prod(tensor.shape[1:])) == 1:
+        if spec is not None and not is_scalar(spec):
+            tensor = _fit(tensor, spec, f"input_tensors[{len(columns)}]")
+        elif tensor.ndim > 1 and int(np.prod(tensor.shape[1:])) == 1:
             tensor = tensor.reshape(tensor.shape[0])
         columns[name] = tensor
     return columns
+
+
+def is_scalar(spec: TensorSpec) -> bool:
+    """Whether an input takes one value per record (a tabular column) rather than a vector."""
+    return len(spec.shape) <= 1
+
+
+def _positional(tensors: list[np.ndarray], inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+    """Unnamed tensors for a model with vector inputs: one per input, in metadata order."""
+    if len(tensors) != len(inputs):
+        raise InvalidInput(
+            f"input_tensors: got {len(tensors)} tensor(s) without input_names for {len(inputs)} input(s) "
+            f"({', '.join(s.name for s in inputs)}); send one tensor per input in this order, or name them"
+        )
+    return {spec.name: _fit(tensor, spec, f"input_tensors[{i}]") for i, (tensor, spec) in enumerate(zip(tensors, inputs))}
+
+
+def _fit(tensor: np.ndarray, spec: TensorSpec, where: str) -> np.ndarray:
+    """A tensor checked against the input it feeds: its kind, its shape past the record axis, its type."""
+    if (tensor.dtype == object) != (spec.datatype == "BYTES"):
+        kind = "String" if tensor.dtype == object else "numeric"
+        raise InvalidInput(f"{where}: a {kind} tensor for input {spec.name!r}, which takes {spec.datatype}")
+    if is_scalar(spec):
+        if tensor.ndim > 1 and int(np.prod(tensor.shape[1:])) != 1:
+            raise InvalidInput(
+                f"{where}: shape {list(tensor.shape)} has more than one value per record; "
+                f"input {spec.name!r} takes one (shape [n] or [n, 1])"
+            )
+        return _cast(tensor.reshape(tensor.shape[0]), spec)
+    dims = spec.shape[1:]
+    if tensor.ndim != len(spec.shape) or any(d != -1 and d != t for t, d in zip(tensor.shape[1:], dims)):
+        wanted = ", ".join("n" if d == -1 else str(d) for d in dims)
+        raise InvalidInput(
+            f"{where}: shape {list(tensor.shape)} does not fit input {spec.name!r} "
+            f"(declared {list(spec.shape)}: send [n, {wanted}])"
+        )
+    return _cast(tensor, spec)
 
 
 def _grouped(tensors: list[np.ndarray], inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
@@ -455,11 +506,16 @@ def _infer_response_bytes(tensors: Sequence[tuple[int, tuple[int, ...], bytes | 
 
 
 def encode_infer_response(fqrv: FQRV, frame: Frame, output_names: Sequence[str] = ()) -> bytes:
-    """An InferResponse: the FQRV ``[1, 1]`` String tensor, then the outputs (all, or those named)."""
-    names = [n for n in output_names if n != FQRV_OUTPUT] if output_names else list(frame.columns)
-    selected = frame.select(names)
-    tensors = [(Type.String, (1, 1), [str(fqrv).encode()])]
-    tensors += [_wire_tensor(name, column) for name, column in selected.columns.items()]
+    """An InferResponse: without ``output_names``, the FQRV ``[1, 1]`` String tensor then every
+    output (ForestFlow's layout); with them, exactly those tensors in that order, where ``fqrv``
+    names the FQRV tensor (so ``execute(..., output_name=x)`` gets one array back)."""
+    fqrv_tensor = (Type.String, (1, 1), [str(fqrv).encode()])
+    if not output_names:
+        return _infer_response_bytes([fqrv_tensor, *(_wire_tensor(n, c) for n, c in frame.columns.items())])
+    if len(set(output_names)) != len(output_names):
+        raise InvalidInput(f"output_names: duplicate names in {list(output_names)}")
+    selected = frame.select([n for n in output_names if n != FQRV_OUTPUT])  # unknown names: InvalidInput
+    tensors = [fqrv_tensor if n == FQRV_OUTPUT else _wire_tensor(n, selected.columns[n]) for n in output_names]
     return _infer_response_bytes(tensors)
 
 
@@ -494,7 +550,7 @@ def wire_shape(spec: TensorSpec) -> list[int]:
 
 def response_specs(meta: ServableMetadata) -> list[TensorSpec]:
     """The response tensors in order: the FQRV first, then the model's outputs."""
-    fqrv = TensorSpec(FQRV_OUTPUT, "BYTES", (1, 1), "the release that answered (always the first tensor)")
+    fqrv = TensorSpec(FQRV_OUTPUT, "BYTES", (1, 1), "the release that answered (first unless output_names leave it out)")
     return [fqrv, *meta.outputs]
 
 

@@ -4,10 +4,11 @@ Executed by the tests in a separate interpreter (the client venv: tritonclient a
 protobuf<7, the gateway needs >=7.35), one process per client family because tritonclient.grpc
 and kserve cannot share a process (both register ``inference.*`` protobuf names).
 
-    python v2_client_calls.py triton|kserve  < job.json  > result.json
+    python v2_client_calls.py triton|kserve|kserve_v1  < job.json  > result.json
 
 The job: ``{"http": "host:port", "grpc": "host:port", "repo": path, "model", "version",
-"columns": [{name, datatype, values}], "outputs": [names], "bad_input": name}``. Every answer is recorded, errors included, so that
+"columns": [{name, datatype, values}], "outputs": [names], "bad_input": name}``; kserve_v1 takes
+``{"http": "host:port", "calls": [{"model", "body"}]}`` and sends each body as it is. Every answer is recorded, errors included, so that
 the test (not this script) decides what is right.
 """
 
@@ -203,10 +204,31 @@ async def kserve(job: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
+# ---- kserve V1 only: arbitrary predict bodies ---------------------------------------------------
+async def kserve_v1(job: dict[str, Any]) -> dict[str, Any]:
+    """``InferenceRESTClient(protocol="v1").infer`` with each job body; answers or (status, error body)."""
+    import httpx
+    from kserve import InferenceRESTClient, RESTConfig
+
+    base = f"http://{job['http']}"
+    client = InferenceRESTClient(RESTConfig(protocol="v1", retries=0))
+    seen = []
+    for call in job["calls"]:
+        try:
+            seen.append({"status": 200, "body": await client.infer(base, call["body"], model_name=call["model"])})
+        except httpx.HTTPStatusError as exc:
+            seen.append({"status": exc.response.status_code, "body": exc.response.json()})
+    await client.close()
+    return {"results": seen}
+
+
 def main() -> None:
     family = sys.argv[1]
     job = json.load(sys.stdin)
-    result = triton(job) if family == "triton" else asyncio.run(kserve(job))
+    if family == "triton":
+        result = triton(job)
+    else:
+        result = asyncio.run(kserve_v1(job) if family == "kserve_v1" else kserve(job))
     json.dump(result, sys.stdout, default=str)
 
 

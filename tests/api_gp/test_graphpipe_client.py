@@ -61,11 +61,21 @@ async def test_execute_multi_gives_the_same_predictions_as_score(gw: InProcessGa
 async def test_execute_single_input_and_output_names(gw: InProcessGateway) -> None:
     await deploy(gw, python_servable())
     uri = gw.url + GP_PATH
-    fqrv, double = await client(remote.execute, uri, np.array([[3.0], [4.5]]), "x", "double")
-    assert fqrv[0, 0] == b"acme.demo.1.v1"
-    assert double.tolist() == [[6.0], [9.0]]
-    fqrv, echo, double = await execute_multi(uri, [np.array(["p", "q"])], ["label"], ["echo", "double"])
+    # Named outputs are answered exactly, in the requested order: execute hands back the one array.
+    double = await client(remote.execute, uri, np.array([[3.0], [4.5]]), "x", "double")
+    assert isinstance(double, np.ndarray) and double.tolist() == [[6.0], [9.0]]
+    echo = await client(remote.execute, uri, np.array(["a", "b"]), "label", "echo")
+    assert isinstance(echo, np.ndarray) and echo.tolist() == [[b"a"], [b"b"]]
+    echo, double = await execute_multi(uri, [np.array(["p", "q"])], ["label"], ["echo", "double"])
     assert echo[:, 0].tolist() == [b"p", b"q"] and double[:, 0].tolist() == [0.0, 0.0]  # x absent: the echo model uses 0
+    # The FQRV tensor only where its documented name asks for it.
+    double, fqrv = await execute_multi(uri, [np.array([1.0])], ["x"], ["double", "fqrv"])
+    assert double.tolist() == [[2.0]] and fqrv.tolist() == [[b"acme.demo.1.v1"]]
+    [fqrv] = await execute_multi(uri, [np.array([1.0])], ["x"], ["fqrv"])
+    assert fqrv.tolist() == [[b"acme.demo.1.v1"]]
+    # No names: ForestFlow's layout, FQRV first.
+    fqrv, double, echo = await execute_multi(uri, [np.array([1.0])], ["x"])
+    assert (fqrv.tolist(), double.tolist(), echo.tolist()) == ([[b"acme.demo.1.v1"]], [[2.0]], [[b""]])
 
 
 @pytest.mark.parametrize(

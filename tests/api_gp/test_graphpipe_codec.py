@@ -96,7 +96,13 @@ def test_responses_parse_with_the_official_reader() -> None:
     fqrv = FQRV.parse("acme.demo.1.v1")
     frame = Frame({"p": np.array([0.25, 0.75]), "label": np.array(["no", None], dtype=object)})
     outputs, errors = convert.deserialize_infer_response(encode_infer_response(fqrv, frame, ["label"]))
-    assert errors == [] and [o.tolist() for o in outputs] == [[[b"acme.demo.1.v1"]], [[b"no"], [b""]]]
+    assert errors == [] and [o.tolist() for o in outputs] == [[[b"no"], [b""]]]
+    outputs, _ = convert.deserialize_infer_response(encode_infer_response(fqrv, frame, ["label", "fqrv", "p"]))
+    assert [o.tolist() for o in outputs] == [[[b"no"], [b""]], [[b"acme.demo.1.v1"]], [[0.25], [0.75]]]
+    outputs, _ = convert.deserialize_infer_response(encode_infer_response(fqrv, frame))
+    assert [o.tolist() for o in outputs] == [[[b"acme.demo.1.v1"]], [[0.25], [0.75]], [[b"no"], [b""]]]
+    with pytest.raises(InvalidInput, match="duplicate names"):
+        encode_infer_response(fqrv, frame, ["p", "p"])
     outputs, errors = convert.deserialize_infer_response(encode_errors([(422, "nope"), (400, "twice")]))
     assert outputs == [] and errors == [{"code": 422, "message": b"nope"}, {"code": 400, "message": b"twice"}]
     with pytest.raises(InvalidInput, match="has no GraphPipe type"):

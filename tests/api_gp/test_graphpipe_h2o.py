@@ -70,7 +70,7 @@ async def test_binomial_gbm_by_grouping_and_by_name(gw: InProcessGateway) -> Non
 
     # By name, float64 numbers: the same values as /score exactly.
     inputs = [np.array([float(r[n]) for r in rows]) for n in NUMERIC] + [np.array([r[c] for r in rows]) for c in CATEGORICAL]
-    _, label, p1 = await execute_multi(uri, inputs, NUMERIC + CATEGORICAL, ["predict", "1"], config="reqid:h2o")
+    label, p1 = await execute_multi(uri, inputs, NUMERIC + CATEGORICAL, ["predict", "1"], config="reqid:h2o")
     assert [v.decode() for v in label[:, 0]] == score_column(prediction, "predict")
     assert p1[:, 0].tolist() == score_column(prediction, "1")
 

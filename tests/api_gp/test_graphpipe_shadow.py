@@ -96,7 +96,7 @@ async def test_shadow_without_the_requested_outputs_logs_all_of_its_own(gw: InPr
     types_dir = FIXTURES / "servables" / "gp_types"
     await deploy(gw, python_servable(release="types", validity=[{"NeverValid": {}}], log_level="FULL", key_features=["reqid"], directory=types_dir))
     outputs, errors = await post_raw(gw, infer_bytes([2.0], "reqid:k", ["double"]))
-    assert errors == [] and len(outputs) == 2 and outputs[1].tolist() == [[4.0]]
+    assert errors == [] and len(outputs) == 1 and outputs[0].tolist() == [[4.0]]
     [line] = await wait_for_events(data_dir(gw) / "predictions.gp.jsonl", 1)
     logged, errors = convert.deserialize_infer_response(base64.b64decode(line["event"]["prediction"]["inferResponse"]))
     assert errors == [] and len(logged) == 1 + 14  # fqrv + every gp_types output
