@@ -203,6 +203,10 @@ def run_matrix(args: argparse.Namespace) -> list[Cell]:
         floor.stop()
     if not args.smoke:
         report_rss(work)
+        if not args.no_workers:
+            from bench.workers import workers_cells
+
+            workers_cells(work, duration)
     return cells
 
 
@@ -305,6 +309,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--no-kafka", action="store_true", help="skip the Kafka sink cells")
+    parser.add_argument("--no-workers", action="store_true", help="skip the 1-vs-2 workers cells (bench/workers.py)")
     args = parser.parse_args()
     started = time.monotonic()
     cells = run_matrix(args)

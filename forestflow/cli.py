@@ -37,6 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 "data_dir": args.data_dir,
                 "grpc_port": args.grpc_port,
                 "insecure_admin": True if args.insecure_admin else None,
+                "workers": args.workers,
             },
         )
     except SettingsError as exc:
@@ -44,10 +45,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from forestflow.logs import configure_logging
 
     configure_logging(settings.log_level)
+    from forestflow.supervisor import Supervisor, WorkerIdentity, worker_count
+
+    worker = WorkerIdentity.parse(args.worker, args.listen_fd) if args.worker else None
+    count = worker_count(settings.workers)
+    if worker is None and count > 1:
+        try:
+            return Supervisor(settings, _worker_args(args), count).run()
+        except OSError as exc:
+            return _fail(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror or exc}")
     from forestflow.errors import GatewayError
 
     try:
-        _run(_serve(settings), settings.event_loop)
+        _run(_serve(settings, worker), settings.event_loop)
     except OSError as exc:
         return _fail(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror or exc}")
     except GatewayError as exc:  # e.g. the registry store is unreachable at start
@@ -66,21 +76,38 @@ def _run(main: Any, event_loop: str) -> None:
         asyncio.run(main)
 
 
-async def _serve(settings: Any) -> None:
+def _worker_args(args: argparse.Namespace) -> list[str]:
+    """The ``serve`` arguments a worker gets: the supervisor's own (its settings), one worker each."""
+    out: list[str] = []
+    for flag, value in (("--config", args.config), ("--host", args.host), ("--port", args.port), ("--data-dir", args.data_dir)):
+        if value is not None:
+            out += [flag, str(value)]
+    if args.insecure_admin:
+        out.append("--insecure-admin")
+    return out
+
+
+async def _serve(settings: Any, worker: Any = None) -> None:
+    import socket
+
     import structlog
     from aiohttp import web
 
     from forestflow.api.app import build_app, make_runner
 
     log = structlog.get_logger("forestflow")
-    app = build_app(settings)
+    app = build_app(settings, worker)
     runner = make_runner(app, settings)
     await runner.setup()
     # What start-up loaded (modules, restored servables) lives as long as the process: move it out
     # of the collector's reach, or every full pass walks it and pauses the loop for tens of ms.
     gc.collect()
     gc.freeze()
-    site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+    site: web.BaseSite
+    if worker is not None and worker.listen_fd is not None:  # the supervisor's socket, shared by every worker
+        site = web.SockSite(runner, socket.socket(fileno=worker.listen_fd), backlog=1024)
+    else:
+        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
     await site.start()
     ports = [s.getsockname()[1] for s in site._server.sockets] if site._server else []  # type: ignore[union-attr]
     log.info("serving", host=settings.host, port=ports[0] if ports else settings.port, data_dir=str(settings.data_dir))
@@ -170,6 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, help="V2 gRPC port (default 8081, -1 disables)")
     serve.add_argument("--data-dir", help="state directory (default ./forestflow-data)")
     serve.add_argument("--insecure-admin", action="store_true", help="allow a non-loopback bind without admin token")
+    serve.add_argument("--workers", type=int, help="worker processes behind the same ports (default 1, 0 = one per core)")
+    # Set by the supervisor on the workers it starts: which worker, and the listening socket inherited.
+    serve.add_argument("--worker", help=argparse.SUPPRESS)
+    serve.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 
     token_default = os.environ.get("FORESTFLOW_ADMIN_TOKEN")

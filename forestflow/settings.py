@@ -47,6 +47,13 @@ class Settings:
 
     grpc_port: int = _doc("V2 gRPC port (-1 disables it, 0 = any free port)", default=8081)
 
+    workers: int = _doc(
+        "worker processes serving the same ports (0 = one per available core); they share the registry "
+        "through the file store (or Redis) and one prediction log",
+        default=1,
+    )
+    file_sync_interval_s: float = _doc("how often a worker checks the file store for other workers' changes", default=0.25)
+
     redis_url: str = _doc("redis://... to share the registry between replicas (empty = file store)", default="")
     redis_sync_interval_s: float = _doc("period of the registry version check against Redis", default=2.0)
 
@@ -95,9 +102,9 @@ class Settings:
         _check(not self.redis_url or self.redis_url.startswith(("redis://", "rediss://", "unix://")), "redis_url", self.redis_url, "a redis:// URL")
         for name in ("scoring_slots", "scoring_threads", "log_sample_every", "request_timeout_ms", "max_body_bytes", "max_rows", "log_buffer_bytes"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")
-        for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms"):
+        for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms", "workers"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")
-        for name in ("evaluation_interval_s", "metrics_flush_interval_s", "redis_sync_interval_s", "log_flush_timeout_s"):
+        for name in ("evaluation_interval_s", "metrics_flush_interval_s", "redis_sync_interval_s", "log_flush_timeout_s", "file_sync_interval_s"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number of seconds")
         if not self.admin_token and not self.insecure_admin and not _is_loopback(self.host):
             raise SettingsError(

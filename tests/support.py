@@ -24,6 +24,7 @@ from forestflow.api.app import build_app, make_runner
 from forestflow.api.common import GATEWAY
 from forestflow.service import Gateway
 from forestflow.settings import Settings
+from forestflow.supervisor import WorkerIdentity
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -108,10 +109,10 @@ class InProcessGateway:
 
 
 @asynccontextmanager
-async def serve_in_process(data_dir: Path, **overrides: Any) -> AsyncIterator[InProcessGateway]:
-    """Run the real app on a free port; yields its URL and a client session."""
+async def serve_in_process(data_dir: Path, worker: WorkerIdentity | None = None, **overrides: Any) -> AsyncIterator[InProcessGateway]:
+    """Run the real app on a free port (as one ``worker`` of several, if given); yields its URL and a client session."""
     settings = Settings.load(environ={}, overrides={"data_dir": data_dir, "port": 0, "grpc_port": -1, "allow_python": True, "shutdown_timeout_s": 5, **overrides})
-    app = build_app(settings)
+    app = build_app(settings, worker)
     runner = make_runner(app, settings)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -8,49 +8,66 @@ from aiohttp import web
 
 from forestflow.api import admin, basic, graphpipe, ops
 from forestflow.api import v1_rest, v2_grpc, v2_rest
-from forestflow.api.common import GATEWAY, SETTINGS
+from forestflow.api.common import GATEWAY, SETTINGS, WORKER
 from forestflow.api.middleware import build_middleware
 from forestflow.predlog import make_prediction_log
 from forestflow.registry.artifacts import ArtifactCache
-from forestflow.registry.store import FileStore, Store
+from forestflow.registry.file_store import FileStore
+from forestflow.registry.store import Store
 from forestflow.service import Gateway
 from forestflow.settings import Settings
+from forestflow.supervisor import WorkerIdentity, write_worker_status
 
 
-def make_store(settings: Settings) -> Store:
+def make_store(settings: Settings, worker: WorkerIdentity | None = None) -> Store:
     """The registry store the settings choose: Redis when a URL is set, else the embedded file."""
     if settings.redis_url:
         from forestflow.registry.redis_store import RedisStore
 
         return RedisStore(settings.redis_url, settings.redis_sync_interval_s)
-    return FileStore(settings.data_dir / "state" / "registry.json")
+    replica = worker.replica_id if worker is not None else "w0"
+    return FileStore(settings.data_dir / "state" / "registry.json", replica, settings.file_sync_interval_s)
 
 
-def make_gateway(settings: Settings) -> Gateway:
+def make_gateway(settings: Settings, worker: WorkerIdentity | None = None) -> Gateway:
     """A Gateway wired to the store, artifact cache and prediction log the settings choose."""
     return Gateway(
         settings,
-        make_store(settings),
+        make_store(settings, worker),
         ArtifactCache(settings.data_dir / "artifacts"),
         make_prediction_log(settings),
     )
 
 
 async def _gateway_context(app: web.Application) -> AsyncIterator[None]:
-    gateway = make_gateway(app[SETTINGS])
+    settings, worker = app[SETTINGS], app.get(WORKER)
+    if worker is not None:
+        write_worker_status(settings.data_dir, worker, ready=False)
+    gateway = make_gateway(settings, worker)
     await gateway.start()
     app[GATEWAY] = gateway
+    if worker is not None:
+        write_worker_status(settings.data_dir, worker, ready=True)
     yield
+    if worker is not None:
+        write_worker_status(settings.data_dir, worker, ready=False)
     await gateway.stop()
 
 
-def build_app(settings: Settings) -> web.Application:
+async def _tag_worker(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["X-Forestflow-Worker"] = request.app[WORKER].replica_id
+
+
+def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.Application:
     """The HTTP application serving ForestFlow's admin and BASIC APIs and the health routes."""
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=[build_middleware(settings.access_log)],
     )
     app[SETTINGS] = settings
+    if worker is not None:
+        app[WORKER] = worker
+        app.on_response_prepare.append(_tag_worker)  # which worker answered: for operators and tests
     app.cleanup_ctx.append(_gateway_context)
     app.cleanup_ctx.append(v2_grpc.grpc_context)  # after the gateway: it serves it, and stops first
     # aiohttp tries dynamic routes in registration order: the data plane goes first.

@@ -11,9 +11,12 @@ from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput
 from forestflow.service import Gateway
 from forestflow.settings import Settings
+from forestflow.supervisor import WorkerIdentity
 
 GATEWAY = web.AppKey("gateway", Gateway)
 SETTINGS = web.AppKey("settings", Settings)
+#: Which worker of ``forestflow serve --workers N`` this process is (absent: a single process).
+WORKER = web.AppKey("worker", WorkerIdentity)
 #: Per-request values the middleware and the access log read.
 REQUEST_ID = web.RequestKey("request_id", str)
 CONTRACT = web.RequestKey("contract", str)

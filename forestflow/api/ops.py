@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from forestflow.api.common import GATEWAY
+from forestflow.api.common import GATEWAY, SETTINGS, WORKER
 from forestflow.api.responses import json_response
 from forestflow.runtime.scheduler import Priority
+from forestflow.supervisor import workers_status
 
 
 async def live(request: web.Request) -> web.Response:
@@ -15,8 +16,16 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """200 when every registered servable is loaded and the gateway is not draining, else 503."""
+    """200 when every registered servable is loaded and the gateway is not draining, else 503.
+
+    Under ``--workers N`` every worker must also be up and done loading.
+    """
     details = request.app[GATEWAY].readiness()
+    worker = request.app.get(WORKER)
+    if worker is not None:
+        workers = workers_status(request.app[SETTINGS].data_dir, worker.count)
+        details["workers"] = workers
+        details["ready"] = details["ready"] and all(state == "ready" for state in workers.values())
     return json_response(details, status=200 if details["ready"] else 503)
 
 

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from forestflow._proto.grpc_predict_v2 import SERVICE, messages
 from forestflow.api import v2_common
-from forestflow.api.common import GATEWAY, SETTINGS
+from forestflow.api.common import GATEWAY, SETTINGS, WORKER
 from forestflow.codecs.v2 import encode_outputs
 from forestflow.codecs.v2_tensor import Tensor, array_from_contents, array_from_raw, raw_bytes
 from forestflow.errors import DeadlineExceeded, GatewayError, InvalidInput, Kind
@@ -174,6 +174,8 @@ async def grpc_context(app: web.Application) -> AsyncIterator[None]:
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             # Answers are as large as the model makes them; the receive limit guards the gateway.
             ("grpc.max_send_message_length", -1),
+            # Workers of one gateway share the port the supervisor reserved; a lone gateway owns it.
+            ("grpc.so_reuseport", 1 if app.get(WORKER) is not None else 0),
         ]
     )
     server.add_generic_rpc_handlers((generic_handler(app[GATEWAY]),))

@@ -53,12 +53,16 @@ class FileSink:
                 continue
             fh = self._files.get(graphpipe)
             if fh is None:
-                fh = self._files[graphpipe] = open(self.gp_path if graphpipe else self.path, "ab")
+                # Unbuffered O_APPEND: every batch is one write() of whole events at the end of the
+                # file, so the workers of one gateway can share it without interleaving events.
+                fh = self._files[graphpipe] = open(self.gp_path if graphpipe else self.path, "ab", buffering=0)
             if self.fmt == "protobuf":
-                fh.write(b"".join(_VarintBytes(len(e.value)) + e.value for e in chosen))
+                data = b"".join(_VarintBytes(len(e.value)) + e.value for e in chosen)
             else:
-                fh.write(b"".join(e.value + b"\n" for e in chosen))
-            fh.flush()
+                data = b"".join(e.value + b"\n" for e in chosen)
+            written = fh.write(data) or 0
+            while written < len(data):  # a short write (a full disk, a signal): append the rest
+                written += fh.write(memoryview(data)[written:]) or 0
 
     async def close(self) -> None:
         files, self._files = self._files, {}

@@ -37,12 +37,9 @@ from redis.exceptions import RedisError, WatchError
 
 from forestflow.core.ids import FQRV
 from forestflow.errors import StoreUnavailable
+from forestflow.registry.store import merge_shared_metrics
 
 log = structlog.get_logger("forestflow.registry.redis")
-
-#: Fields of a ``metrics/*`` document that all replicas share (counters are per replica).
-SHARED_METRICS = ("createdAtMS", "becameValidAtMS", "performanceMetrics")
-
 
 def _dumps(doc: Any) -> str:
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS).decode()
@@ -200,7 +197,7 @@ class RedisStore:
                     continue  # deleted meanwhile: do not bring its counters back
                 counters[f"{fqrv}@{self.replica_id}"] = f"{int(doc.get('scoreCount', 0))} {int(doc.get('shadeCount', 0))}"
                 current = orjson.loads(stored[key]) if stored.get(key) else None
-                merged = _merge_shared(current, self._known.get(key), doc)
+                merged = merge_shared_metrics(current, self._known.get(key), doc)
                 if merged != current:
                     writes[key] = _dumps(merged)
             dropped = [f for f in counter_fields if f.rpartition("@")[0] in drop_counters]
@@ -316,24 +313,3 @@ class RedisStore:
         if not self.available:
             self.available = True
             log.info("registry_store_available", version=self.version)
-
-
-def _merge_shared(current: dict[str, Any] | None, known: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
-    """The shared part of a metrics document after this replica's write.
-
-    Stamps are first-writer-wins (every replica stamps the moment it sees a servable valid; the
-    first stamp is the one all adopt). Performance metrics: only names whose value differs from
-    what this replica last read are its own changes; the rest may be stale and are left alone.
-    """
-    out = dict(current or {})
-    if not out.get("createdAtMS") and new.get("createdAtMS"):
-        out["createdAtMS"] = int(new["createdAtMS"])
-    if out.get("becameValidAtMS") is None and new.get("becameValidAtMS") is not None:
-        out["becameValidAtMS"] = int(new["becameValidAtMS"])
-    perf = dict(out.get("performanceMetrics") or {})
-    seen = (known or {}).get("performanceMetrics") or {}
-    for name, value in (new.get("performanceMetrics") or {}).items():
-        if seen.get(name) != value:
-            perf[name] = value
-    out["performanceMetrics"] = perf
-    return {k: out[k] for k in SHARED_METRICS if k in out}

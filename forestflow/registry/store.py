@@ -2,17 +2,13 @@
 
 A store holds JSON documents under string keys (``servable/<fqrv>``, ``contract/<contract>``,
 ``metrics/<fqrv>``, ``routing/<contract>``). Writes come in batches applied atomically. The
-embedded default is :class:`FileStore`: one JSON file under the data dir, replaced atomically.
+embedded default is :class:`~forestflow.registry.file_store.FileStore`: one JSON file under the
+data dir, replaced atomically, shared by the worker processes of one gateway.
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
-from pathlib import Path
 from typing import Any, Protocol
-
-import orjson
 
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import ServableMetrics
@@ -69,13 +65,40 @@ def performance_from_doc(doc: dict[str, Any]) -> dict[str, float]:
     return {str(k): float(v) for k, v in (doc.get("performanceMetrics") or {}).items()}
 
 
+#: Fields of a ``metrics/*`` document that all replicas share (counters are per replica).
+SHARED_METRICS = ("createdAtMS", "becameValidAtMS", "performanceMetrics")
+
+
+def merge_shared_metrics(current: dict[str, Any] | None, known: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """The shared part of a metrics document after one replica's write.
+
+    Stamps are first-writer-wins (every replica stamps the moment it sees a servable valid; the
+    first stamp is the one all adopt). Performance metrics: only names whose value differs from
+    what this replica last read (``known``) are its own changes; the rest may be stale and are
+    left alone.
+    """
+    out = dict(current or {})
+    if not out.get("createdAtMS") and new.get("createdAtMS"):
+        out["createdAtMS"] = int(new["createdAtMS"])
+    if out.get("becameValidAtMS") is None and new.get("becameValidAtMS") is not None:
+        out["becameValidAtMS"] = int(new["becameValidAtMS"])
+    perf = dict(out.get("performanceMetrics") or {})
+    seen = (known or {}).get("performanceMetrics") or {}
+    for name, value in (new.get("performanceMetrics") or {}).items():
+        if seen.get(name) != value:
+            perf[name] = value
+    out["performanceMetrics"] = perf
+    return {k: out[k] for k in SHARED_METRICS if k in out}
+
+
 class Store(Protocol):
     """What the gateway needs from a registry backend.
 
-    A store shared by several gateway processes (``redis_store.RedisStore``) also offers
-    ``watch(on_change)``, to be told when another process changed the documents, and
-    ``peer_counters(fqrv)``, the other processes' counters for /stats; the gateway uses them when
-    present (``Gateway.sync_from_store``, ``Gateway.stats_metrics``).
+    A store shared by several gateway processes (``redis_store.RedisStore`` between replicas,
+    ``file_store.FileStore`` between the workers of one host) also offers ``watch(on_change)``, to
+    be told when another process changed the documents, and ``peer_counters(fqrv)``, the other
+    processes' counters for /stats; the gateway uses them when present
+    (``ReplicaSync.sync_from_store``, ``ReplicaSync.stats_metrics``).
     """
 
     async def load(self) -> dict[str, Any]:
@@ -89,53 +112,3 @@ class Store(Protocol):
     async def close(self) -> None:
         """Release connections and files."""
         ...
-
-
-class FileStore:
-    """All documents in one JSON file, rewritten atomically (temp file, fsync, rename) per change."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._docs: dict[str, Any] = {}
-        self._lock = asyncio.Lock()
-
-    async def load(self) -> dict[str, Any]:
-        if self.path.exists():
-            data = orjson.loads(self.path.read_bytes())
-            self._docs = data.get("documents", {})
-        return dict(self._docs)
-
-    async def apply(self, changes: dict[str, Any | None]) -> None:
-        async with self._lock:
-            for key, doc in changes.items():
-                if doc is None:
-                    self._docs.pop(key, None)
-                else:
-                    self._docs[key] = doc
-            payload = orjson.dumps({"format": 1, "documents": self._docs}, option=orjson.OPT_SORT_KEYS)
-            write = asyncio.ensure_future(asyncio.to_thread(_atomic_write, self.path, payload))
-            try:
-                await asyncio.shield(write)
-            except asyncio.CancelledError:
-                # A cancelled caller must not release the lock while the thread still writes: the
-                # next write would race it on the same temporary file.
-                await asyncio.wait([write])
-                raise
-
-    async def close(self) -> None:
-        return None
-
-
-def _atomic_write(path: Path, payload: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(payload)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from forestflow.registry.store import FileStore
+from forestflow.registry.file_store import FileStore
 
 
 async def test_cancelled_apply_finishes_its_write_before_the_next_one_starts(tmp_path: Path) -> None:

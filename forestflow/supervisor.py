@@ -1,0 +1,192 @@
+"""``forestflow serve --workers N``: one supervisor process, N worker processes behind the same ports.
+
+The supervisor binds the HTTP socket itself and hands it to every worker (they all accept on it),
+reserves the gRPC port (each worker binds it with ``SO_REUSEPORT``, which the kernel balances), and
+starts the workers as fresh interpreters after binding, so no JVM or event loop ever crosses a
+fork. Workers share the registry through the file store (``registry/file_store.py``; or Redis when
+``redis_url`` is set, as replicas do) and append to one prediction log. A worker that exits
+unexpectedly is logged and restarted with backoff; SIGTERM or SIGINT drains and stops them all.
+
+This module is imported by the supervisor: it must stay free of the gateway's heavy imports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import structlog
+
+log = structlog.get_logger("forestflow.supervisor")
+
+#: Restart delays of a worker that keeps failing: doubled per failure, reset after a healthy run.
+FIRST_BACKOFF_S, MAX_BACKOFF_S, HEALTHY_RUN_S = 0.5, 30.0, 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """Which worker this process is, of how many, and the listening socket it inherited."""
+
+    index: int
+    count: int
+    listen_fd: int | None = None
+
+    @property
+    def replica_id(self) -> str:
+        """The name this worker's counters and router state are kept under in the file store."""
+        return f"w{self.index}"
+
+    @classmethod
+    def parse(cls, text: str, listen_fd: int | None) -> WorkerIdentity:
+        """``"<index>/<count>"`` as the supervisor passes it."""
+        index, _, count = text.partition("/")
+        return cls(int(index), int(count), listen_fd)
+
+
+def worker_count(setting: int) -> int:
+    """The number of workers a ``workers`` setting asks for (0 = one per core this process may use)."""
+    return setting if setting > 0 else len(os.sched_getaffinity(0))
+
+
+# ---- worker status (readiness across workers) -----------------------------------------------------
+def _status_path(data_dir: Path, index: int) -> Path:
+    return data_dir / "state" / "workers" / f"w{index}.json"
+
+
+def write_worker_status(data_dir: Path, worker: WorkerIdentity, ready: bool) -> None:
+    """Record whether this worker serves (read by every worker's readiness route)."""
+    path = _status_path(data_dir, worker.index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(orjson.dumps({"pid": os.getpid(), "ready": ready}))
+    os.replace(tmp, path)
+
+
+def workers_status(data_dir: Path, count: int) -> dict[str, str]:
+    """``w<i>`` -> ``ready`` / ``loading`` / ``down`` for every worker of this gateway."""
+    out: dict[str, str] = {}
+    for index in range(count):
+        try:
+            status = orjson.loads(_status_path(data_dir, index).read_bytes())
+            os.kill(int(status["pid"]), 0)  # a worker that died left its file behind
+        except (OSError, ValueError, KeyError, TypeError):
+            out[f"w{index}"] = "down"
+            continue
+        out[f"w{index}"] = "ready" if status.get("ready") else "loading"
+    return out
+
+
+# ---- the supervisor ---------------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Slot:
+    index: int
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    backoff_s: float = FIRST_BACKOFF_S
+    restart_at: float = 0.0
+
+
+class Supervisor:
+    """Binds the ports, runs ``count`` workers, restarts the ones that die, stops them all on a signal."""
+
+    def __init__(self, settings: Any, serve_args: list[str], count: int) -> None:
+        self.settings = settings
+        #: The ``serve`` arguments each worker is started with (the supervisor's own, minus --workers).
+        self.serve_args = serve_args
+        self.count = count
+        self._stopping = False
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; raises OSError when a port is taken."""
+        settings = self.settings
+        http = socket.create_server((settings.host, settings.port), backlog=1024, family=_family(settings.host))
+        grpc_reservation, grpc_port = self._reserve_grpc_port()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        slots = [_Slot(i) for i in range(self.count)]
+        log.info("serving", host=settings.host, port=http.getsockname()[1], grpc_port=grpc_port, workers=self.count, data_dir=str(settings.data_dir))
+        try:
+            for slot in slots:
+                self._start(slot, http.fileno(), grpc_port)
+            while not self._stopping:
+                time.sleep(0.1)
+                self._watch(slots, http.fileno(), grpc_port)
+            log.info("stopping", workers=self.count)
+            self._stop_all(slots)
+        finally:
+            http.close()
+            if grpc_reservation is not None:
+                grpc_reservation.close()
+        log.info("stopped")
+        return 0
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._stopping = True
+
+    def _reserve_grpc_port(self) -> tuple[socket.socket | None, int]:
+        """Check the gRPC port is free, then hold it (with SO_REUSEPORT) for the workers to share."""
+        settings = self.settings
+        if settings.grpc_port < 0:
+            return None, -1
+        family = _family(settings.host)
+        probe = socket.socket(family, socket.SOCK_STREAM)
+        try:  # without SO_REUSEPORT: fails if anything at all holds the port
+            probe.bind((settings.host, settings.grpc_port))
+            port = probe.getsockname()[1]
+        except OSError as exc:
+            raise OSError(exc.errno, f"gRPC port {settings.grpc_port}: {exc.strerror}") from None
+        finally:
+            probe.close()
+        hold = socket.socket(family, socket.SOCK_STREAM)
+        hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        hold.bind((settings.host, port))  # bound, never listening: it receives no connections
+        return hold, port
+
+    def _start(self, slot: _Slot, listen_fd: int, grpc_port: int) -> None:
+        command = [
+            sys.executable, "-m", "forestflow.cli", "serve", *self.serve_args,
+            "--worker", f"{slot.index}/{self.count}", "--listen-fd", str(listen_fd), "--grpc-port", str(grpc_port),
+        ]  # fmt: skip
+        slot.process = subprocess.Popen(command, pass_fds=(listen_fd,))
+        slot.started_at = time.monotonic()
+        log.info("worker_started", worker=f"w{slot.index}", pid=slot.process.pid)
+
+    def _watch(self, slots: list[_Slot], listen_fd: int, grpc_port: int) -> None:
+        now = time.monotonic()
+        for slot in slots:
+            process = slot.process
+            if process is not None and process.poll() is not None:
+                ran_s = now - slot.started_at
+                if ran_s >= HEALTHY_RUN_S:
+                    slot.backoff_s = FIRST_BACKOFF_S
+                log.error("worker_exited", worker=f"w{slot.index}", pid=process.pid, code=process.returncode, ran_s=round(ran_s, 1), restart_in_s=slot.backoff_s)
+                slot.process, slot.restart_at = None, now + slot.backoff_s
+                slot.backoff_s = min(slot.backoff_s * 2, MAX_BACKOFF_S)
+            elif process is None and now >= slot.restart_at and not self._stopping:
+                self._start(slot, listen_fd, grpc_port)
+
+    def _stop_all(self, slots: list[_Slot]) -> None:
+        """SIGTERM every worker (each drains), wait for them, kill what outlives the grace period."""
+        running = [s.process for s in slots if s.process is not None and s.process.poll() is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s + self.settings.log_flush_timeout_s + 5
+        for process in running:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("worker_killed", pid=process.pid)
+                process.kill()
+                process.wait()
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -1,0 +1,233 @@
+"""``forestflow serve --workers N``: one port, several processes, one registry, one prediction log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from forestflow.registry.file_store import FileStore
+from forestflow.supervisor import WorkerIdentity
+from tests.support import ROOT, GatewayProcess, python_servable, score_body, serve_in_process
+
+SCORE = "/acme/demo/1/score"
+
+
+def fresh(method: str, url: str, **kwargs: Any) -> requests.Response:
+    """One request on a new connection (the kernel hands each new connection to one worker)."""
+    return requests.request(method, url, headers={"Connection": "close"}, timeout=30, **kwargs)
+
+
+def worker_pids(data_dir: Path) -> dict[str, int]:
+    out = {}
+    for path in sorted((data_dir / "state" / "workers").glob("w*.json")):
+        out[path.stem] = json.loads(path.read_text())["pid"]
+    return out
+
+
+def wait_until(condition: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
+        time.sleep(0.02)
+
+
+def start_workers(tmp_path: Path, count: int = 2, env: dict[str, str] | None = None) -> GatewayProcess:
+    gw = GatewayProcess(tmp_path / "data", env=env, args=["--workers", str(count)]).start(timeout_s=60)
+    wait_until(lambda: fresh("GET", gw.url + "/health/ready").status_code == 200, 60, "every worker ready")
+    return gw
+
+
+def seen_workers(gw: GatewayProcess, path: str = "/health/live", tries: int = 400, **kwargs: Any) -> dict[str, requests.Response]:
+    """Requests on fresh connections until every worker answered one (or ``tries`` ran out)."""
+    seen: dict[str, requests.Response] = {}
+    for _ in range(tries):
+        response = fresh("POST" if "json" in kwargs else "GET", gw.url + path, **kwargs)
+        seen.setdefault(response.headers["X-Forestflow-Worker"], response)
+        if len(seen) == 2:
+            break
+    return seen
+
+
+def test_a_deploy_through_one_worker_is_scored_by_the_other_within_a_second(tmp_path: Path) -> None:
+    gw = start_workers(tmp_path)
+    try:
+        assert set(seen_workers(gw)) == {"w0", "w1"}, "both workers accept on the shared port"
+        deployed = fresh("POST", gw.url + "/servable", json=python_servable())
+        assert deployed.status_code == 200, deployed.text
+        deployer = deployed.headers["X-Forestflow-Worker"]
+        done = time.monotonic()
+        other_ok_at = None
+        for _ in range(400):
+            response = fresh("POST", gw.url + SCORE, json=score_body([2.0]))
+            if response.headers["X-Forestflow-Worker"] != deployer and response.status_code == 200:
+                other_ok_at = time.monotonic()
+                assert response.json()["Prediction"]["fqrv"]["releaseVersion"] == "v1"
+                break
+        assert other_ok_at is not None, "the other worker never answered"
+        assert other_ok_at - done < 1.0, f"the other worker scored the new release {other_ok_at - done:.2f}s after the deploy"
+
+        # A delete through one worker is followed by the other as well.
+        deleted = fresh("DELETE", gw.url + "/acme/demo/1/v1")
+        assert deleted.status_code == 200
+        time.sleep(1.0)
+        answers = seen_workers(gw, SCORE, json=score_body([1.0]))
+        assert set(answers) == {"w0", "w1"}
+        assert {r.status_code for r in answers.values()} == {404}, {w: r.text for w, r in answers.items()}
+    finally:
+        assert gw.stop() == 0, gw.log()
+
+
+def test_stats_are_the_sum_of_every_workers_counts_and_the_shared_log_stays_one_event_per_line(tmp_path: Path) -> None:
+    gw = start_workers(tmp_path)
+    try:
+        body = python_servable(log_level="FULL")
+        assert fresh("POST", gw.url + "/servable", json=body).status_code == 200
+        time.sleep(1.0)  # the other worker loads it
+        labels = ["a\nb", 'q"uote', "é" * 300]  # strings that would break a naive line format
+
+        def score(i: int) -> str:
+            response = fresh("POST", gw.url + SCORE, json=score_body([float(i)], labels=[labels[i % 3]], configs={"reqid": f"r{i}"}))
+            assert response.status_code == 200, response.text
+            return response.headers["X-Forestflow-Worker"]
+
+        with ThreadPoolExecutor(8) as pool:
+            answered_by = list(pool.map(score, range(300)))
+        assert set(answered_by) == {"w0", "w1"}, "both workers scored some of the requests"
+
+        seen: list[tuple[str, int]] = []
+
+        def total() -> int:
+            response = fresh("GET", gw.url + "/acme/demo/1/stats")
+            count = int(response.json()[0]["ServableMetrics"]["scoreCount"])  # int64: a string in JSON
+            seen.append((response.headers["X-Forestflow-Worker"], count))
+            return count
+
+        def settled() -> bool:  # counters are flushed every second and read by the others within 0.25 s
+            total()
+            recent = seen[-12:]
+            return len(recent) == 12 and {w for w, _ in recent} == {"w0", "w1"} and all(c == 300 for _, c in recent)
+
+        wait_until(settled, 5, "both workers' /stats to sum the 300 requests")
+    finally:
+        assert gw.stop() == 0, gw.log()
+    lines = (tmp_path / "data" / "predictions.jsonl").read_bytes().split(b"\n")
+    assert lines[-1] == b""
+    events = [json.loads(line) for line in lines[:-1]]
+    assert len(events) == 300
+    assert sorted(int(e["key"][1:]) for e in events) == list(range(300))
+
+
+def test_a_killed_worker_is_restarted_and_serves_again(tmp_path: Path) -> None:
+    gw = start_workers(tmp_path)
+    try:
+        assert fresh("POST", gw.url + "/servable", json=python_servable()).status_code == 200
+        before = worker_pids(tmp_path / "data")
+        os.kill(before["w1"], signal.SIGKILL)
+        wait_until(lambda: worker_pids(tmp_path / "data").get("w1") not in (None, before["w1"]), 30, "w1 restarted")
+        wait_until(lambda: fresh("GET", gw.url + "/health/ready").status_code == 200, 30, "ready again")
+        answered = seen_workers(gw, SCORE, json=score_body([3.0]))
+        assert "w1" in answered, "the restarted worker takes requests"
+        assert all(r.status_code == 200 and r.json()["Prediction"]["fqrv"]["releaseVersion"] == "v1" for r in answered.values())
+        assert "worker_exited" in gw.log()
+    finally:
+        assert gw.stop() == 0, gw.log()
+
+
+def test_sigterm_answers_in_flight_requests_then_stops_every_worker(tmp_path: Path) -> None:
+    gw = start_workers(tmp_path)
+    assert fresh("POST", gw.url + "/servable", json=python_servable()).status_code == 200
+    time.sleep(1.0)
+    pids = worker_pids(tmp_path / "data")
+
+    def slow(i: int) -> int:
+        return fresh("POST", gw.url + SCORE, json=score_body([float(i)], configs={"sleep": "0.8"})).status_code
+
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(slow, i) for i in range(6)]
+        time.sleep(0.4)  # all six are being scored
+        assert gw.stop() == 0, gw.log()
+        assert [f.result() for f in futures] == [200] * 6
+    for pid in pids.values():
+        wait_until(lambda pid=pid: not _alive(pid), 10, f"worker {pid} gone")
+
+
+def test_a_taken_port_is_one_clear_line_and_a_non_zero_exit(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args in (["--port", str(port)], ["--port", "0", "--grpc-port", str(port)]):
+            done = subprocess.run(
+                [sys.executable, "-m", "forestflow.cli", "serve", "--workers", "2", "--data-dir", str(tmp_path / "d"), *args],
+                capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, "FORESTFLOW_GRPC_PORT": "-1"} if "--grpc-port" not in args else dict(os.environ),
+            )  # fmt: skip
+            assert done.returncode != 0
+            assert done.stderr.strip().splitlines()[-1].startswith("forestflow: error: cannot serve on"), done.stderr
+            assert "in use" in done.stderr
+
+
+async def test_two_workers_split_traffic_as_one_gateway_does(tmp_path: Path) -> None:
+    """Each worker runs the router's exact sequence on its own share: the aggregate split is exact."""
+    keep_two = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 2}}, "router": {"FairPhaseInPctBasedRouter": {}}}
+    phase = {"LinearTimeBasedPhaseIn": {"phase_in_over_secs": 100}}
+
+    async def split(data_dir: Path, workers: int) -> dict[str, int]:
+        now = [1_000_000]
+        counts = {"v1": 0, "v2": 0}
+        async with serve_in_process(data_dir, worker=WorkerIdentity(0, workers)) as first:
+            gateways = [first]
+            first.gateway.clock = lambda: now[0]
+            async with first.session.post(first.url + "/servable", json=python_servable(contract_settings=keep_two)) as r:
+                assert r.status == 200
+            async with first.session.post(first.url + "/servable", json=python_servable(release="v2", phase_in=phase)) as r:
+                assert r.status == 200
+            now[0] += 30_000  # v2 at 30 %, v1 at 100 %: weights 100/30
+            await first.gateway.admin.flush_metrics(force=True)  # the validity stamps the others adopt
+            others = []
+            for index in range(1, workers):  # more workers of the same gateway, following the same file
+                others.append(serve_in_process(data_dir, worker=WorkerIdentity(index, workers)))
+            try:
+                for context in others:
+                    gw = await context.__aenter__()
+                    store = gw.gateway.store
+                    assert isinstance(store, FileStore)
+                    gateways.append(gw)
+                for gw in gateways:
+                    gw.gateway.clock = lambda: now[0]
+                    await gw.gateway.admin.evaluate_all()
+                for i in range(1040):
+                    gw = gateways[i % len(gateways)]
+                    async with gw.session.post(gw.url + SCORE, json=score_body([1.0])) as r:
+                        assert r.status == 200
+                        counts[(await r.json())["Prediction"]["fqrv"]["releaseVersion"]] += 1
+            finally:
+                for context in reversed(others):
+                    await context.__aexit__(None, None, None)
+        return counts
+
+    one = await split(tmp_path / "one", 1)
+    two = await split(tmp_path / "two", 2)
+    assert one == {"v1": 800, "v2": 240}
+    assert abs(two["v1"] - one["v1"]) <= 2 and abs(two["v2"] - one["v2"]) <= 2, (one, two)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
