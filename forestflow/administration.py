@@ -126,6 +126,7 @@ class Administration:
     async def _load(self, defn: ServableDefinition) -> Loaded:
         directory = await self.artifacts.fetch(defn.path)
         servable = create_servable(defn.flavor, defn.fqrv, directory, defn.flavor_settings)
+        servable.gateway_settings = self.settings  # gates of composed flavors (pipeline steps)
         try:
             await asyncio.to_thread(servable.load)
         except GatewayError:

@@ -114,5 +114,8 @@ def encode_event_json(record: PredictionRecord) -> bytes:
         event["error"] = record.error
         event["errorCode"] = record.error_code
     event["protocol"] = record.protocol
+    returned = record.response.parameters.get("metadata") if record.response is not None else None
+    if returned:  # what pipeline steps returned as metadata (runtime/pipeline.py RESPONSE_METADATA)
+        event["metadata"] = returned
     line = {"topic": "graphpipe" if record.is_graphpipe else "basic", "key": record.key, "event": event}
     return orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY)
