@@ -37,6 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 "data_dir": args.data_dir,
                 "grpc_port": args.grpc_port,
                 "insecure_admin": True if args.insecure_admin else None,
+                "repository": args.repository,
             },
         )
     except SettingsError as exc:
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, help="V2 gRPC port (default 8081, -1 disables)")
     serve.add_argument("--data-dir", help="state directory (default ./forestflow-data)")
     serve.add_argument("--insecure-admin", action="store_true", help="allow a non-loopback bind without admin token")
+    serve.add_argument("--repository", help="model repository directory: its entries are deployed at start")
     serve.set_defaults(func=cmd_serve)
 
     token_default = os.environ.get("FORESTFLOW_ADMIN_TOKEN")

@@ -25,8 +25,8 @@ from forestflow.runtime.base import StepPlatform, platform_names, step_platform
 
 #: AMD's datatype spellings that differ from the V2 names.
 _DATATYPE_ALIASES = {"STRING": "BYTES", "FLOAT32": "FP32", "FLOAT64": "FP64", "FLOAT16": "FP16"}
-#: Keys of a step table that are not options for the step's flavor.
-_STEP_KEYS = frozenset({"name", "platform", "id", "inputs", "outputs", "pipeline"})
+#: Keys of a step table that are not options for its flavor (with a repository entry's deployment keys).
+_STEP_KEYS = frozenset({"name", "platform", "id", "inputs", "outputs", "pipeline", "contract", "release", "servable_settings", "contract_settings"})
 
 
 def _invalid(message: str) -> CreateServableRequestInvalidError:
