@@ -22,7 +22,7 @@ from forestflow.runtime.pipeline import RESPONSE_METADATA
 from forestflow.service import Gateway, InferResult
 
 SERVER_NAME = "forestflow"
-EXTENSIONS = ["binary_tensor_data", "parameters", "classification"]
+EXTENSIONS = ["binary_tensor_data", "parameters", "classification", "model_repository"]
 #: Parameters of the binary extension: they steer the encoding and are not model parameters.
 TRANSPORT_PARAMETERS = frozenset({"binary_data_output", "binary_data", "binary_data_size"})
 
