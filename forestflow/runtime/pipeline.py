@@ -22,8 +22,8 @@ import numpy as np
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.errors import CreateServableRequestInvalidError, GatewayError, InvalidInput
 from forestflow.runtime.base import Servable, ServableMetadata, create_servable
+from forestflow.runtime.pipeline_definition import PipelineSpec, StepSpec, read_definition
 from forestflow.runtime.pipeline_steps import internal_frame
-from forestflow.runtime.pipeline_definition import PipelineSpec, Port, StepSpec, read_definition
 
 #: Output-frame parameter holding what steps returned as metadata (absent when none did).
 RESPONSE_METADATA = "metadata"
@@ -222,4 +222,4 @@ def _check_ports(step: StepSpec, meta: ServableMetadata) -> None:
                 )
 
 
-__all__ = ["PipelineServable", "Port", "RESPONSE_METADATA", "UNKNOWN_INPUTS"]
+__all__ = ["PipelineServable", "RESPONSE_METADATA", "UNKNOWN_INPUTS"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from tests.pipeline_support import (
     servable_request,
     toml,
 )
-from tests.support import H2O_DIR, ROOT, InProcessGateway
+from tests.support import H2O_DIR, ROOT, InProcessGateway, wait_for
 
 EXAMPLE = ROOT / "servables" / "prostate-pipeline"
 GBM = "prostate_gbm_binomial.zip"
@@ -215,13 +214,10 @@ async def test_python_step_reads_a_vector_tensor_and_metadata_goes_both_ways(gw:
     def events() -> list[dict[str, Any]]:
         return [orjson.loads(line)["event"] for line in log.read_bytes().splitlines()] if log.exists() else []
 
-    from tests.support import wait_for
-
     await wait_for(lambda: len(events()) >= 2, 10, "two prediction events")
     evts = events()
     assert len(evts) == 2
     assert [e["metadata"]["greeting"] for e in evts] == ["hello basic", "hello v2"]
-    # A request without metadata from the steps has no Metadata field.
 
 
 async def test_steps_without_returned_metadata_add_no_field(gw: InProcessGateway) -> None:
