@@ -29,6 +29,9 @@ from forestflow.runtime.pipeline_steps import internal_frame
 RESPONSE_METADATA = "metadata"
 #: Output-frame parameter listing request columns no step reads (as the H2O flavor does).
 UNKNOWN_INPUTS = "unknown_inputs"
+#: Output-frame parameter with the tensors between steps, for the prediction log (only when the
+#: definition sets ``[pipeline] log_intermediate = true``).
+INTERMEDIATE = "intermediate"
 
 
 class _Step:
@@ -55,6 +58,7 @@ class PipelineServable(Servable):
         self._meta: ServableMetadata | None = None
         self._request_names: frozenset[str] = frozenset()
         self._outputs: tuple[str, ...] = ()
+        self._log_intermediate = False
 
     # -- loading -----------------------------------------------------------------------------
     def load(self) -> None:
@@ -93,8 +97,13 @@ class PipelineServable(Servable):
         self._spec, self._steps = spec, loaded
         self._request_names = frozenset(p.name for p in spec.request_inputs)
         self._outputs = spec.outputs
+        self._log_intermediate = spec.log_intermediate
         servables = [s.servable for s in loaded]
         self.inline_max_rows = min(s.inline_max_rows for s in servables)
+        if spec.log_intermediate:
+            # Inline calls may score several requests in one batch and slice the answer per request;
+            # the intermediate tensors are not sliced with it, so these pipelines score one by one.
+            self.inline_max_rows = 0
         limits = [s.max_concurrency for s in servables if s.max_concurrency is not None]
         self.max_concurrency = min(limits) if limits else None
         # Request parameters reach every step, so requests are only scored together when theirs agree.
@@ -140,6 +149,8 @@ class PipelineServable(Servable):
             result[UNKNOWN_INPUTS] = unknown
         if returned:
             result[RESPONSE_METADATA] = returned
+        if self._log_intermediate:
+            result[INTERMEDIATE] = {k: v for k, v in tensors.items() if k not in self._outputs}
         return Frame({key: tensors[key] for key in self._outputs}, result)  # checked: steps may misbehave
 
     # -- metadata ----------------------------------------------------------------------------
@@ -177,7 +188,7 @@ class PipelineServable(Servable):
 def _returned_metadata(out: dict[str, Any], request: dict[str, Any], so_far: dict[str, Any] | None) -> dict[str, Any] | None:
     """What a step returned as metadata: its output parameters the request did not carry as such."""
     for key, value in out.items():
-        if key == UNKNOWN_INPUTS or key == RESPONSE_METADATA:
+        if key in (UNKNOWN_INPUTS, RESPONSE_METADATA, INTERMEDIATE):
             if key == RESPONSE_METADATA and isinstance(value, dict):  # a nested pipeline's metadata
                 so_far = {**(so_far or {}), **value}
             continue
@@ -222,4 +233,4 @@ def _check_ports(step: StepSpec, meta: ServableMetadata) -> None:
                 )
 
 
-__all__ = ["PipelineServable", "RESPONSE_METADATA", "UNKNOWN_INPUTS"]
+__all__ = ["INTERMEDIATE", "PipelineServable", "RESPONSE_METADATA", "UNKNOWN_INPUTS"]

@@ -7,7 +7,7 @@ an output's ``id`` (its ``name`` when absent) feeds every input with that ``id``
 ``id`` is empty or absent is the request column called ``name``. Unlike AMD's linear chains this
 is a real DAG: steps are ordered by their dependencies, a tensor may feed several steps, and the
 pipeline's outputs are the tensors no step consumes unless ``[pipeline] outputs = [...]`` names
-them. Shapes include the batch axis (``[-1]`` one value per row, ``[-1, 4]`` a 4-vector per row).
+them; ``[pipeline] log_intermediate = true`` adds the other tensors to prediction events. Shapes include the batch axis (``[-1]`` one value per row, ``[-1, 4]`` a 4-vector per row).
 
 Every problem is a :class:`CreateServableRequestInvalidError` (422) naming the step and tensor.
 """
@@ -84,6 +84,8 @@ class PipelineSpec:
     outputs: tuple[str, ...]
     #: tensor id -> (producing step, its output port)
     producers: dict[str, tuple[StepSpec, Port]]
+    #: ``[pipeline] log_intermediate = true``: prediction events also carry the tensors between steps.
+    log_intermediate: bool = False
 
 
 def read_definition(directory: Path, file_name: str) -> PipelineSpec:
@@ -141,7 +143,10 @@ def parse_definition(doc: dict[str, Any], directory: Path) -> PipelineSpec:
 
     ordered = _dependency_order(steps, producers)
     outputs = _pipeline_outputs(doc, steps, producers, consumed)
-    return PipelineSpec(tuple(ordered), tuple(request.values()), outputs, producers)
+    log_intermediate = doc.get("pipeline", {}).get("log_intermediate", False)
+    if not isinstance(log_intermediate, bool):
+        raise _invalid("[pipeline] log_intermediate must be true or false")
+    return PipelineSpec(tuple(ordered), tuple(request.values()), outputs, producers, log_intermediate)
 
 
 def _step(table: dict[str, Any], index: int, directory: Path) -> StepSpec:

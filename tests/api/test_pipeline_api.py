@@ -177,18 +177,20 @@ VECTOR_STEPS = (
 )
 
 
-def vector_pipeline(tmp_path: Path) -> Path:
+def vector_pipeline(tmp_path: Path, log_intermediate: bool = False) -> Path:
     steps = [
         {"name": "stack", "platform": "python", "id": "steps.py", "entry_point": "stack",
          "inputs": [port(c) for c in ("sl", "sw", "pl", "pw")], "outputs": [port("features", tensor="vec", shape=[-1, 4])]},
         {"name": "total", "platform": "python", "id": "steps.py", "entry_point": "total",
          "inputs": [port("x", tensor="vec", shape=[-1, 4])], "outputs": [port("sum")]},
     ]
-    return pipeline_dir(tmp_path / "vector", toml(steps), files={"steps.py": VECTOR_STEPS})
+    text = ("[pipeline]\nlog_intermediate = true\n" if log_intermediate else "") + toml(steps)
+    return pipeline_dir(tmp_path / "vector", text, files={"steps.py": VECTOR_STEPS})
 
 
 async def test_python_step_reads_a_vector_tensor_and_metadata_goes_both_ways(gw: InProcessGateway, tmp_path: Path) -> None:
-    status, body = await post(gw, "/servable", servable_request(vector_pipeline(tmp_path), contract=("pipe", "vec", 1), log_level="FULL"))
+    directory = vector_pipeline(tmp_path, log_intermediate=True)
+    status, body = await post(gw, "/servable", servable_request(directory, contract=("pipe", "vec", 1), log_level="FULL"))
     assert status == 200, body
     rows = [[5.1, 3.5, 1.4, 0.2], [6.2, 2.9, 4.3, 1.3]]
     request = {
@@ -218,6 +220,9 @@ async def test_python_step_reads_a_vector_tensor_and_metadata_goes_both_ways(gw:
     evts = events()
     assert len(evts) == 2
     assert [e["metadata"]["greeting"] for e in evts] == ["hello basic", "hello v2"]
+    # [pipeline] log_intermediate = true: the tensor between the steps is in the event, not in the answer.
+    assert evts[0]["intermediate"] == {"vec": rows}
+    assert "vec" not in str(body["outputs"])
 
 
 async def test_steps_without_returned_metadata_add_no_field(gw: InProcessGateway) -> None:
