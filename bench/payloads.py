@@ -72,3 +72,33 @@ def definition(contract: tuple[str, str, int], log_level: str) -> dict[str, Any]
             "loggingSettings": {"logLevel": log_level, "keyFeatures": ["reqid"] if log_level != "NONE" else []},
         },
     }
+
+
+PIPELINE = ROOT / "servables" / "prostate-pipeline"
+
+
+def pipeline_score_body(n: int) -> bytes:
+    """The /score body of ``score_body`` with the example pipeline's lower-case column names."""
+    body: dict[str, Any] = {
+        "schema": [{"type": "String", "fields": [c.lower() for c in CATEGORICAL]}, {"type": "Float64", "fields": [c.lower() for c in NUMERIC]}],
+        "datum": [
+            {"tensors": [{"String": {"data": [r[c] for c in CATEGORICAL]}}, {"Float64": {"data": [_number(r[c]) for c in NUMERIC]}}]}
+            for r in rows(n)
+        ],
+        "configs": {"reqid": "bench"},
+    }
+    return orjson.dumps(body)
+
+
+def pipeline_definition(contract: tuple[str, str, int]) -> dict[str, Any]:
+    """The BasicServeRequest deploying the example pipeline (map -> the same GBM -> classifier top-2)."""
+    org, project, n = contract
+    return {
+        "path": PIPELINE.as_uri(),
+        "fqrv": {"contract": {"organization": org, "project": project, "contract_number": n}, "release_version": "pipe"},
+        "flavor": {"Pipeline": {"definition": "pipeline.toml"}},
+        "servableSettings": {
+            "policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
+            "loggingSettings": {"logLevel": "NONE", "keyFeatures": []},
+        },
+    }

@@ -195,6 +195,7 @@ def run_matrix(args: argparse.Namespace) -> list[Cell]:
                             result = measured(gw, cpath, cbody, ctype, conc, duration)
                             cells.append(Cell(name, rows, conc, logging, result, floor_results[(name, rows, conc)]))
                             print_cell(cells[-1])
+            cells += pipeline_cells(gw, concurrencies, duration)
         finally:
             gw.stop()
         if not args.smoke and not args.no_kafka:
@@ -207,6 +208,25 @@ def run_matrix(args: argparse.Namespace) -> list[Cell]:
             from bench.workers import workers_cells
 
             workers_cells(work, duration)
+    return cells
+
+
+def pipeline_cells(gw: Server, concurrencies: list[int], duration: float) -> list[Cell]:
+    """The 3-step example pipeline (map -> the same H2O GBM -> classifier top-2) on 1 row against
+    the bare GBM servable, in the same gateway process, measured alternately (bare, pipeline)."""
+    r = requests.post(gw.url + "/servable", json=payloads.pipeline_definition(("bench", "pipe", 1)), timeout=120)
+    r.raise_for_status()
+    bare = ("/bench/none/1/score", payloads.score_body(1))
+    piped = ("/bench/pipe/1/score", payloads.pipeline_score_body(1))
+    drive(gw.url + piped[0], piped[1], "application/json", 16, min(2.0, duration))  # warm-up
+    cells: list[Cell] = []
+    for conc in concurrencies:
+        base = measured(gw, bare[0], bare[1], "application/json", conc, duration)
+        cells.append(Cell("bare-h2o", 1, conc, "NONE", base, None))
+        print_cell(cells[-1])
+        result = measured(gw, piped[0], piped[1], "application/json", conc, duration)
+        cells.append(Cell("pipeline", 1, conc, "NONE", result, None))
+        print_cell(cells[-1])
     return cells
 
 
@@ -298,6 +318,13 @@ def check_targets(cells: list[Cell]) -> None:
         if c.concurrency == 64:
             ok = c.result.p99_ms <= 3 * c.result.p50_ms
             print(f"p99 <= 3x p50 at c64 {c.endpoint} {c.rows}-row {c.logging}: {c.result.p99_ms:.2f} vs {c.result.p50_ms:.2f} {'HOLDS' if ok else 'MISSED'}")
+    for c in cells:
+        if c.endpoint == "pipeline":
+            base = cell("bare-h2o", c.rows, c.concurrency, c.logging)
+            if base and base.result.cpu_us:
+                ratio = c.result.cpu_us / base.result.cpu_us
+                print(f"3-step pipeline {c.rows}-row c{c.concurrency} CPU per request <= 1.3x bare H2O: "
+                      f"{c.result.cpu_us:.0f} vs {base.result.cpu_us:.0f} us = {ratio:.2f}x {'HOLDS' if ratio <= 1.3 else 'MISSED'}")
     errors = sum(c.result.errors for c in cells)
     print(f"errors in all cells: {errors} {'HOLDS' if errors == 0 else 'MISSED'}")
 

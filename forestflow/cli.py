@@ -38,6 +38,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 "grpc_port": args.grpc_port,
                 "insecure_admin": True if args.insecure_admin else None,
                 "workers": args.workers,
+                "repository": args.repository,
             },
         )
     except SettingsError as exc:
@@ -79,7 +80,8 @@ def _run(main: Any, event_loop: str) -> None:
 def _worker_args(args: argparse.Namespace) -> list[str]:
     """The ``serve`` arguments a worker gets: the supervisor's own (its settings), one worker each."""
     out: list[str] = []
-    for flag, value in (("--config", args.config), ("--host", args.host), ("--port", args.port), ("--data-dir", args.data_dir)):
+    flags = (("--config", args.config), ("--host", args.host), ("--port", args.port), ("--data-dir", args.data_dir), ("--repository", args.repository))
+    for flag, value in flags:
         if value is not None:
             out += [flag, str(value)]
     if args.insecure_admin:
@@ -201,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Set by the supervisor on the workers it starts: which worker, and the listening socket inherited.
     serve.add_argument("--worker", help=argparse.SUPPRESS)
     serve.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--repository", help="model repository directory: its entries are deployed at start")
     serve.set_defaults(func=cmd_serve)
 
     token_default = os.environ.get("FORESTFLOW_ADMIN_TOKEN")

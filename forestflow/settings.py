@@ -37,6 +37,7 @@ class Settings:
     admin_token: str = _doc("bearer token required on admin routes (empty = no auth)", default="")
     insecure_admin: bool = _doc("allow a non-loopback bind without an admin token", default=False)
     allow_python: bool = _doc("allow the Python flavor (runs code an admin request names)", default=False)
+    repository: str = _doc("model repository directory whose entries are deployed at start (empty = none)", default="")
     log_level: str = _doc("structlog level: debug, info, warning, error", default="info")
     access_log: bool = _doc("one JSON line per request", default=True)
     event_loop: str = _doc(
@@ -106,6 +107,7 @@ class Settings:
             _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")
         for name in ("evaluation_interval_s", "metrics_flush_interval_s", "redis_sync_interval_s", "log_flush_timeout_s", "file_sync_interval_s"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number of seconds")
+        _check(not self.repository or Path(self.repository).is_dir(), "repository", self.repository, "an existing directory")
         if not self.admin_token and not self.insecure_admin and not _is_loopback(self.host):
             raise SettingsError(
                 f"refusing to bind {self.host} with no admin token: set FORESTFLOW_ADMIN_TOKEN or pass --insecure-admin"

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from forestflow.api import admin, basic, graphpipe, ops
-from forestflow.api import v1_rest, v2_grpc, v2_rest
+from forestflow.api import v1_rest, v2_grpc, v2_repository, v2_rest
 from forestflow.api.common import GATEWAY, SETTINGS, WORKER
 from forestflow.api.middleware import build_middleware
 from forestflow.predlog import make_prediction_log
@@ -69,9 +69,11 @@ def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.A
         app[WORKER] = worker
         app.on_response_prepare.append(_tag_worker)  # which worker answered: for operators and tests
     app.cleanup_ctx.append(_gateway_context)
+    app.cleanup_ctx.append(v2_repository.repository_context)  # deploys the model repository, if any
     app.cleanup_ctx.append(v2_grpc.grpc_context)  # after the gateway: it serves it, and stops first
     # aiohttp tries dynamic routes in registration order: the data plane goes first.
     basic.add_routes(app)
+    v2_repository.add_routes(app)
     v2_rest.add_routes(app)
     graphpipe.add_routes(app)
     v1_rest.add_routes(app)

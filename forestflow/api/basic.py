@@ -7,13 +7,14 @@ from typing import Any
 from aiohttp import web
 
 from forestflow.api.common import FQRV_TAG, GATEWAY, contract_from, fqrv_from, parse_json, request_id_of, timeout_from
-from forestflow.api.responses import JSON, json_response
+from forestflow.api.responses import JSON, dumps, json_response
 from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.codecs.ff_protobuf import prediction_bytes
 from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_from_proto, prediction_json
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 from forestflow.runtime.base import ServableMetadata
+from forestflow.runtime.pipeline import RESPONSE_METADATA
 
 PROTOBUF = "application/x-protobuf"
 SERVER_NAME = "ForestFlow"
@@ -47,6 +48,10 @@ async def score(request: web.Request) -> web.Response:
         payload = prediction_bytes(result.fqrv, result.frame)
         return web.Response(body=payload, content_type=PROTOBUF, headers=headers)
     assert result.response_json is not None
+    returned = result.frame.parameters.get(RESPONSE_METADATA)
+    if returned:  # what pipeline steps returned, beside the Prediction (absent unless one did)
+        tail = b',"Metadata":' + dumps(returned) + b"}"
+        return web.Response(body=b'{"Prediction":' + result.response_json + tail, content_type=JSON, headers=headers)
     return web.Response(body=b'{"Prediction":' + result.response_json + b"}", content_type=JSON, headers=headers)
 
 

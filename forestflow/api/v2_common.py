@@ -17,10 +17,12 @@ from forestflow.core.frame import TensorSpec
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput, NoActiveServablesForContract, NotFound, UnknownServable
 from forestflow.runtime.base import ServableMetadata
+from forestflow.runtime.classification import CLASSIFICATION, classify, positive_count, require_classifier
+from forestflow.runtime.pipeline import RESPONSE_METADATA
 from forestflow.service import Gateway, InferResult
 
 SERVER_NAME = "forestflow"
-EXTENSIONS = ["binary_tensor_data", "parameters"]
+EXTENSIONS = ["binary_tensor_data", "parameters", "classification", "model_repository"]
 #: Parameters of the binary extension: they steer the encoding and are not model parameters.
 TRANSPORT_PARAMETERS = frozenset({"binary_data_output", "binary_data", "binary_data_size"})
 
@@ -117,6 +119,52 @@ def configs_from(parameters: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def output_parameters(wanted: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dict[str, int], dict[str, Any]]:
+    """From the requested outputs: the class count asked of each (``classification``), and the
+    other model parameters they carry (adapter options such as ``top_k``), for the request."""
+    ks: dict[str, int] = {}
+    options: dict[str, Any] = {}
+    for name, params in wanted:
+        for key, value in params.items():
+            if key == CLASSIFICATION:
+                ks[name] = positive_count(value, f"output {name!r}: parameters.classification")
+            elif key not in TRANSPORT_PARAMETERS:
+                options[key] = value
+    return ks, options
+
+
+def check_can_classify(gateway: Gateway, contract: Contract, version: str | None, ks: dict[str, int]) -> None:
+    """400 before scoring when the servable that would answer cannot classify."""
+    if not ks:
+        return
+    try:
+        fqrv, meta = servable_metadata(gateway, contract, version)
+    except NoActiveServablesForContract:
+        return  # the inference itself answers that
+    require_classifier(meta, str(fqrv))
+    names = {o.name for o in meta.outputs}
+    for name in ks:
+        if name not in names:
+            raise InvalidInput(f"output {name!r}: not an output of {fqrv} (outputs: {', '.join(sorted(names))})")
+
+
+def classify_outputs(gateway: Gateway, result: InferResult, outputs: list[Tensor], ks: dict[str, int]) -> list[Tensor]:
+    """Replace each output asked with ``classification = k`` by its ``[N, k]`` "score:index:label" strings."""
+    if not ks:
+        return outputs
+    source = require_classifier(gateway.metadata(result.fqrv), str(result.fqrv))
+    return [
+        Tensor(t.name, "BYTES", classify(source, result.frame, ks[t.name])) if t.name in ks else t
+        for t in outputs
+    ]
+
+
+def response_metadata(result: InferResult) -> dict[str, Any]:
+    """What the model's steps returned as metadata (empty when none did)."""
+    returned = result.frame.parameters.get(RESPONSE_METADATA)
+    return returned if isinstance(returned, dict) else {}
+
+
 async def infer(
     gateway: Gateway,
     name: str,
@@ -127,12 +175,15 @@ async def infer(
     request_id: str,
     protocol: str,
     timeout_s: float | None,
+    classification: dict[str, int] | None = None,
 ) -> tuple[InferResult, Layout]:
     """Lay the tensors out as the model's inputs and score them (routed, or on ``version``)."""
     contract = model_contract(name)
     gateway.contract_state(contract)
     if version:
         version_fqrv(contract, version)
+    if classification:
+        check_can_classify(gateway, contract, version, classification)
     model_parameters = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS}
     frame, layout = decode_inputs(tensors, input_specs(gateway, contract, version), model_parameters)
     result = await gateway.infer(

@@ -117,20 +117,38 @@ class InferenceService:
         if remaining is not None and remaining <= 0:
             raise DeadlineExceeded("the request's deadline passed before it was scored")
         request_id = request.id or uuid.uuid4().hex
+        wanted = [(o.name, parameters_of(o.parameters)) for o in request.outputs]
+        ks, options = v2_common.output_parameters(wanted)
         result, layout = await v2_common.infer(
             self.gateway, request.model_name, request.model_version or None, tensors,
-            parameters_of(request.parameters), request_id=request_id, protocol="v2-grpc", timeout_s=remaining,
+            {**options, **parameters_of(request.parameters)}, request_id=request_id, protocol="v2-grpc",
+            timeout_s=remaining, classification=ks,
         )
         outputs = encode_outputs(result.frame, layout, [o.name for o in request.outputs])
+        outputs = v2_common.classify_outputs(self.gateway, result, outputs, ks)
         response = self.m["ModelInferResponse"](
             model_name=request.model_name, model_version=result.fqrv.release, id=request_id
         )
         for tensor in outputs:
             response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
             response.raw_output_contents.append(raw_bytes(tensor.array, tensor.datatype))
+        for key, value in v2_common.response_metadata(result).items():
+            _set_parameter(response.parameters[key], value)
         if layout.explicit:
             response.parameters["content_type"].string_param = layout.content_type
         return response
+
+
+def _set_parameter(param: Any, value: Any) -> None:
+    """One ``InferParameter`` from a Python value (anything but bool/int/float as its text)."""
+    if isinstance(value, bool):
+        param.bool_param = value
+    elif isinstance(value, int):
+        param.int64_param = value
+    elif isinstance(value, float):
+        param.double_param = value
+    else:
+        param.string_param = value if isinstance(value, str) else str(value)
 
 
 def _guard(call: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

@@ -218,15 +218,18 @@ async def infer(request: web.Request) -> web.Response:
     if not isinstance(binary_default, bool):
         raise InvalidInput("parameters.binary_data_output must be true or false")
     request_id = str(client_id) if client_id not in (None, "") else request_id_of(request)
+    ks, options = v2_common.output_parameters(wanted)
     result, layout = await v2_common.infer(
-        gateway, name, version, tensors, parameters,
-        request_id=request_id, protocol="v2", timeout_s=timeout_from(request),
+        gateway, name, version, tensors, {**options, **parameters} if options else parameters,
+        request_id=request_id, protocol="v2", timeout_s=timeout_from(request), classification=ks,
     )
     request[FQRV_TAG] = str(result.fqrv)
     outputs = encode_outputs(result.frame, layout, [n for n, _ in wanted])
+    outputs = v2_common.classify_outputs(gateway, result, outputs, ks)
     reply: dict[str, Any] = {"model_name": name, "model_version": result.fqrv.release, "id": request_id}
-    if layout.explicit:
-        reply["parameters"] = {"content_type": layout.content_type}
+    returned = v2_common.response_metadata(result)
+    if layout.explicit or returned:
+        reply["parameters"] = {**returned, "content_type": layout.content_type} if layout.explicit else dict(returned)
     body, json_length = encode_response(reply, outputs, dict(wanted), binary_default)
     headers = {}
     unknown = result.frame.parameters.get("unknown_inputs") or []

@@ -114,5 +114,12 @@ def encode_event_json(record: PredictionRecord) -> bytes:
         event["error"] = record.error
         event["errorCode"] = record.error_code
     event["protocol"] = record.protocol
+    if record.response is not None:  # what pipelines add (runtime/pipeline.py): step metadata, intermediate tensors
+        returned = record.response.parameters.get("metadata")
+        if returned:
+            event["metadata"] = returned
+        between = record.response.parameters.get("intermediate")
+        if between:
+            event["intermediate"] = {name: column.tolist() for name, column in between.items()}
     line = {"topic": "graphpipe" if record.is_graphpipe else "basic", "key": record.key, "event": event}
     return orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -28,6 +28,7 @@ class ServableLoader:
         """Fetch, create and load; a failure is a GatewayError (422 with the reason)."""
         directory = await self.artifacts.fetch(defn.path)
         servable = create_servable(defn.flavor, defn.fqrv, directory, defn.flavor_settings)
+        servable.gateway_settings = self.settings  # gates of composed flavors (pipeline steps)
         try:
             await asyncio.to_thread(servable.load)
         except GatewayError:

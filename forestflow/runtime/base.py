@@ -47,6 +47,9 @@ class Servable(abc.ABC):
         self.artifact_dir = artifact_dir
         self.settings = settings
         self.ready = False
+        #: The gateway's Settings, set by the registry before ``load`` (flavors that compose others
+        #: read its gates, e.g. ``allow_python``); None when a servable is built on its own.
+        self.gateway_settings: Any = None
 
     @abc.abstractmethod
     def load(self) -> None:
@@ -105,3 +108,62 @@ def _h2o_flavor() -> FlavorFactory:
 
 register_flavor("Python", _python_flavor)
 register_flavor("H2OMojo", _h2o_flavor)
+
+
+# ---- pipeline step platforms --------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StepPlatform:
+    """How a pipeline step of a ``platform`` (AMD's TOML name) becomes a servable of a flavor.
+
+    ``artifact_key`` is the flavor setting that receives the step's ``id`` (the artifact file);
+    None for built-in steps without an artifact. ``gate`` names the gateway setting that must be on
+    (e.g. ``allow_python``) before a step of this platform may load.
+    """
+
+    flavor: str
+    artifact_key: str | None
+    gate: str | None = None
+
+
+_PLATFORMS: dict[str, StepPlatform] = {}
+
+
+def register_platform(platform: str, step: StepPlatform) -> None:
+    """Let pipeline steps name a flavor by its platform (``h2o_mojo``, ``python``, ``map``...)."""
+    _PLATFORMS[platform] = step
+
+
+def step_platform(platform: str) -> StepPlatform | None:
+    """The flavor behind a step platform, None if unknown."""
+    return _PLATFORMS.get(platform)
+
+
+def platform_names() -> list[str]:
+    """Every platform a pipeline step may name."""
+    return sorted(_PLATFORMS)
+
+
+def _pipeline_flavor() -> FlavorFactory:
+    from forestflow.runtime.pipeline import PipelineServable
+
+    return PipelineServable
+
+
+def _step_flavor(name: str) -> Callable[[], FlavorFactory]:
+    def load() -> FlavorFactory:
+        from forestflow.runtime import pipeline_steps
+
+        return getattr(pipeline_steps, name)  # type: ignore[no-any-return]
+
+    return load
+
+
+register_flavor("Pipeline", _pipeline_flavor)
+register_flavor("Map", _step_flavor("MapStep"))
+register_flavor("Classifier", _step_flavor("ClassifierStep"))
+register_flavor("Regressor", _step_flavor("RegressorStep"))
+register_platform("h2o_mojo", StepPlatform("H2OMojo", "mojoPath"))
+register_platform("python", StepPlatform("Python", "modulePath", gate="allow_python"))
+register_platform("map", StepPlatform("Map", None))
+register_platform("classifier", StepPlatform("Classifier", None))
+register_platform("regressor", StepPlatform("Regressor", None))

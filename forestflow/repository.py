@@ -1,0 +1,255 @@
+"""Model repository: a directory of servable entries deployed at start, and the V2 repository operations.
+
+Each entry is a directory holding one TOML definition (``model.toml``, ``pipeline.toml`` or the
+only ``*.toml`` in it) and its artifacts. The TOML is AMD's model format (see
+``runtime/pipeline_definition.py``) with the deployment as extra top-level keys::
+
+    contract = "samples.prostate.1"          # org.project.N
+    release = "gbm-v1"                       # default: the directory's name
+    [servable_settings]                      # ForestFlow's servableSettings (default: valid at
+    policySettings = { validityPolicy = [{ ImmediatelyValid = {} }], phaseInPolicy = { ImmediatePhaseIn = {} } }
+    loggingSettings = { logLevel = "NONE" }  #  once loaded, fully phased in, not logged)
+    [contract_settings]                      # optional, ForestFlow's contractSettings
+
+A one-model table (no ``[[models]]``) whose platform names a flavor with an artifact deploys as
+that flavor; anything else deploys as a ``Pipeline`` of that TOML. Deploying is idempotent: an entry
+whose definition (content digest included) is already in the registry is left alone, a changed one
+is redeployed, a broken one is logged and skipped while the others load.
+
+This module only calls the Gateway's public admin methods (``create_servable``,
+``delete_servable`` through ``Gateway.admin``) and lookups (``definition``, ``loaded``, ``failed``, ``contracts``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from forestflow.codecs.ff_settings import parse_serve_request, serve_request_to_json
+from forestflow.core.definition import ServableDefinition
+from forestflow.core.ids import FQRV, Contract
+from forestflow.errors import CreateServableRequestInvalidError, GatewayError, InvalidInput, NotFound, UnknownServable
+from forestflow.runtime.base import step_platform
+
+if TYPE_CHECKING:
+    from forestflow.service import Gateway
+
+log = structlog.get_logger("forestflow.repository")
+
+#: Definition file names looked for in an entry, before "the only *.toml".
+DEFINITION_NAMES = ("model.toml", "pipeline.toml")
+#: The tag recording the digest of an entry's files (what "unchanged" means).
+DIGEST_TAG = "repositoryDigest"
+DEFAULT_SERVABLE_SETTINGS = {
+    "policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
+    "loggingSettings": {"logLevel": "NONE"},
+}
+
+
+class EntryError(Exception):
+    """A repository entry that cannot be read into a definition."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One entry of the repository: its directory and definition, or why it has none."""
+
+    directory: Path
+    definition: ServableDefinition | None
+    error: str = ""
+
+
+def _definition_file(directory: Path) -> Path:
+    for name in DEFINITION_NAMES:
+        if (directory / name).is_file():
+            return directory / name
+    found = sorted(directory.glob("*.toml"))
+    if len(found) == 1:
+        return found[0]
+    raise EntryError(f"expected {' or '.join(DEFINITION_NAMES)} (or a single *.toml), found {len(found)} TOML files")
+
+
+def _digest(directory: Path) -> str:
+    """A digest of every file's relative name and bytes: any change to the entry changes it."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(directory)).encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()[:32]
+
+
+def read_entry(directory: Path) -> ServableDefinition:
+    """An entry directory as a servable definition (EntryError with the reason if it is not one)."""
+    file = _definition_file(directory)
+    try:
+        doc = tomllib.loads(file.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise EntryError(f"{file.name} is not valid TOML: {exc}") from None
+    contract = doc.get("contract")
+    if not isinstance(contract, str):
+        raise EntryError(f"{file.name}: contract required (\"org.project.N\")")
+    try:
+        parsed = Contract.parse(contract)
+    except InvalidInput as exc:
+        raise EntryError(f"{file.name}: contract: {exc.message}") from None
+    release = doc.get("release", directory.name)
+    if not isinstance(release, str) or not release:
+        raise EntryError(f"{file.name}: release must be a string")
+    platform = step_platform(str(doc.get("platform", ""))) if "models" not in doc else None
+    if platform is not None and platform.artifact_key is not None and isinstance(doc.get("id"), str):
+        flavor: dict[str, Any] = {platform.flavor: {platform.artifact_key: doc["id"]}}
+    else:
+        flavor = {"Pipeline": {"definition": file.name}}
+    body: dict[str, Any] = {
+        "path": directory.resolve().as_uri(),
+        "fqrv": {
+            "contract": {"organization": parsed.organization, "project": parsed.project, "contract_number": parsed.number},
+            "release_version": release,
+        },
+        "flavor": flavor,
+        "servableSettings": doc.get("servable_settings", DEFAULT_SERVABLE_SETTINGS),
+        "tags": {DIGEST_TAG: _digest(directory)},
+    }
+    if "contract_settings" in doc:
+        body["contractSettings"] = doc["contract_settings"]
+    try:
+        return parse_serve_request(body)
+    except GatewayError as exc:
+        raise EntryError(f"{file.name}: {exc.message}") from None
+
+
+def _comparable(defn: ServableDefinition) -> dict[str, Any]:
+    out = serve_request_to_json(defn)
+    out.pop("createdAtMS", None)
+    return out
+
+
+class ModelRepository:
+    """Deploys the entries of a repository directory into a Gateway and answers the V2 repository calls."""
+
+    def __init__(self, gateway: Gateway, root: Path | None) -> None:
+        self.gateway = gateway
+        self.root = root
+        #: Why the last deploy of an entry failed (shown by the index until it deploys).
+        self.failures: dict[FQRV, str] = {}
+
+    def scan(self) -> list[Entry]:
+        """Every entry directory, read (a broken one carries its reason instead of a definition)."""
+        if self.root is None:
+            return []
+        if not self.root.is_dir():
+            log.error("repository_missing", path=str(self.root))
+            return []
+        entries = []
+        for directory in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            try:
+                entries.append(Entry(directory, read_entry(directory)))
+            except (EntryError, OSError) as exc:
+                entries.append(Entry(directory, None, str(exc)))
+        return entries
+
+    async def deploy_all(self) -> dict[str, int]:
+        """Deploy every entry (idempotently); broken ones are logged and skipped. Returns counts."""
+        counts = {"deployed": 0, "unchanged": 0, "failed": 0}
+        for entry in await asyncio.to_thread(self.scan):
+            outcome = await self._deploy_entry(entry)
+            counts[outcome] += 1
+        log.info("repository_loaded", path=str(self.root), **counts)
+        return counts
+
+    async def _deploy_entry(self, entry: Entry) -> str:
+        if entry.definition is None:
+            log.error("repository_entry_skipped", entry=entry.directory.name, reason=entry.error)
+            return "failed"
+        defn = entry.definition
+        try:
+            current = self.gateway.definition(defn.fqrv)
+        except UnknownServable:
+            current = None
+        if current is not None and _comparable(current) == _comparable(defn):
+            return "unchanged"
+        try:
+            if current is not None:
+                await self.gateway.admin.delete_servable(defn.fqrv)
+            await self.gateway.admin.create_servable(defn)
+        except GatewayError as exc:
+            self.failures[defn.fqrv] = exc.message
+            log.error("repository_entry_skipped", entry=entry.directory.name, fqrv=str(defn.fqrv), reason=exc.message)
+            return "failed"
+        self.failures.pop(defn.fqrv, None)
+        log.info("repository_entry_deployed", entry=entry.directory.name, fqrv=str(defn.fqrv))
+        return "deployed"
+
+    # ---- V2 repository extension ----------------------------------------------------------------
+    async def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Triton's repository index: ``{name, version, state[, reason]}`` for every repository
+        entry and every servable the gateway has (model name = contract, version = release)."""
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for entry in await asyncio.to_thread(self.scan):
+            if entry.definition is None:
+                rows[(f"({entry.directory.name})", "")] = {
+                    "name": entry.directory.name, "version": "", "state": "UNAVAILABLE", "reason": entry.error,
+                }
+                continue
+            fqrv = entry.definition.fqrv
+            rows[(str(fqrv.contract), fqrv.release)] = self._row(fqrv)
+        for contract, state in self.gateway.contracts.items():
+            for release in state.servables:
+                rows.setdefault((str(contract), release), self._row(FQRV(contract, release)))
+        out = sorted(rows.values(), key=lambda r: (r["name"], r["version"]))
+        return [r for r in out if r["state"] == "READY"] if ready_only else out
+
+    def _row(self, fqrv: FQRV) -> dict[str, Any]:
+        row: dict[str, Any] = {"name": str(fqrv.contract), "version": fqrv.release}
+        loaded = self.gateway.loaded.get(fqrv)
+        if loaded is not None and loaded.servable.ready:
+            row["state"] = "READY"
+        elif fqrv in self.failures or fqrv in self.gateway.failed:
+            row["state"], row["reason"] = "UNAVAILABLE", self.failures.get(fqrv) or self.gateway.failed[fqrv]
+        else:
+            row["state"], row["reason"] = "UNAVAILABLE", "unloaded"
+        return row
+
+    async def load(self, name: str) -> list[FQRV]:
+        """Deploy every repository entry of a model (contract) not deployed as it is; 404 if the
+        repository has none. A failed deploy answers with its reason (422)."""
+        contract = _model_contract(name)
+        entries = [e for e in await asyncio.to_thread(self.scan) if e.definition is not None and e.definition.fqrv.contract == contract]
+        if not entries:
+            raise NotFound(f"the model repository has no entry for model {name!r}")
+        deployed = []
+        for entry in entries:
+            assert entry.definition is not None
+            try:
+                current = self.gateway.definition(entry.definition.fqrv)
+            except UnknownServable:
+                current = None
+            if current is None or _comparable(current) != _comparable(entry.definition):
+                if await self._deploy_entry(entry) == "failed":
+                    raise CreateServableRequestInvalidError(self.failures[entry.definition.fqrv])
+            deployed.append(entry.definition.fqrv)
+        return deployed
+
+    async def unload(self, name: str) -> list[FQRV]:
+        """Remove every release of a model (contract); 404 if the gateway has none."""
+        contract = _model_contract(name)
+        state = self.gateway.contracts.get(contract)
+        if state is None:
+            raise NotFound(f"unknown model {name!r}")
+        removed = []
+        for release in list(state.servables):
+            removed += await self.gateway.admin.delete_servable(FQRV(contract, release))
+        return removed
+
+
+def _model_contract(name: str) -> Contract:
+    try:
+        return Contract.parse(name)
+    except InvalidInput:
+        raise NotFound(f"unknown model {name!r}: model names are contracts, org.project.N") from None
