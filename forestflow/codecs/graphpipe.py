@@ -4,7 +4,8 @@ Reads a ``Request`` (an ``InferRequest`` or a ``MetadataRequest``) and writes th
 ``InferResponse`` / ``MetadataResponse`` tables GraphPipe clients expect. Input tensors become
 Frame columns either by ``input_names`` or, without names, by ForestFlow's grouping: a String
 tensor fills the model's categorical (BYTES) inputs and a numeric tensor its numeric inputs, in
-metadata order, one row per ``shape[0]``. Outputs are the FQRV as a ``[1, 1]`` String tensor
+metadata order, one row per ``shape[0]`` (a group whose only input takes a vector per row, such as
+an ONNX ``[N, F]`` input, gets the tensor whole). Outputs are the FQRV as a ``[1, 1]`` String tensor
 followed by the model's outputs, 1-D columns as ``[n, 1]``.
 
 Every malformed input raises :class:`InvalidInput` with a message that names the culprit; the
@@ -320,6 +321,9 @@ def _grouped(tensors: list[np.ndarray], inputs: Sequence[TensorSpec]) -> dict[st
         if not specs or group in used:
             raise InvalidInput(f"input_tensors: expected {' and '.join(wanted)} tensors, got an extra {group} one")
         used.add(group)
+        if len(specs) == 1 and len(specs[0].shape) > 1:  # the group's one input is itself a vector per row
+            columns[specs[0].name] = _cast(tensor, specs[0])
+            continue
         per_row = tensor.reshape(tensor.shape[0], -1)
         if per_row.shape[1] > len(specs):
             raise InvalidInput(

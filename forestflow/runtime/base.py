@@ -103,5 +103,12 @@ def _h2o_flavor() -> FlavorFactory:
     return H2OMojoServable
 
 
+def _onnx_flavor() -> FlavorFactory:
+    from forestflow.runtime.onnx_flavor import OnnxServable
+
+    return OnnxServable
+
+
 register_flavor("Python", _python_flavor)
 register_flavor("H2OMojo", _h2o_flavor)
+register_flavor("ONNX", _onnx_flavor)
