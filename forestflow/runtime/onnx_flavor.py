@@ -17,13 +17,14 @@ after the class, next to the label output: the same shape of answer as the H2O f
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 
 from forestflow.core.frame import DATATYPES, Frame, TensorSpec
 from forestflow.core.ids import FQRV
@@ -42,6 +43,7 @@ _OPT_LEVELS = {
 }
 _SETTINGS = ("modelPath", "intraOpThreads", "interOpThreads", "allowSpinning", "graphOptimizationLevel", "featureOrder")
 _WARM_BATCHES = (1, 8, 100)
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,12 @@ def _one_line(exc: BaseException, path: Path, shown: str) -> str:
     """onnxruntime's message without the artifact cache's absolute path."""
     text = str(exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__).replace(str(path), shown)
+
+
+def _ort_reason(exc: BaseException) -> str:
+    """onnxruntime's message without its ``[ONNXRuntimeError] : 1 : FAIL :`` prefix."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return _ORT_PREFIX.sub("", text)
 
 
 class OnnxServable(Servable):
@@ -279,9 +287,11 @@ class OnnxServable(Servable):
     def _run(self, session: ort.InferenceSession, names: list[str], feeds: dict[str, np.ndarray], n: int) -> list[np.ndarray]:
         try:
             results = session.run(names, feeds)
-        except InvalidArgument as exc:
-            # Shapes and types are checked before the call: what is left is the model's own rule.
-            raise InvalidInput(f"the model refused the input: {str(exc).strip().splitlines()[0]}") from None
+        except (InvalidArgument, Fail) as exc:
+            # Shapes and types are checked before the call: what is left is the model's own rule on
+            # the values (an unknown category, say), which onnxruntime reports as a failed node.
+            log.info("ONNX servable %s refused a batch of %d rows: %s", self.fqrv, n, exc)
+            raise InvalidInput(f"the model refused the input: {_ort_reason(exc)}") from None
         except Exception as exc:
             log.exception("ONNX servable %s failed to score a batch of %d rows", self.fqrv, n)
             raise ScoringError(self.fqrv) from exc
