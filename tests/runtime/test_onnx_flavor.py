@@ -84,6 +84,7 @@ def typed_frame(**overrides: Any) -> Frame:
         ({"modelPath": "binary.onnx", "featureOrder": {"Y": ["a"]}}, "'Y' is not a 2-D input of the model; its 2-D inputs: X"),
         ({"modelPath": "binary.onnx", "featureOrder": ["a", "a", "b", "c"]}, "feature names repeat"),
         ({"modelPath": "pipeline.onnx", "featureOrder": ["x1", "x2"]}, "the model has 2 (color, x)"),
+        ({"modelPath": "binary.onnx", "inlineMaxRows": -1}, "inlineMaxRows: expected an integer >= 0"),
     ],
 )
 def test_bad_settings_are_refused_with_the_reason(models: dict[str, Any], settings: dict[str, Any], reason: str) -> None:
@@ -217,6 +218,7 @@ def test_a_model_exported_with_a_batch_of_one_scores_any_batch(tmp_path: Path) -
          [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 2])], [helper.make_tensor_value_info("sq", TensorProto.FLOAT, [1, 2])])
     s = servable(tmp_path, modelPath="one.onnx")
     assert s.metadata().inputs[0].shape == (1, 2) and s.metadata().extra["batchOfOne"] is True
+    assert s.inline_max_rows == 0  # one call per row: never on the event loop
     out = s.predict(Frame.from_columns({"a": np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])}))
     assert out["sq"].tolist() == [[1, 4], [9, 16], [25, 36]]
 
@@ -236,6 +238,7 @@ def test_a_model_that_refuses_the_dummy_batch_still_loads(tmp_path: Path) -> Non
          [helper.make_tensor_value_info("hot", TensorProto.FLOAT, ["N", 1, 2])])
     s = servable(tmp_path, modelPath="strict.onnx")
     assert s.ready and s.metadata().extra["warmedUp"] is False
+    assert s.inline_max_rows == 0  # not timed: it may fail on what it gets
     assert s.predict(Frame.from_columns({"c": ["b", "a"]}))["hot"].tolist() == [[[0, 1]], [[1, 0]]]
     with pytest.raises(InvalidInput) as caught:  # the model's own rule on the values: a 400, not a 500
         s.predict(Frame.from_columns({"c": ["zzz"]}))
@@ -253,3 +256,9 @@ def test_unload_drops_the_session(models: dict[str, Any]) -> None:
     assert not s.ready
     with pytest.raises(ServableNotReady):
         s.predict(Frame.from_columns(models["regressor"].columns))
+
+
+def test_inline_max_rows_can_be_set(models: dict[str, Any]) -> None:
+    for rows in (0, 5):
+        s = servable(models["dir"], modelPath="binary.onnx", inlineMaxRows=rows)
+        assert s.inline_max_rows == rows and s.metadata().extra["inlineMaxRows"] == rows
