@@ -93,13 +93,14 @@ class OnnxServable(Servable):
 
     # -- settings ----------------------------------------------------------------------------
 
-    def _setting_int(self, key: str, default: int) -> int:
+    def _setting_int(self, key: str, default: int, zero: str) -> int:
         value = self.settings.get(key, default)
         if type(value) is not int or value < 0:
-            raise CreateServableRequestInvalidError(f"flavor.ONNX.{key}: expected an integer >= 0 (0 = onnxruntime's choice), got {value!r}")
+            raise CreateServableRequestInvalidError(f"flavor.ONNX.{key}: expected an integer >= 0 (0 = {zero}), got {value!r}")
         return value
 
     def _model_path(self) -> Path:
+        """The model file named by ``modelPath`` (unknown settings are refused first: a typo is no default)."""
         unknown = sorted(set(self.settings) - set(_SETTINGS))
         if unknown:
             raise CreateServableRequestInvalidError(
@@ -118,8 +119,8 @@ class OnnxServable(Servable):
 
     def _session_options(self) -> ort.SessionOptions:
         options = ort.SessionOptions()
-        options.intra_op_num_threads = self._setting_int("intraOpThreads", 1)
-        options.inter_op_num_threads = self._setting_int("interOpThreads", 1)
+        options.intra_op_num_threads = self._setting_int("intraOpThreads", 1, "onnxruntime's choice")
+        options.inter_op_num_threads = self._setting_int("interOpThreads", 1, "onnxruntime's choice")
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         level = self.settings.get("graphOptimizationLevel", "all")
         if level not in _OPT_LEVELS:
@@ -275,7 +276,7 @@ class OnnxServable(Servable):
         ``inlineMaxRows`` says otherwise (0 = never).
         """
         if "inlineMaxRows" in self.settings:
-            return self._setting_int("inlineMaxRows", 0)
+            return self._setting_int("inlineMaxRows", 0, "never")
         if not warmed or self._batch_of_one:
             return 0
         feeds = self._dummy_feeds(_INLINE_ROWS)
