@@ -1,4 +1,8 @@
-"""Request bodies for the benchmarks: the same prostate rows as /score, V2 and GraphPipe payloads."""
+"""Request bodies for the benchmarks: the same prostate rows as /score, V2 and GraphPipe payloads.
+
+The ONNX cell scores the same bodies on a scikit-learn GBM of the H2O fixture's size, exported to
+ONNX at run time (scikit-learn and skl2onnx come with the test extra).
+"""
 
 from __future__ import annotations
 
@@ -100,5 +104,28 @@ def pipeline_definition(contract: tuple[str, str, int]) -> dict[str, Any]:
         "servableSettings": {
             "policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
             "loggingSettings": {"logLevel": "NONE", "keyFeatures": []},
+        },
+    }
+
+
+def onnx_model(directory: Path) -> str | None:
+    """Export the ONNX twin of the H2O GBM into ``directory``; None without scikit-learn/skl2onnx."""
+    try:
+        from tests.onnx_models import prostate_gbm
+    except ImportError:
+        return None
+    return prostate_gbm(directory, rows(200), CATEGORICAL, NUMERIC)
+
+
+def onnx_definition(contract: tuple[str, str, int], directory: Path, model_file: str) -> dict[str, Any]:
+    """The BasicServeRequest deploying the ONNX twin (no logging, like the H2O NONE cells)."""
+    org, project, n = contract
+    return {
+        "path": directory.as_uri(),
+        "fqrv": {"contract": {"organization": org, "project": project, "contract_number": n}, "release_version": "gbm"},
+        "flavor": {"ONNX": {"modelPath": model_file, "featureOrder": {"cat": CATEGORICAL, "num": NUMERIC}}},
+        "servableSettings": {
+            "policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
+            "loggingSettings": {"logLevel": "NONE"},
         },
     }

@@ -12,5 +12,5 @@ def test_bench_smoke_prints_a_table() -> None:
     result = subprocess.run([sys.executable, "bench/run.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("score ")]
-    assert [r[3] for r in rows] == ["NONE", "FULL-file"], result.stdout
+    assert [r[3] for r in rows] == ["NONE", "NONE-onnx", "FULL-file"], result.stdout
     assert all(float(r[4]) > 0 and int(r[-1]) == 0 for r in rows), result.stdout  # req/s > 0, no errors

@@ -35,7 +35,7 @@ from forestflow.core.policies import (
 )
 from forestflow.errors import InvalidInput
 
-FLAVORS = ("H2OMojo", "Python", "Pipeline")
+FLAVORS = ("H2OMojo", "Python", "ONNX", "Pipeline")
 
 
 # ---- ids ------------------------------------------------------------------------------------------

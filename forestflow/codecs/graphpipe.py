@@ -8,7 +8,8 @@ Frame columns, one row per ``shape[0]``:
 - without names, for a model whose inputs are all scalar columns (H2O), by ForestFlow's grouping:
   a String tensor fills the model's categorical (BYTES) inputs and a numeric tensor its numeric
   inputs, in metadata order;
-- without names, for a model with a vector (or N-D) input, one tensor per input in metadata order.
+- without names, for a model with a vector (or N-D) input (an ONNX ``[N, F]`` input, say), one
+  tensor per input in metadata order.
 
 A tensor for a vector input must match its declared shape past the record axis (``[n, 4]`` for
 ``[-1, 4]``). Outputs: without ``output_names``, the FQRV as a ``[1, 1]`` String tensor followed

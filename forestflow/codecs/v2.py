@@ -64,6 +64,8 @@ def _pd_column(tensor: Tensor, spec: TensorSpec | None) -> np.ndarray:
     """One pd tensor as a batch-first column."""
     a = tensor.array
     per_row = _per_row_dims(spec)
+    if per_row == (1,):  # an [N, 1] input (ONNX models) takes one value per row: read it like a scalar
+        per_row = ()
     if per_row:  # a vector (or N-D) input: [N, *per_row], or one row given without its batch axis
         if a.ndim == len(per_row) + 1:
             return a

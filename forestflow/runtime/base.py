@@ -106,8 +106,15 @@ def _h2o_flavor() -> FlavorFactory:
     return H2OMojoServable
 
 
+def _onnx_flavor() -> FlavorFactory:
+    from forestflow.runtime.onnx_flavor import OnnxServable
+
+    return OnnxServable
+
+
 register_flavor("Python", _python_flavor)
 register_flavor("H2OMojo", _h2o_flavor)
+register_flavor("ONNX", _onnx_flavor)
 
 
 # ---- pipeline step platforms --------------------------------------------------------------------
@@ -117,12 +124,15 @@ class StepPlatform:
 
     ``artifact_key`` is the flavor setting that receives the step's ``id`` (the artifact file);
     None for built-in steps without an artifact. ``gate`` names the gateway setting that must be on
-    (e.g. ``allow_python``) before a step of this platform may load.
+    (e.g. ``allow_python``) before a step of this platform may load. ``takes_ports``: the flavor
+    reads the step's declared ports (``pipelineInputs``/``pipelineOutputs`` settings); model
+    flavors do not, and some refuse settings they do not know.
     """
 
     flavor: str
     artifact_key: str | None
     gate: str | None = None
+    takes_ports: bool = False
 
 
 _PLATFORMS: dict[str, StepPlatform] = {}
@@ -164,6 +174,7 @@ register_flavor("Classifier", _step_flavor("ClassifierStep"))
 register_flavor("Regressor", _step_flavor("RegressorStep"))
 register_platform("h2o_mojo", StepPlatform("H2OMojo", "mojoPath"))
 register_platform("python", StepPlatform("Python", "modulePath", gate="allow_python"))
-register_platform("map", StepPlatform("Map", None))
-register_platform("classifier", StepPlatform("Classifier", None))
-register_platform("regressor", StepPlatform("Regressor", None))
+register_platform("map", StepPlatform("Map", None, takes_ports=True))
+register_platform("classifier", StepPlatform("Classifier", None, takes_ports=True))
+register_platform("regressor", StepPlatform("Regressor", None, takes_ports=True))
+register_platform("onnx", StepPlatform("ONNX", "modelPath"))

@@ -66,12 +66,13 @@ class StepSpec:
     options: dict[str, Any] = field(default_factory=dict)
 
     def flavor_settings(self) -> dict[str, Any]:
-        """The settings its flavor loads with: the options, the artifact and the declared ports."""
+        """The settings its flavor loads with: the options, the artifact and (for built-in steps) the declared ports."""
         settings = dict(self.options)
         if self.flavor.artifact_key is not None:
             settings[self.flavor.artifact_key] = self.artifact
-        settings["pipelineInputs"] = [p.as_json() for p in self.inputs]
-        settings["pipelineOutputs"] = [p.as_json() for p in self.outputs]
+        if self.flavor.takes_ports:
+            settings["pipelineInputs"] = [p.as_json() for p in self.inputs]
+            settings["pipelineOutputs"] = [p.as_json() for p in self.outputs]
         return settings
 
 
