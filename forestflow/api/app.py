@@ -31,7 +31,7 @@ def make_gateway(settings: Settings) -> Gateway:
     return Gateway(
         settings,
         make_store(settings),
-        ArtifactCache(settings.data_dir / "artifacts"),
+        ArtifactCache.from_settings(settings),
         make_prediction_log(settings),
     )
 

@@ -103,5 +103,12 @@ def _h2o_flavor() -> FlavorFactory:
     return H2OMojoServable
 
 
+def _mlflow_flavor() -> FlavorFactory:
+    from forestflow.runtime.mlflow_model import create_mlflow_servable
+
+    return create_mlflow_servable
+
+
 register_flavor("Python", _python_flavor)
 register_flavor("H2OMojo", _h2o_flavor)
+register_flavor("MLflow", _mlflow_flavor)  # MLFlowServeRequest: the model's MLmodel picks the flavor
