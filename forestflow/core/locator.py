@@ -58,7 +58,8 @@ class S3Locator:
     bucket: str
     prefix: str
     region: str | None
-    path_style: bool
+    #: True: path-style; False: virtual-hosted; None: botocore's choice (plain s3://bucket/prefix).
+    path_style: bool | None
     #: The endpoint's authority and path as written, for ForestFlow's per-endpoint credentials.
     credential_base: str
 
@@ -152,7 +153,7 @@ def _parse_s3(text: str) -> S3Locator:
         bucket = parsed.netloc
         if not bucket:
             raise CreateServableRequestInvalidError(f"path {text!r}: no bucket in s3://bucket/prefix")
-        return S3Locator(None, bucket, parsed.path.strip("/"), region, False, bucket + parsed.path.rstrip("/"))
+        return S3Locator(None, bucket, parsed.path.strip("/"), region, None, bucket + parsed.path.rstrip("/"))
     bucket = opts["bucket"]
     segments = [s for s in parsed.path.split("/") if s]
     credential_base = parsed.netloc + parsed.path.rstrip("/")

@@ -221,6 +221,10 @@ class ArtifactCache:
             return {}
 
     def _write_index(self, index: dict[str, str]) -> None:
+        self._index = dict(index)
+        if not index:  # nothing remembered: no file either (an unused cache is an empty directory)
+            (self.root / _INDEX).unlink(missing_ok=True)
+            return
         self._ensure_root()
         tmp = self.root / (_INDEX + ".tmp")
         tmp.write_bytes(orjson.dumps(index))

@@ -39,7 +39,7 @@ async def fetch_git(repo_url: str, tag: str, staging: Path, limits: FetchLimits,
     shown = redact(repo_url)
     what = f"Git repository {shown} tag {tag}"
     deadline = time.monotonic() + limits.timeout_s
-    args = ["git", "-c", f"http.sslVerify={'true' if ssl_verify else 'false'}", "clone", "--quiet", "--depth", "1",
+    args = ["git", "-c", "advice.detachedHead=false", "-c", f"http.sslVerify={'true' if ssl_verify else 'false'}", "clone", "--quiet", "--depth", "1",
             "--single-branch", "--no-tags", "--branch", tag, "--", repo_url, str(staging)]
     code, err = await _run(args, staging, limits, deadline, what)
     if code != 0:

@@ -61,7 +61,7 @@ async def _download(locator: S3Locator, files: tuple[str, ...] | None, staging: 
     first_key = _key(locator, files[0]) if files else locator.prefix
     creds = layered_credentials(locator, first_key)
     config = AioConfig(
-        s3={"addressing_style": "path" if locator.path_style else "virtual"},
+        s3={"addressing_style": {True: "path", False: "virtual", None: "auto"}[locator.path_style]},
         connect_timeout=min(10.0, limits.timeout_s),
         read_timeout=min(60.0, limits.timeout_s),
         retries={"max_attempts": 2, "mode": "standard"},
