@@ -48,10 +48,11 @@ def make_repo(root: Path, name: str, tags: dict[str, dict[str, bytes]]) -> Path:
 
 
 @asynccontextmanager
-async def git_http_server(project_root: Path) -> AsyncIterator[str]:
-    """Serve every repository under ``project_root``; yields ``http://127.0.0.1:<port>``."""
+async def git_http_server(project_root: Path, delay_s: float = 0.0) -> AsyncIterator[str]:
+    """Serve every repository under ``project_root`` (each answer ``delay_s`` late); yields its URL."""
 
     async def cgi(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(delay_s)
         body = await request.read()
         env = {
             **os.environ,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from tests.sources.git_server import git_http_server, make_repo
 from tests.sources.support import assert_golden, cache_entries, delete, deploy, error_text, fqrv, h2o_request
-from tests.support import H2O_DIR, InProcessGateway, serve_in_process
+from tests.support import H2O_DIR, InProcessGateway, serve_in_process, wait_for
 
 BINOMIAL = (H2O_DIR / "prostate_gbm_binomial.zip").read_bytes()
 REGRESSION = (H2O_DIR / "prostate_gbm_regression.zip").read_bytes()
@@ -68,3 +69,34 @@ async def test_missing_tag_and_lfs_pointer_are_422_and_leave_nothing(git_gw: tup
     assert "absent.git" in error_text(payload), payload
     assert cache_entries(gw) == []
     assert gw.gateway.contracts == {} or all(not s.servables for s in gw.gateway.contracts.values())
+
+
+async def test_size_cap_and_timeout_stop_git_and_leave_nothing(tmp_path: Path) -> None:
+    make_repo(tmp_path / "git" / "h2o", "prostate.git", {"v1.gbm-bin": {"models/model.zip": BINOMIAL}})
+    async with git_http_server(tmp_path / "git") as url:
+        path = f"{url}/h2o/prostate.git#v1.gbm-bin"
+        async with serve_in_process(tmp_path / "small", artifact_max_bytes=20_000) as gw:
+            status, payload = await deploy(gw, h2o_request(path, "models/model.zip"))
+            assert status == 422, payload
+            assert "artifact_max_bytes = 20000" in error_text(payload)
+            assert cache_entries(gw) == []
+    async with git_http_server(tmp_path / "git", delay_s=1.0) as url:  # a server slower than the timeout
+        async with serve_in_process(tmp_path / "slow", artifact_download_timeout_s=0.5) as gw:
+            status, payload = await deploy(gw, h2o_request(f"{url}/h2o/prostate.git#v1.gbm-bin", "models/model.zip"))
+            assert status == 422, payload
+            assert "artifact_download_timeout_s = 0.5 s" in error_text(payload)
+            assert cache_entries(gw) == []
+
+
+async def test_deploy_whose_client_disconnects_completes(tmp_path: Path) -> None:
+    make_repo(tmp_path / "git" / "h2o", "prostate.git", {"v1.gbm-bin": {"models/model.zip": BINOMIAL}})
+    async with git_http_server(tmp_path / "git", delay_s=0.3) as url, serve_in_process(tmp_path / "data") as gw:
+        request = asyncio.ensure_future(deploy(gw, h2o_request(f"{url}/h2o/prostate.git#v1.gbm-bin", "models/model.zip")))
+        await wait_for(lambda: gw.gateway.registry.pending, 5, "the deploy to start")
+        request.cancel()  # the client goes away while the repository is being fetched
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await wait_for(lambda: not gw.gateway.registry.pending, 30, "the deploy to finish")
+        assert len(gw.gateway.loaded) == 1  # completed, not half done
+        assert len([n for n in cache_entries(gw) if len(n) == 64]) == 1
+        await assert_golden(gw, "h2o/prostate/1", "prostate_gbm_binomial")

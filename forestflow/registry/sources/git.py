@@ -81,11 +81,11 @@ async def _run(args: list[str], staging: Path, limits: FetchLimits, deadline: fl
     try:
         while True:
             try:
-                await asyncio.wait_for(asyncio.shield(proc.wait()), _POLL_S)
+                await asyncio.wait_for(asyncio.shield(proc.wait()), max(0.0, min(_POLL_S, deadline - time.monotonic())))
                 break
             except TimeoutError:
                 pass
-            if time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
                 raise timed_out(what, limits)
             if await asyncio.to_thread(tree_size, staging) > limits.max_bytes:
                 raise too_large(what, limits)
