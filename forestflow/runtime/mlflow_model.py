@@ -34,7 +34,7 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
-def _inside(root: Path, rel: str, what: str) -> str:
+def _inside(rel: str, what: str) -> str:
     path = Path(rel)
     if path.is_absolute() or ".." in path.parts:
         raise CreateServableRequestInvalidError(f"{what}: {rel!r} must be a relative path inside the model")
@@ -64,10 +64,10 @@ def create_mlflow_servable(fqrv: FQRV, artifact_dir: Path, settings: dict[str, A
 def _h2o_mojo(fqrv: FQRV, artifact_dir: Path, props: dict[str, Any]) -> Servable:
     from forestflow.runtime.h2o_mojo import H2OMojoServable
 
-    data = _inside(artifact_dir, str(props.get("data") or "."), "MLmodel flavors.h2o_mojo.data")
+    data = _inside(str(props.get("data") or "."), "MLmodel flavors.h2o_mojo.data")
     spec = _read_yaml(artifact_dir / data / "h2o.yaml", f"{data}/h2o.yaml")
     model_file = spec.get("model_file")
     if not isinstance(model_file, str) or not model_file:
         raise CreateServableRequestInvalidError(f"{data}/h2o.yaml: model_file is required (the MOJO's file name)")
-    mojo = _inside(artifact_dir, str(Path(data) / model_file), f"{data}/h2o.yaml model_file")
+    mojo = _inside(str(Path(data) / model_file), f"{data}/h2o.yaml model_file")
     return H2OMojoServable(fqrv, artifact_dir, {"mojoPath": mojo, "version": str(props.get("h2o_version", ""))})
