@@ -122,6 +122,7 @@ class Gateway:
         """Restore the registry from the store, load every servable, start the timers."""
         docs = await self.store.load()
         await self.replica_sync.reconcile(docs, wait=True)
+        await self.loader.prune_artifacts()  # what no restored servable uses (deleted while down, crashes)
         registry = self.registry
         log.info("registry_restored", contracts=len(registry.contracts), servables=len(registry.loaded), failed=len(registry.failed))
         self.prediction_log.start()

@@ -89,6 +89,16 @@ class Settings:
     metrics_flush_interval_s: float = _doc("how often counters are persisted", default=1.0)
     shutdown_timeout_s: float = _doc("grace period for in-flight requests at shutdown", default=30.0)
 
+    # Model sources (README "Model sources").
+    artifact_roots: str = _doc(
+        "comma-separated directories file:// deploys may read (empty = the data dir and the working directory)",
+        default="",
+    )
+    artifact_max_bytes: int = _doc("largest artifact fetched or copied (a directory counts whole)", default=2 * 1024**3)
+    artifact_download_timeout_s: float = _doc("time allowed to fetch one artifact (HTTP, S3, Git)", default=300.0)
+    git_ssh_scheme: str = _doc("git@host:org/project.git is fetched as <scheme>://host/org/project.git", default="https")
+    git_ssl_verify: bool = _doc("verify TLS certificates of Git servers", default=True)
+
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", self.port, "an integer 0..65535")
         _check(-1 <= self.grpc_port <= 65535, "grpc_port", self.grpc_port, "an integer -1..65535")
@@ -108,10 +118,19 @@ class Settings:
         for name in ("evaluation_interval_s", "metrics_flush_interval_s", "redis_sync_interval_s", "log_flush_timeout_s", "file_sync_interval_s"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number of seconds")
         _check(not self.repository or Path(self.repository).is_dir(), "repository", self.repository, "an existing directory")
+        _check(self.artifact_max_bytes > 0, "artifact_max_bytes", self.artifact_max_bytes, "a positive number of bytes")
+        _check(self.artifact_download_timeout_s > 0, "artifact_download_timeout_s", self.artifact_download_timeout_s, "a positive number of seconds")
+        _check(self.git_ssh_scheme in ("http", "https"), "git_ssh_scheme", self.git_ssh_scheme, "http or https")
         if not self.admin_token and not self.insecure_admin and not _is_loopback(self.host):
             raise SettingsError(
                 f"refusing to bind {self.host} with no admin token: set FORESTFLOW_ADMIN_TOKEN or pass --insecure-admin"
             )
+
+    @property
+    def file_roots(self) -> list[Path]:
+        """Directories file:// deploys may read (resolved): ``artifact_roots`` or the data dir and cwd."""
+        named = [Path(p.strip()) for p in self.artifact_roots.split(",") if p.strip()]
+        return [p.expanduser().resolve() for p in (named or [self.data_dir, Path.cwd()])]
 
     @property
     def kafka_enabled(self) -> bool:

@@ -65,8 +65,6 @@ async def create_servable(request: web.Request) -> web.Response:
     """POST /servable (and /servable/{org}/{project}/{n}/{release}): deploy and load a servable."""
     url_fqrv = fqrv_from(request) if "release" in request.match_info else None
     body = await read_json(request)
-    if isinstance(body, dict) and "MLmodel" in str(body.get("path", "")):
-        raise InvalidInput("MLflow serve requests are not supported yet; deploy the MOJO with an H2OMojo flavor")
     definition = parse_serve_request(body, url_fqrv)
     request[FQRV_TAG] = str(definition.fqrv)
     fqrv = await request.app[GATEWAY].admin.create_servable(definition)

@@ -34,7 +34,7 @@ def make_gateway(settings: Settings, worker: WorkerIdentity | None = None) -> Ga
     return Gateway(
         settings,
         make_store(settings, worker),
-        ArtifactCache(settings.data_dir / "artifacts"),
+        ArtifactCache.from_settings(settings, worker.replica_id if worker is not None else None),
         make_prediction_log(settings),
     )
 

@@ -6,10 +6,12 @@ by name and oneofs as single-key objects, as ForestFlow (ScalaPB json4s) printed
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from forestflow.codecs.jsonread import Obj, oneof
 from forestflow.core.definition import ServableDefinition
+from forestflow.core.locator import fqrv_from_path
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import (
     ContractSettings,
@@ -36,6 +38,9 @@ from forestflow.core.policies import (
 from forestflow.errors import InvalidInput
 
 FLAVORS = ("H2OMojo", "Python", "ONNX", "Pipeline")
+#: The internal flavor of an MLFlowServeRequest: the model's MLmodel file picks the real one at load.
+MLFLOW = "MLflow"
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 # ---- ids ------------------------------------------------------------------------------------------
@@ -219,9 +224,14 @@ def contract_settings_to_json(settings: ContractSettings) -> dict[str, Any]:
 
 # ---- serve requests -------------------------------------------------------------------------------
 def parse_serve_request(body: Any, url_fqrv: FQRV | None = None) -> ServableDefinition:
-    """A BasicServeRequest (the flavor decides how the artifact at ``path`` is loaded)."""
+    """A BasicServeRequest, or an MLFlowServeRequest (no ``flavor``: ``path`` names an MLflow model).
+
+    ForestFlow tried the two in that order; a body without ``flavor`` can only be the second.
+    The FQRV comes from the body, the URL, or a Git path (``...org/project.git#v<N>.<release>``).
+    """
     o = Obj(body, "")
     path = o.str("path")
+    mlflow = not o.has("flavor")
     if o.has("fqrv"):
         fqrv_obj = o.obj("fqrv")
         assert fqrv_obj is not None
@@ -231,10 +241,21 @@ def parse_serve_request(body: Any, url_fqrv: FQRV | None = None) -> ServableDefi
     elif url_fqrv is not None:
         fqrv = url_fqrv
     else:
-        raise InvalidInput("fqrv: required (or POST to /servable/{org}/{project}/{n}/{release})")
-    if not o.has("flavor"):
-        raise InvalidInput(f"flavor: required, one of {', '.join(FLAVORS)}")
-    flavor, flavor_obj = oneof(o.raw("flavor"), "flavor", FLAVORS)
+        extracted = fqrv_from_path(path)
+        if extracted is None:
+            raise InvalidInput(
+                "fqrv: required (or POST to /servable/{org}/{project}/{n}/{release}, or a Git path "
+                "ending in org/project.git#v<N>.<release>)"
+            )
+        fqrv = extracted
+    if mlflow:
+        flavor, flavor_settings = MLFLOW, {}
+    else:
+        flavor, flavor_obj = oneof(o.raw("flavor"), "flavor", FLAVORS)
+        flavor_settings = dict(flavor_obj.data)
+    sha256 = o.str("sha256", required=False, default="")
+    if sha256 and not _SHA256.match(sha256):
+        raise InvalidInput(f"sha256: expected 64 hex digits, got {sha256!r}")
     settings_obj = o.obj("servableSettings")
     assert settings_obj is not None
     contract_obj = o.obj("contractSettings", required=False)
@@ -242,24 +263,30 @@ def parse_serve_request(body: Any, url_fqrv: FQRV | None = None) -> ServableDefi
         fqrv=fqrv,
         path=path,
         flavor=flavor,
-        flavor_settings=dict(flavor_obj.data),
+        flavor_settings=flavor_settings,
         settings=parse_servable_settings(settings_obj),
         contract_settings=parse_contract_settings(contract_obj) if contract_obj else None,
         tags=o.str_map("tags"),
         created_at_ms=o.int("createdAtMS", required=False),
+        sha256=sha256.lower(),
     )
 
 
 def serve_request_to_json(defn: ServableDefinition) -> dict[str, Any]:
-    """A definition back to BasicServeRequest JSON (plus createdAtMS, used for persistence)."""
+    """A definition back to its serve request JSON (plus createdAtMS, used for persistence).
+
+    An MLflow definition is written as an MLFlowServeRequest (no ``flavor``)."""
     out: dict[str, Any] = {
         "path": defn.path,
         "fqrv": fqrv_to_json(defn.fqrv),
-        "flavor": {defn.flavor: dict(defn.flavor_settings)},
         "servableSettings": servable_settings_to_json(defn.settings),
         "tags": dict(defn.tags),
         "createdAtMS": str(defn.created_at_ms),
     }
+    if defn.flavor != MLFLOW:
+        out["flavor"] = {defn.flavor: dict(defn.flavor_settings)}
+    if defn.sha256:
+        out["sha256"] = defn.sha256
     if defn.contract_settings is not None:
         out["contractSettings"] = contract_settings_to_json(defn.contract_settings)
     return out

@@ -22,6 +22,8 @@ class ServableDefinition:
     tags: dict[str, str] = field(default_factory=dict)
     #: ms since the epoch when first deployed (kept across restarts).
     created_at_ms: int = 0
+    #: Expected sha256 (hex) of the model file the flavor loads; empty = not checked.
+    sha256: str = ""
 
     def with_policy(self, policy: PolicySettings) -> ServableDefinition:
         """A copy with new policy settings (logging kept)."""

@@ -1,130 +1,258 @@
-"""Artifact fetching into a content-addressed cache under the data dir.
+"""The artifact cache: every source fetched into one content-addressed directory under the data dir.
 
-``file://`` (a file or a directory; relative paths resolve against the working directory) is
-copied; ``http(s)://`` (one file) is downloaded. Either way the content lands in
-``<cache>/<sha256>/`` and a restart that finds the same content (or, for URLs, a remembered
-URL -> digest entry) reuses it without copying or downloading again.
+A fetch fills a staging directory (``.staging-*``) and moves it to ``<cache>/<sha256>/`` only
+once complete, so a failure or a cancellation never leaves a partial artifact in place (the
+staging directory is removed; one left by a crash goes at the next start). Concurrent fetches of
+the same source share one download. Remote sources (HTTP, Git, S3) are remembered as
+source -> digest, so a restart reuses the directory without fetching again.
+
+Every servable that uses an artifact holds an :class:`ArtifactClaim`; releasing the last claim on
+a directory removes it (delete, expiration, failed deploy), and :meth:`ArtifactCache.prune`
+removes whatever no claim holds (called once the gateway has restored its servables).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
-import aiohttp
 import orjson
+import structlog
 
-from forestflow.errors import CreateServableRequestInvalidError
+from forestflow.core.ids import FQRV
+from forestflow.core.locator import FileLocator, GitLocator, HttpLocator, Locator, S3Locator, git_tag, parse_locator
+from forestflow.registry.sources import FetchLimits
+from forestflow.registry.sources.git import fetch_git
+from forestflow.registry.sources.http import fetch_http
+from forestflow.registry.sources.local import check_local, copy_local, digest_local
+from forestflow.registry.sources.s3 import fetch_s3
+from forestflow.settings import Settings
 
-MAX_DOWNLOAD_BYTES = 2 * 1024**3
-SCHEMES = ("file", "http", "https")
+log = structlog.get_logger("forestflow.artifacts")
+
+_STAGING = ".staging-"
+_INDEX = "url-index.json"
+_claim_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRequest:
+    """What to fetch: the servable's ``path``, its FQRV (the Git tag) and the files it needs."""
+
+    path: str
+    fqrv: FQRV
+    #: Files the flavor loads, relative to the artifact (S3 fetches only these); None = all.
+    files: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ArtifactClaim:
+    """One servable's hold on a cached directory; released when the servable goes."""
+
+    directory: Path
+    digest: str
+    id: int = field(default_factory=lambda: next(_claim_ids))
 
 
 class ArtifactCache:
-    """Fetches artifacts by URI and returns the local directory holding them."""
+    """Fetches artifacts by locator into ``root`` and removes the ones no servable holds."""
 
-    def __init__(self, root: Path, download_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        limits: FetchLimits | None = None,
+        file_roots: list[Path] | None = None,
+        git_ssh_scheme: str = "https",
+        git_ssl_verify: bool = True,
+    ) -> None:
         self.root = root
-        self.download_timeout_s = download_timeout_s
-        self._index_path = root / "url-index.json"
+        self.limits = limits or FetchLimits(2 * 1024**3, 300.0)
+        self.file_roots = file_roots if file_roots is not None else [Path.cwd().resolve()]
+        self.git_ssh_scheme = git_ssh_scheme
+        self.git_ssl_verify = git_ssl_verify
+        self._claims: dict[str, set[int]] = {}
+        self._inflight: dict[str, asyncio.Future[str]] = {}
+        self._lock = asyncio.Lock()
+        self._index: dict[str, str] | None = None
+        #: How many fetches went to the source (not served from the cache): for tests and logs.
+        self.fetch_count = 0
 
-    async def fetch(self, uri: str) -> Path:
-        """The cached directory for ``uri``; raises CreateServableRequestInvalidError with the reason."""
-        scheme = urlparse(uri).scheme.lower()
-        if scheme == "file":
-            return await asyncio.to_thread(self._fetch_file, uri)
-        if scheme in ("http", "https"):
-            return await self._fetch_http(uri)
-        raise CreateServableRequestInvalidError(
-            f"path {uri!r}: unsupported scheme {scheme or '(none)'!r}; supported: {', '.join(s + '://' for s in SCHEMES)}"
+    @classmethod
+    def from_settings(cls, settings: Settings, replica: str | None = None) -> ArtifactCache:
+        """The cache under ``<data_dir>/artifacts`` with the settings' limits and roots.
+
+        Each worker of ``--workers N`` (``replica`` ``w<i>``) has a cache of its own under it: claims
+        are held in memory, so a cache shared by processes would let one remove what another uses.
+        """
+        return cls(
+            settings.data_dir / "artifacts" / replica if replica else settings.data_dir / "artifacts",
+            FetchLimits(settings.artifact_max_bytes, settings.artifact_download_timeout_s),
+            settings.file_roots,
+            settings.git_ssh_scheme,
+            settings.git_ssl_verify,
         )
 
-    # ---- file:// --------------------------------------------------------------------------------
-    def _fetch_file(self, uri: str) -> Path:
-        parsed = urlparse(uri)
-        source = Path(unquote(parsed.netloc + parsed.path)).expanduser()
-        if not source.exists():
-            raise CreateServableRequestInvalidError(f"path {uri!r}: {source} does not exist")
-        digest = _digest_path(source)
-        target = self.root / digest
-        if not target.exists():
-            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self._ensure_root()))
-            if source.is_dir():
-                shutil.copytree(source, staging, dirs_exist_ok=True)
-            else:
-                shutil.copy2(source, staging / source.name)
-            _publish(staging, target)
-        return target
+    # ---- fetching ---------------------------------------------------------------------------------
+    def locate(self, path: str) -> Locator:
+        """The locator of a servable path (422 for an unsupported one)."""
+        return parse_locator(path, self.git_ssh_scheme)
 
-    # ---- http(s):// --------------------------------------------------------------------------------
-    async def _fetch_http(self, uri: str) -> Path:
-        index = await asyncio.to_thread(self._read_index)
-        known = index.get(uri)
-        if known and (self.root / known).exists():
-            return self.root / known
-        name = Path(unquote(urlparse(uri).path)).name or "artifact"
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self._ensure_root()))
-        sha = hashlib.sha256()
-        size = 0
+    async def fetch(self, request: ArtifactRequest) -> ArtifactClaim:
+        """Fetch (or reuse) the artifact and claim it; raises CreateServableRequestInvalidError with the reason."""
+        locator = self.locate(request.path)
+        key = _source_key(locator, request)
+        for _ in range(3):  # the directory can be released between the fetch and the claim: fetch again
+            digest = await self._single_flight(key, locator, request)
+            async with self._lock:
+                if (self.root / digest).is_dir():
+                    claim = ArtifactClaim(self.root / digest, digest)
+                    self._claims.setdefault(digest, set()).add(claim.id)
+                    return claim
+        raise RuntimeError(f"artifact {digest} vanished three times while being claimed")
+
+    async def _single_flight(self, key: str, locator: Locator, request: ArtifactRequest) -> str:
+        running = self._inflight.get(key)
+        if running is None:
+            running = asyncio.ensure_future(self._fetch_digest(key, locator, request))
+            self._inflight[key] = running
+            running.add_done_callback(lambda done: self._inflight.pop(key, None) if self._inflight.get(key) is done else None)
+            running.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved: no warning
+        # Shielded: one caller going away must not cancel the download the others wait for.
+        return await asyncio.shield(running)
+
+    async def _fetch_digest(self, key: str, locator: Locator, request: ArtifactRequest) -> str:
+        if isinstance(locator, FileLocator):
+            return await asyncio.to_thread(self._fetch_local, request.path, locator)
+        index = await self._read_index()
+        known = index.get(key)
+        if known and (self.root / known).is_dir():
+            return known
+        staging = Path(tempfile.mkdtemp(prefix=_STAGING, dir=self._ensure_root()))
         try:
-            timeout = aiohttp.ClientTimeout(total=self.download_timeout_s)
-            async with aiohttp.ClientSession(timeout=timeout) as session, session.get(uri) as response:
-                if response.status != 200:
-                    raise CreateServableRequestInvalidError(f"path {uri!r}: download answered HTTP {response.status}")
-                with open(staging / name, "wb") as out:
-                    async for chunk in response.content.iter_chunked(1 << 16):
-                        size += len(chunk)
-                        if size > MAX_DOWNLOAD_BYTES:
-                            raise CreateServableRequestInvalidError(f"path {uri!r}: larger than {MAX_DOWNLOAD_BYTES} bytes")
-                        sha.update(chunk)
-                        out.write(chunk)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise CreateServableRequestInvalidError(f"path {uri!r}: download failed: {type(exc).__name__}: {exc}") from None
+            self.fetch_count += 1
+            if isinstance(locator, HttpLocator):
+                await fetch_http(locator.url, staging, self.limits)
+            elif isinstance(locator, GitLocator):
+                await fetch_git(locator.repo_url, git_tag(request.fqrv), staging, self.limits, self.git_ssl_verify)
+            else:
+                await fetch_s3(locator, request.files, staging, self.limits)
+            digest = await asyncio.to_thread(_digest_tree, staging)
+            await asyncio.to_thread(_publish, staging, self.root / digest)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, staging, True)
             raise
-        sha.update(b"\0" + name.encode())
-        digest = sha.hexdigest()
-        target = self.root / digest
-        await asyncio.to_thread(_publish, staging, target)
-        index[uri] = digest
-        await asyncio.to_thread(self._write_index, index)
-        return target
+        async with self._lock:
+            index = await self._read_index()
+            index[key] = digest
+            await asyncio.to_thread(self._write_index, index)
+        return digest
 
+    def _fetch_local(self, uri: str, locator: FileLocator) -> str:
+        source, files = check_local(uri, locator.path, self.file_roots, self.limits)
+        digest = digest_local(source, files)
+        target = self.root / digest
+        if not target.is_dir():
+            self.fetch_count += 1
+            staging = Path(tempfile.mkdtemp(prefix=_STAGING, dir=self._ensure_root()))
+            try:
+                copy_local(uri, source, files, staging, self.limits)
+                _publish(staging, target)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+        return digest
+
+    # ---- releasing and pruning ----------------------------------------------------------------------
+    async def release(self, claim: ArtifactClaim) -> None:
+        """Drop a servable's claim; the directory goes when no other servable holds it."""
+        async with self._lock:
+            holders = self._claims.get(claim.digest)
+            if holders is None:
+                return
+            holders.discard(claim.id)
+            if holders:
+                return
+            del self._claims[claim.digest]
+            await self._remove([claim.digest])
+
+    async def prune(self) -> list[str]:
+        """Remove every cached directory no servable holds, and staging leftovers; returns their names."""
+        async with self._lock:
+            if not self.root.is_dir():
+                return []
+            unused = [p.name for p in self.root.iterdir() if p.is_dir() and p.name not in self._claims]
+            unused = [n for n in unused if not (n.startswith(_STAGING) and self._inflight)]  # not a live fetch's
+            await self._remove(unused)
+        if unused:
+            log.info("artifacts_pruned", count=len(unused))
+        return unused
+
+    def in_use(self) -> dict[str, int]:
+        """Cached directories and how many servables hold each."""
+        return {digest: len(holders) for digest, holders in self._claims.items()}
+
+    async def _remove(self, names: list[str]) -> None:
+        """Delete directories and forget the sources that pointed at them (the lock is held)."""
+        if not names:
+            return
+        for name in names:
+            await asyncio.to_thread(shutil.rmtree, self.root / name, True)
+        index = await self._read_index()
+        kept = {k: v for k, v in index.items() if v not in set(names)}
+        if kept != index:
+            await asyncio.to_thread(self._write_index, kept)
+
+    # ---- the source index -------------------------------------------------------------------------
     def _ensure_root(self) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         return self.root
 
-    def _read_index(self) -> dict[str, str]:
+    async def _read_index(self) -> dict[str, str]:
+        if self._index is None:
+            self._index = await asyncio.to_thread(self._load_index)
+        return dict(self._index)
+
+    def _load_index(self) -> dict[str, str]:
         try:
-            return dict(orjson.loads(self._index_path.read_bytes()))
+            return dict(orjson.loads((self.root / _INDEX).read_bytes()))
         except (FileNotFoundError, orjson.JSONDecodeError):
             return {}
 
     def _write_index(self, index: dict[str, str]) -> None:
-        tmp = self._index_path.with_suffix(".tmp")
+        self._index = dict(index)
+        if not index:  # nothing remembered: no file either (an unused cache is an empty directory)
+            (self.root / _INDEX).unlink(missing_ok=True)
+            return
+        self._ensure_root()
+        tmp = self.root / (_INDEX + ".tmp")
         tmp.write_bytes(orjson.dumps(index))
-        os.replace(tmp, self._index_path)
+        os.replace(tmp, self.root / _INDEX)
+        self._index = dict(index)
 
 
-def _digest_path(source: Path) -> str:
-    """sha256 over relative names and contents (a directory) or name and content (a file)."""
-    sha = hashlib.sha256()
-    files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
-    for file in files:
-        rel = file.relative_to(source) if source.is_dir() else Path(file.name)
-        sha.update(str(rel).encode() + b"\0")
-        with open(file, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                sha.update(block)
-        sha.update(b"\0")
-    return sha.hexdigest()
+def _source_key(locator: Locator, request: ArtifactRequest) -> str:
+    """What identifies one fetch: the same key means the same bytes (single flight, source index)."""
+    if isinstance(locator, FileLocator):
+        return "file:" + locator.path
+    if isinstance(locator, HttpLocator):
+        return locator.url
+    if isinstance(locator, GitLocator):
+        return f"git:{locator.repo_url}#{git_tag(request.fqrv)}"
+    assert isinstance(locator, S3Locator)
+    files = ",".join(request.files) if request.files else "*"
+    return f"s3:{locator.endpoint or ''}|{locator.bucket}|{locator.prefix}|{files}"
+
+
+def _digest_tree(root: Path) -> str:
+    """sha256 over relative names and contents of every file under ``root``."""
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return digest_local(root, files) if files else hashlib.sha256(b"").hexdigest()
 
 
 def _publish(staging: Path, target: Path) -> None:

@@ -1,16 +1,25 @@
-"""Loading servables: fetch the artifact, build the flavor, load it off the loop, give it a scheduler."""
+"""Loading servables: fetch the artifact, build the flavor, verify, load it off the loop, give it a scheduler.
+
+The loader holds the artifact cache's claims: a servable keeps its artifact claimed while it is
+loaded, and the claim is released when it is unloaded for good or when its load fails, so the
+cache can remove what no servable uses.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from pathlib import Path
 
 import structlog
 
+from forestflow.codecs.ff_settings import MLFLOW
 from forestflow.core.definition import ServableDefinition
+from forestflow.core.locator import mlflow_model_dir
 from forestflow.errors import CreateServableRequestInvalidError, GatewayError
-from forestflow.registry.artifacts import ArtifactCache
+from forestflow.registry.artifacts import ArtifactCache, ArtifactClaim, ArtifactRequest
 from forestflow.registry.registry import Loaded
-from forestflow.runtime.base import create_servable
+from forestflow.runtime.base import Servable, create_servable
 from forestflow.runtime.scheduler import ServableScheduler
 from forestflow.settings import Settings
 
@@ -25,17 +34,18 @@ class ServableLoader:
         self.artifacts = artifacts
 
     async def load(self, defn: ServableDefinition) -> Loaded:
-        """Fetch, create and load; a failure is a GatewayError (422 with the reason)."""
-        directory = await self.artifacts.fetch(defn.path)
-        servable = create_servable(defn.flavor, defn.fqrv, directory, defn.flavor_settings)
-        servable.gateway_settings = self.settings  # gates of composed flavors (pipeline steps)
+        """Fetch, create, verify and load; a failure is a GatewayError (422 with the reason)."""
+        path = mlflow_model_dir(defn.path) if defn.flavor == MLFLOW else defn.path
+        claim = await self.artifacts.fetch(ArtifactRequest(path, defn.fqrv, _needed_files(defn)))
         try:
-            await asyncio.to_thread(servable.load)
-        except GatewayError:
+            servable = await asyncio.to_thread(create_servable, defn.flavor, defn.fqrv, claim.directory, defn.flavor_settings)
+            servable.gateway_settings = self.settings  # gates of composed flavors (pipeline steps)
+            if defn.sha256:
+                await asyncio.to_thread(_verify_sha256, servable, defn.sha256)
+            await self._load(defn, servable)
+        except BaseException:
+            await self.artifacts.release(claim)  # a failed deploy leaves nothing in the cache
             raise
-        except Exception as exc:  # a flavor bug or an unexpected artifact: a 422 with the reason
-            log.exception("servable_load_failed", fqrv=str(defn.fqrv))
-            raise CreateServableRequestInvalidError(f"loading {defn.fqrv} failed: {type(exc).__name__}: {exc}") from exc
         settings = self.settings
         scheduler = ServableScheduler(
             servable,
@@ -47,9 +57,59 @@ class ServableLoader:
             max_threads=settings.scoring_threads,
             coalesce_rows=settings.max_batch_rows,
         )
-        return Loaded(defn, servable, scheduler)
+        return Loaded(defn, servable, scheduler, claim)
+
+    async def _load(self, defn: ServableDefinition, servable: Servable) -> None:
+        try:
+            await asyncio.to_thread(servable.load)
+        except GatewayError:
+            raise
+        except Exception as exc:  # a flavor bug or an unexpected artifact: a 422 with the reason
+            log.exception("servable_load_failed", fqrv=str(defn.fqrv))
+            raise CreateServableRequestInvalidError(f"loading {defn.fqrv} failed: {type(exc).__name__}: {exc}") from exc
 
     async def unload(self, loaded: Loaded) -> None:
-        """Close the scheduler (queued work fails) and release the model."""
+        """Close the scheduler (queued work fails), release the model and its artifact."""
         await loaded.scheduler.close()
         await asyncio.to_thread(loaded.servable.unload)
+        if loaded.artifact is not None:
+            claim: ArtifactClaim = loaded.artifact
+            loaded.artifact = None
+            await self.artifacts.release(claim)
+
+    async def prune_artifacts(self) -> None:
+        """Remove cached artifacts no loaded servable uses (after a restart restored them)."""
+        await self.artifacts.prune()
+
+
+def _needed_files(defn: ServableDefinition) -> tuple[str, ...] | None:
+    """The files a flavor loads, for sources that fetch single objects (S3); None = everything."""
+    for key in ("mojoPath", "mojo_path"):
+        value = defn.flavor_settings.get(key)
+        if defn.flavor == "H2OMojo" and isinstance(value, str) and value.strip():
+            return (value.strip(),)
+    return None
+
+
+def model_file(servable: Servable) -> Path | None:
+    """The file a servable loads (H2O's mojoPath, ONNX's modelPath, Python's modulePath) inside its artifact."""
+    settings = servable.settings
+    for key in ("mojoPath", "mojo_path", "modelPath", "modulePath", "module_path"):
+        value = settings.get(key)
+        if isinstance(value, str) and value.strip():
+            return Path(servable.artifact_dir) / value.strip()
+    return None
+
+
+def _verify_sha256(servable: Servable, expected: str) -> None:
+    path = model_file(servable)
+    if path is None or not path.is_file():
+        raise CreateServableRequestInvalidError(f"sha256 given but the model file {path} is not in the artifact")
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            sha.update(block)
+    if sha.hexdigest() != expected.lower():
+        raise CreateServableRequestInvalidError(
+            f"sha256 mismatch for {path.relative_to(servable.artifact_dir)}: expected {expected.lower()}, got {sha.hexdigest()}"
+        )

@@ -19,6 +19,7 @@ from forestflow.core.definition import ServableDefinition
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import ContractSettings, ServableMetrics
 from forestflow.errors import NoActiveServablesForContract, UnknownContract, UnknownServable
+from forestflow.registry.artifacts import ArtifactClaim
 from forestflow.runtime.base import Servable
 from forestflow.runtime.scheduler import ServableScheduler
 
@@ -30,6 +31,8 @@ class Loaded:
     definition: ServableDefinition
     servable: Servable
     scheduler: ServableScheduler
+    #: The cached artifact it was loaded from (released when it is unloaded for good).
+    artifact: ArtifactClaim | None = None
 
 
 @dataclass(slots=True)

@@ -112,6 +112,12 @@ def _onnx_flavor() -> FlavorFactory:
     return OnnxServable
 
 
+def _mlflow_flavor() -> FlavorFactory:
+    from forestflow.runtime.mlflow_model import create_mlflow_servable
+
+    return create_mlflow_servable
+
+
 register_flavor("Python", _python_flavor)
 register_flavor("H2OMojo", _h2o_flavor)
 register_flavor("ONNX", _onnx_flavor)
@@ -178,3 +184,4 @@ register_platform("map", StepPlatform("Map", None, takes_ports=True))
 register_platform("classifier", StepPlatform("Classifier", None, takes_ports=True))
 register_platform("regressor", StepPlatform("Regressor", None, takes_ports=True))
 register_platform("onnx", StepPlatform("ONNX", "modelPath"))
+register_flavor("MLflow", _mlflow_flavor)  # MLFlowServeRequest: the model's MLmodel picks the flavor
