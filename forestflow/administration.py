@@ -125,7 +125,10 @@ class Administration:
 
     async def _load(self, defn: ServableDefinition) -> Loaded:
         directory = await self.artifacts.fetch(defn.path)
-        servable = create_servable(defn.flavor, defn.fqrv, directory, defn.flavor_settings)
+        flavor_settings = defn.flavor_settings
+        if defn.flavor == "H2OMojo":  # the gateway's H2O scorer choice (a servable's own "scorer" wins)
+            flavor_settings = {"gatewayScorer": self.settings.h2o_scorer, **flavor_settings}
+        servable = create_servable(defn.flavor, defn.fqrv, directory, flavor_settings)
         try:
             await asyncio.to_thread(servable.load)
         except GatewayError:

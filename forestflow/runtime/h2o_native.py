@@ -195,7 +195,7 @@ def _java_long(x: int) -> int:
 
 
 def break_tie(p: np.ndarray, row: np.ndarray, prior: list[float] | None) -> int:
-    """genmodel's ``getPredictionMultinomial`` for a row whose top probabilities tie."""
+    """genmodel's ``getPredictionMultinomial``: the label index, ties broken from a hash of the row."""
     # genmodel's list of tied classes is never cleared when a new best appears; its count is.
     ties, best, tie_count = [0], 1, 0
     for c in range(2, len(p)):
@@ -204,6 +204,8 @@ def break_tie(p: np.ndarray, row: np.ndarray, prior: list[float] | None) -> int:
         elif p[best] == p[c]:
             tie_count += 1
             ties.append(c - 1)
+    if tie_count == 0:
+        return best - 1
     h = 0
     for bits in row.astype(np.float64).view(np.int64).tolist():
         h ^= bits >> 6
