@@ -42,16 +42,20 @@ def _java_int(d: float) -> int:
     return int(d)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _tree_value(x, node, nodes, values, bits, dom_len, version):  # type: ignore[no-untyped-def]
     """One tree's leaf value for one row, following genmodel's ``scoreTree`` decisions."""
     while True:
         kind = nodes[node, _KIND]
         if kind == LEAF:
             return values[node]
-        d = x[nodes[node, _COL]]
+        col = nodes[node, _COL]
+        d = x[col]
+        n_levels = dom_len[col]
         if math.isnan(d):
             right = nodes[node, _NA_LEFT] == 0
+        elif kind == NUMERIC and (n_levels < 0 or version < 2):  # the common case: a number against a threshold
+            right = d >= values[node]
         else:
             di = _java_int(d)
             outside = False
@@ -59,10 +63,8 @@ def _tree_value(x, node, nodes, values, bits, dom_len, version):  # type: ignore
             if version >= 1 and start >= 0:  # a level outside the bitset in effect counts as NA
                 rel = di - nodes[node, _BOFF]
                 outside = rel < 0 or rel >= nodes[node, _BCOUNT]
-            if version >= 2:  # a level past the column's domain counts as NA
-                n_levels = dom_len[nodes[node, _COL]]
-                if n_levels >= 0 and n_levels <= di:
-                    outside = True
+            if version >= 2 and n_levels >= 0 and n_levels <= di:  # so does a level past the column's domain
+                outside = True
             if outside:
                 right = nodes[node, _NA_LEFT] == 0
             elif kind == NA_VS_REST:
