@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 import threading
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +180,31 @@ def test_native_refuses_what_it_cannot_score() -> None:
         make("prostate_gbm_onehot.zip", scorer="native").load()
     with pytest.raises(CreateServableRequestInvalidError, match="scorer 'fast'"):
         make("prostate_gbm_binomial.zip", scorer="fast").load()
+
+
+def _edited_mojo(tmp_path: Path, source: str, edit: Callable[[str], str]) -> str:
+    """A copy of a fixture MOJO whose model.ini went through ``edit``; returns its file name."""
+    target = tmp_path / f"edited_{source}"
+    with zipfile.ZipFile(FIXTURES / source) as src, zipfile.ZipFile(target, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename == "model.ini":
+                data = edit(data.decode()).encode()
+            dst.writestr(item, data)
+    return target.name
+
+
+def test_calibrated_and_unknown_mojos_go_to_genmodel(tmp_path: Path) -> None:
+    """A MOJO carrying calibration, or a newer tree format, is refused natively; auto hands it to the JVM."""
+    calibrated = _edited_mojo(tmp_path, "prostate_gbm_binomial.zip",
+                              lambda ini: ini.replace("[columns]", "calib_method = platt\ncalib_glm_beta = [1.5, -0.5]\n\n[columns]"))
+    newer = _edited_mojo(tmp_path, "prostate_drf_regression.zip", lambda ini: ini.replace("mojo_version = 1.40", "mojo_version = 1.50"))
+    for mojo, reason in ((calibrated, "calibrated"), (newer, "newer")):
+        with pytest.raises(CreateServableRequestInvalidError, match=reason):
+            H2OMojoServable(FQ, tmp_path, {"mojoPath": mojo, "scorer": "native"}).load()
+    auto = H2OMojoServable(FQ, tmp_path, {"mojoPath": calibrated})
+    auto.load()
+    assert auto.metadata().extra["scorer"] == "jvm" and "calibrated" in auto.metadata().extra["nativeUnavailable"]
 
 
 def test_gateway_setting() -> None:
