@@ -137,6 +137,7 @@ class TreeModel:
     columns: list[str]  # every column; the response last when supervised
     domains: list[tuple[str, ...] | None]  # per column
     n_features: int
+    supervised: bool
     n_classes: int
     n_tree_groups: int
     n_trees_per_group: int
@@ -154,7 +155,8 @@ class TreeModel:
 
     @property
     def response(self) -> str | None:
-        return self.columns[-1] if len(self.columns) > self.n_features else None
+        """The response column (genmodel: the last column of a supervised model)."""
+        return self.columns[-1] if self.supervised else None
 
     @property
     def preds_size(self) -> int:
@@ -237,6 +239,7 @@ def read_tree_model(path: str | Path) -> TreeModel:
             algo=algo, category=category, mojo_version=version,
             h2o_version=str(info.get("h2o_version", "unknown")), uuid=info.get("uuid"),
             columns=columns, domains=domains, n_features=int(_value(info, "n_features", n_columns)),
+            supervised=_value(info, "supervised", False) is True,
             n_classes=n_classes, n_tree_groups=groups, n_trees_per_group=int(per_group),
             offset_column=str(offset_col) if offset_col is not None else None,
             balance_classes=bool(_value(info, "balance_classes", False)),
