@@ -235,10 +235,20 @@ def read_tree_model(path: str | Path) -> TreeModel:
         offset_col = _value(info, "offset_column", None)
         tree_version = 0 if version == 1.0 else (1 if version == 1.1 else 2)
         table = flatten_trees([(0 if n_classes == 1 else 1) + c for _, c, _ in blobs], [b for _, _, b in blobs], tree_version)
+        n_features = int(_value(info, "n_features", n_columns))
+        if not 0 < n_features <= n_columns:
+            raise ValueError(f"n_features = {n_features} with {n_columns} columns")
+        # The compiled walk does not check bounds: every index it will follow is checked here.
+        splits = table.kind != LEAF
+        if splits.any() and int(table.column[splits].max()) >= n_features:
+            raise ValueError(f"a tree splits on column {int(table.column[splits].max())}, the model has {n_features} features")
+        width = 1 if category == "Regression" else n_classes + 1
+        if len(table.target) and int(table.target.max()) >= width:
+            raise ValueError(f"n_trees_per_class = {per_group} does not fit {n_classes} classes")
         return TreeModel(
             algo=algo, category=category, mojo_version=version,
             h2o_version=str(info.get("h2o_version", "unknown")), uuid=info.get("uuid"),
-            columns=columns, domains=domains, n_features=int(_value(info, "n_features", n_columns)),
+            columns=columns, domains=domains, n_features=n_features,
             supervised=_value(info, "supervised", False) is True,
             n_classes=n_classes, n_tree_groups=groups, n_trees_per_group=int(per_group),
             offset_column=str(offset_col) if offset_col is not None else None,
@@ -322,6 +332,8 @@ def _flatten_one(tree: bytes, nodes: _NodeBuilder, tree_version: int) -> int:
             split = _f4(tree, pos)
             pos += 4
         elif equal == 8:
+            if pos + 4 > size:
+                raise ValueError("a tree's bitset runs past its end")
             kind = BITSET
             bitset = (nodes.bitset(tree[pos : pos + 4]), 0, 32)
             pos += 4
@@ -336,6 +348,8 @@ def _flatten_one(tree: bytes, nodes: _NodeBuilder, tree_version: int) -> int:
                 nbytes = struct.unpack_from("<H", tree, pos + 2)[0]
                 nbits = nbytes << 3
                 pos += 4
+            if nbits <= 0 or pos + nbytes > size:
+                raise ValueError("a tree's bitset runs past its end")
             bitset = (nodes.bitset(tree[pos : pos + nbytes]), bit_offset, nbits)
             pos += nbytes
         else:

@@ -207,6 +207,19 @@ def test_calibrated_and_unknown_mojos_go_to_genmodel(tmp_path: Path) -> None:
     assert auto.metadata().extra["scorer"] == "jvm" and "calibrated" in auto.metadata().extra["nativeUnavailable"]
 
 
+def test_a_tree_pointing_outside_the_model_is_refused(tmp_path: Path) -> None:
+    """The compiled walk checks no bounds: a tree naming a column the model lacks never reaches it."""
+    target = tmp_path / "bad_tree.zip"
+    with zipfile.ZipFile(FIXTURES / "prostate_gbm_binomial.zip") as src, zipfile.ZipFile(target, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename == "trees/t00_000.bin":
+                data = data[:1] + (999).to_bytes(2, "little") + data[3:]  # the root's column
+            dst.writestr(item, data)
+    with pytest.raises(CreateServableRequestInvalidError, match="column 999"):
+        H2OMojoServable(FQ, tmp_path, {"mojoPath": target.name, "scorer": "native"}).load()
+
+
 def test_gateway_setting() -> None:
     assert Settings().h2o_scorer == "auto"
     assert Settings.load(environ={"FORESTFLOW_H2O_SCORER": "native"}).h2o_scorer == "native"
