@@ -184,6 +184,14 @@ def train_and_export(files: dict[str, Path], out: Path, only: set[str] | None = 
              PROSTATE_X, "CAPSULE", prostate),
             ("iris_drf_multinomial", H2ORandomForestEstimator(ntrees=15, max_depth=4, seed=42),
              IRIS_X, "Species", iris),
+            # The other GBM regression distributions (identity link).
+            ("prostate_gbm_laplace", H2OGradientBoostingEstimator(distribution="laplace", ntrees=10, max_depth=3, seed=42),
+             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
+            ("prostate_gbm_quantile", H2OGradientBoostingEstimator(
+                distribution="quantile", quantile_alpha=0.8, ntrees=10, max_depth=3, seed=42),
+             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
+            ("prostate_gbm_huber", H2OGradientBoostingEstimator(distribution="huber", ntrees=10, max_depth=3, seed=42),
+             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
             # Columns holding one value or NA: their splits are "NA vs rest" (no threshold, no bitset).
             ("prostate_gbm_na_vs_rest", H2OGradientBoostingEstimator(**tree),
              ["AGE", "DPROS", "PSA", "MARK_NUM", "MARK_CAT"], "CAPSULE", prostate),

@@ -69,7 +69,7 @@ def assert_golden(name: str, out: Frame, rows: list[dict[str, str]]) -> None:
 def test_fixtures_cover_the_tree_cases() -> None:
     models = {name: read_tree_model(FIXTURES / INFOS[name]["mojo"]) for name in TREES}
     assert {m.distribution for m in models.values() if m.algo == "gbm"} >= {
-        "bernoulli", "multinomial", "gaussian", "poisson", "gamma", "tweedie",
+        "bernoulli", "multinomial", "gaussian", "poisson", "gamma", "tweedie", "laplace", "quantile", "huber",
     }
     assert any(m.algo == "gbm" and m.n_classes >= 4 for m in models.values())
     assert any(m.algo == "drf" and m.category == "Binomial" and not m.binomial_double_trees for m in models.values())
