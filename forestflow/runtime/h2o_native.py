@@ -21,7 +21,7 @@ import time
 import numpy as np
 from numba import njit
 
-from forestflow.runtime.h2o_tree_reader import BITSET, LEAF, LINKS, NA_VS_REST, NUMERIC, TreeModel
+from forestflow.runtime.h2o_tree_reader import LEAF, LINKS, NA_VS_REST, NUMERIC, TreeModel
 
 # Columns of the packed integer node table.
 _KIND, _COL, _NA_LEFT, _LEFT, _RIGHT, _BSTART, _BOFF, _BCOUNT = range(8)
@@ -289,4 +289,4 @@ class NativeTreeScorer:
         return time.perf_counter() - start
 
 
-__all__ = ["NativeTreeScorer", "break_tie", "LEAF", "BITSET"]
+__all__ = ["NativeTreeScorer", "break_tie"]

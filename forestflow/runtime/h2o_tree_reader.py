@@ -267,7 +267,7 @@ class _NodeBuilder:
     def __init__(self) -> None:
         self.rows: list[tuple[int, int, bool, float, int, int, int, int, int]] = []
         self.bits = bytearray()
-        self.bitsets: dict[tuple[int, int, bytes], int] = {}
+        self.bitsets: dict[bytes, int] = {}  # identical bitsets share their bytes
 
     def add(self) -> int:
         self.rows.append((LEAF, 0, False, 0.0, -1, -1, -1, 0, 0))
@@ -277,9 +277,10 @@ class _NodeBuilder:
         self.rows[index] = values  # type: ignore[assignment]
 
     def bitset(self, data: bytes) -> int:
-        start = self.bitsets.get((0, 0, data))
+        """The offset of ``data`` in the shared bitset bytes."""
+        start = self.bitsets.get(data)
         if start is None:
-            start = self.bitsets[(0, 0, data)] = len(self.bits)
+            start = self.bitsets[data] = len(self.bits)
             self.bits += data
         return start
 
