@@ -1,16 +1,17 @@
-"""Rows/s of ``H2OMojoServable.predict`` beside genmodel's per-row ``EasyPredictModelWrapper``.
+"""Rows/s of ``H2OMojoServable.predict`` with the native and the JVM scorer, and genmodel's EasyPredict.
 
-Both run in the same process and JVM on the same rows (the prostate / iris data the h2o wheel
-ships, cycled), for batches of 1, 10, 100 and 1,000 rows:
+All run in the same process on the same rows (the prostate / iris data the h2o wheel ships,
+cycled), for batches of 1, 10, 100 and 1,000 rows:
 
-* **flavor**: ``predict(frame)`` on a Frame as the codecs build it (float64 arrays for numeric
-  columns, object arrays of strings for categoricals): input mapping, one Java call per batch and
-  the output columns included.
+* **native** / **jvm**: ``predict(frame)`` on a Frame as the codecs build it (float64 arrays for
+  numeric columns, object arrays of strings for categoricals), input mapping and output columns
+  included; scored by the numba kernel (``h2o_native``) or by one Java call per batch (JPype).
+* **score0 native** / **score0 jvm**: the two scorers alone on the already encoded matrix.
 * **easypredict**: what ForestFlow did, driven from Python through JPype: per row a ``RowData``
   (strings for categoricals, Doubles for numbers), ``wrapper.predict``, then the label and class
   probabilities (or value) read back.
 
-Run: ``.venv/bin/python bench/h2o_scoring.py [--seconds 0.25]``.
+Run: ``.venv/bin/python bench/h2o_scoring.py [--seconds 0.25] [--clock wall|cpu]``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.runtime import jvm
+from forestflow.runtime.h2o_inputs import build_matrix
 from forestflow.runtime.h2o_mojo import H2OMojoServable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,50 +99,85 @@ def typed_rows(servable: H2OMojoServable, rows: list[dict[str, str]]) -> list[di
     return [{n: float(r[n]) if n in numeric else r[n] for n in names} for r in rows]
 
 
-def rates(a: Callable[[], Any], b: Callable[[], Any], rows: int, seconds: float, rounds: int = 7) -> tuple[float, float]:
-    """Median rows/s of ``a`` and of ``b`` over alternating rounds of about ``seconds`` each.
+#: The clock rounds are timed with: wall time, or this thread's CPU time (``--clock cpu``: steadier
+#: when other work shares the machine; the JVM's JIT and GC threads are then not counted).
+CLOCK = time.perf_counter
+
+
+def rates(fns: dict[str, Callable[[], Any]], rows: int, seconds: float, rounds: int = 7) -> dict[str, float]:
+    """Median rows/s of each function over alternating rounds of about ``seconds`` each.
 
     Alternating keeps the comparison fair on a shared machine whose load drifts; one warm-up
     round each first.
     """
     def round_rate(fn: Callable[[], Any]) -> float:
-        calls, start = 0, time.perf_counter()
+        calls, start = 0, CLOCK()
         while True:
             fn()
             calls += 1
-            elapsed = time.perf_counter() - start
+            elapsed = CLOCK() - start
             if elapsed >= seconds:
                 return calls * rows / elapsed
 
-    round_rate(a)
-    round_rate(b)
-    got: tuple[list[float], list[float]] = ([], [])
+    for fn in fns.values():
+        round_rate(fn)
+    got: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
-        got[0].append(round_rate(a))
-        got[1].append(round_rate(b))
-    return statistics.median(got[0]), statistics.median(got[1])
+        for name, fn in fns.items():
+            got[name].append(round_rate(fn))
+    return {name: statistics.median(values) for name, values in got.items()}
+
+
+def load(name: str, scorer: str) -> tuple[H2OMojoServable, float]:
+    """A loaded servable of a fixture with the given scorer, and the seconds its load took."""
+    servable = H2OMojoServable(FQRV(Contract("bench", "h2o", 1), name), FIXTURES, {"mojoPath": f"{name}.zip", "scorer": scorer})
+    start = time.perf_counter()
+    servable.load()
+    return servable, time.perf_counter() - start
 
 
 def main() -> None:
     """Print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=0.25, help="length of one timing round")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="time rounds by wall or thread CPU time")
     args = parser.parse_args()
-    print(f"{'model':<24} {'batch':>5} {'flavor rows/s':>14} {'easypredict rows/s':>19} {'ratio':>6}")
+    global CLOCK
+    CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
+    print(f"# rows/s by {args.clock} clock")
+    print(f"{'model':<24} {'batch':>5} {'native rows/s':>14} {'jvm rows/s':>11} {'easypredict':>12} "
+          f"{'native/jvm':>10} {'score0 native':>14} {'score0 jvm':>11} {'ratio':>6}")
+    loads = []
     for name, dataset in MODELS.items():
-        servable = H2OMojoServable(FQRV(Contract("bench", "h2o", 1), name), FIXTURES, {"mojoPath": f"{name}.zip"})
-        servable.load()
+        native, native_load = load(name, "native")
+        servable, jvm_load = load(name, "jvm")
+        loads.append(f"{name}: native {native_load * 1000:.0f} ms (compile/cache {native.metadata().extra['compileSeconds'] * 1000:.0f} ms), "
+                     f"jvm {jvm_load * 1000:.0f} ms")
         source = data_rows(dataset)
         easy = easypredict_scorer(servable)
         for n in BATCHES:
             rows = [source[i % len(source)] for i in range(n)]
             frame, typed = frame_of(servable, rows), typed_rows(servable, rows)
-            # Same answers from both paths before timing them.
+            # Same answers from every path before timing them.
             first = easy(typed[:1])[0]
-            got = servable.predict(frame.slice(0, 1))
-            assert (got["predict"][0] == first) if isinstance(first, float) else (got["predict"][0] == first[0])
-            flavor, per_row = rates(lambda: servable.predict(frame), lambda: easy(typed), n, args.seconds)
-            print(f"{name:<24} {n:>5} {flavor:>14,.0f} {per_row:>19,.0f} {flavor / per_row:>5.1f}x")
+            for s in (servable, native):
+                got = s.predict(frame.slice(0, 1))
+                assert (got["predict"][0] == first) if isinstance(first, float) else (got["predict"][0] == first[0])
+            flavor = rates({
+                "native": lambda: native.predict(frame), "jvm": lambda: servable.predict(frame), "easy": lambda: easy(typed),
+            }, n, args.seconds)
+            # The scorers alone, on the encoded matrix (input mapping and output columns left out).
+            X, _, _ = build_matrix(frame, servable._columns, None)
+            model, size = servable._model, servable._preds_size
+            raw = rates({
+                "native": lambda: native._native.score(X), "jvm": lambda: jvm.score_batch(model, X, None, size),
+            }, n, args.seconds)
+            print(f"{name:<24} {n:>5} {flavor['native']:>14,.0f} {flavor['jvm']:>11,.0f} {flavor['easy']:>12,.0f} "
+                  f"{flavor['native'] / flavor['jvm']:>9.1f}x {raw['native']:>14,.0f} {raw['jvm']:>11,.0f} "
+                  f"{raw['native'] / raw['jvm']:>5.1f}x")
+    print("# load (read + warm-up) per model, first load of the process pays numba's cache load:")
+    for line in loads:
+        print("#   " + line)
 
 
 if __name__ == "__main__":

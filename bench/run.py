@@ -90,9 +90,10 @@ class Server:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def rss_mb(self) -> float:
+    def rss_mb(self, field: str = "VmRSS") -> float:
+        """Resident MiB (``RssAnon``: the private part, without mapped files such as shared libraries)."""
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
         return float("nan")
 
@@ -108,7 +109,9 @@ def start_floor(log_dir: Path) -> Server:
 
 def start_gateway(data_dir: Path, env: dict[str, str], log_dir: Path, name: str) -> Server:
     port = free_port()
-    full_env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1", **env}
+    # file:// deploys read the repository's fixtures and models the bench writes beside the data dir.
+    roots = {"FORESTFLOW_ARTIFACT_ROOTS": f"{ROOT},{log_dir}"}
+    full_env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1", **roots, **env}
     proc = subprocess.Popen(
         pinned(0, [PYTHON, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]),
         env=full_env, cwd=ROOT, stdout=open(log_dir / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
@@ -217,6 +220,7 @@ def run_matrix(args: argparse.Namespace) -> list[Cell]:
     finally:
         floor.stop()
     if not args.smoke:
+        scorer_cells(work, duration)
         report_rss(work)
         if not args.no_workers:
             from bench.workers import workers_cells
@@ -280,13 +284,43 @@ def kafka_cells(args: argparse.Namespace, work: Path, row_counts: list[int], con
 
 
 def report_rss(work: Path) -> None:
-    gw = start_gateway(work / "data-rss", {}, work, "gateway-rss")
-    try:
-        for i in range(5):
-            deploy(gw, ("rss", "model", i), "NONE")
-        print(f"# RSS of the gateway with the JVM and 5 H2O servables loaded: {gw.rss_mb():.0f} MiB", flush=True)
-    finally:
-        gw.stop()
+    for scorer, what in (("jvm", "the JVM and 5 H2O servables"), ("native", "5 natively scored H2O servables (no JVM)")):
+        gw = start_gateway(work / f"data-rss-{scorer}", {"FORESTFLOW_H2O_SCORER": scorer}, work, f"gateway-rss-{scorer}")
+        try:
+            started = time.perf_counter()
+            for i in range(5):
+                deploy(gw, ("rss", "model", i), "NONE")
+            loaded = time.perf_counter() - started
+            print(f"# RSS of the gateway with {what} loaded: {gw.rss_mb():.0f} MiB, of which "
+                  f"{gw.rss_mb('RssAnon'):.0f} MiB private (the rest mapped files: shared libraries, jars) "
+                  f"(5 deploys took {loaded:.1f} s)", flush=True)
+        finally:
+            gw.stop()
+
+
+def scorer_cells(work: Path, duration: float) -> None:
+    """Gateway CPU per /score request (1 and 100 rows, c16) with each H2O scorer, same run."""
+    print("# H2O scorer: gateway CPU per /score request, c16, NONE logging", flush=True)
+    results: dict[tuple[str, int], Result] = {}
+    for attempt in range(2):  # two alternating passes, the best of each kept: this machine drifts over minutes
+        for scorer in ("jvm", "native"):
+            gw = start_gateway(work / f"data-{scorer}-{attempt}", {"FORESTFLOW_H2O_SCORER": scorer}, work, f"gateway-{scorer}")
+            try:
+                deploy(gw, ("bench", "none", 1), "NONE")
+                for rows in (1, 100):
+                    path, body, ctype = endpoints(rows, "bench.none.1")["score"]
+                    drive(gw.url + path, body, ctype, 16, min(2.0, duration))  # warm-up
+                    result = measured(gw, path, body, ctype, 16, duration)
+                    best = results.get((scorer, rows))
+                    if best is None or result.cpu_us < best.cpu_us:
+                        results[(scorer, rows)] = result
+            finally:
+                gw.stop()
+    for rows in (1, 100):
+        jvm, native = results[("jvm", rows)], results[("native", rows)]
+        print(f"# {rows:>3}-row /score c16: jvm {jvm.cpu_us:.0f} us CPU ({jvm.rps:.0f} req/s), "
+              f"native {native.cpu_us:.0f} us CPU ({native.rps:.0f} req/s): {jvm.cpu_us / native.cpu_us:.2f}x less CPU",
+              flush=True)
 
 
 HEADER = (f"{'endpoint':8} {'rows':>4} {'conc':>4} {'logging':10} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'floor':>8} "
@@ -356,8 +390,14 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--no-kafka", action="store_true", help="skip the Kafka sink cells")
     parser.add_argument("--no-workers", action="store_true", help="skip the 1-vs-2 workers cells (bench/workers.py)")
+    parser.add_argument("--h2o-scorers", action="store_true", help="only the H2O scorer cells and the RSS figures")
     args = parser.parse_args()
     started = time.monotonic()
+    if args.h2o_scorers:
+        work = Path(tempfile.mkdtemp(prefix="ff-bench-"))
+        scorer_cells(work, args.duration)
+        report_rss(work)
+        return 0
     cells = run_matrix(args)
     if not args.smoke:
         check_targets(cells)

@@ -88,6 +88,12 @@ class Settings:
     evaluation_interval_s: float = _doc("contract re-evaluation period (phase-in, validity)", default=5.0)
     metrics_flush_interval_s: float = _doc("how often counters are persisted", default=1.0)
     shutdown_timeout_s: float = _doc("grace period for in-flight requests at shutdown", default=30.0)
+    h2o_scorer: str = _doc(
+        "how H2O MOJOs are scored: auto (GBM/DRF natively, without Java; other kinds with genmodel in the "
+        "JVM), jvm (everything with genmodel) or native (GBM/DRF only, never a JVM); a servable's flavor "
+        'object may override it with "scorer"',
+        default="auto",
+    )
 
     # Model sources (README "Model sources").
     artifact_roots: str = _doc(
@@ -107,6 +113,7 @@ class Settings:
         _check(self.event_loop in ("uvloop", "asyncio"), "event_loop", self.event_loop, "uvloop or asyncio")
         _check(self.kafka_compression in ("none", "gzip"), "kafka_compression", self.kafka_compression, "none or gzip")
         _check(self.kafka_acks in ("0", "1", "all"), "kafka_acks", self.kafka_acks, "0, 1 or all")
+        _check(self.h2o_scorer in ("auto", "jvm", "native"), "h2o_scorer", self.h2o_scorer, "auto, jvm or native")
         _check(self.log_file_format in ("jsonl", "protobuf"), "log_file_format", self.log_file_format, "jsonl or protobuf")
         _check(bool(self.kafka_topic), "kafka_topic", self.kafka_topic, "a topic name")
         _check(bool(self.kafka_gp_topic), "kafka_gp_topic", self.kafka_gp_topic, "a topic name")

@@ -74,12 +74,19 @@ def sepal_size(length: str) -> str:
 def dataset(name: str) -> tuple[list[str], list[list[str]]]:
     """A shipped data set as text, with the derived columns the fixtures use.
 
-    prostate gets ``OFFSET`` (AGE / 100, for the offset model); iris gets ``SepalSize``.
+    prostate gets ``OFFSET`` (AGE / 100, for the offset models), ``PSA_LEVEL`` (PSA truncated
+    to an integer, as a categorical of more than 32 levels) and ``MARK_NUM`` / ``MARK_CAT`` (a
+    single value or missing); iris gets ``SepalSize``.
     """
     if name == "prostate":
         header, rows = read_csv(DATA / "prostate.csv")
-        age = header.index("AGE")
-        return header + ["OFFSET"], [r + [repr(float(r[age]) / 100)] for r in rows]
+        age, psa, capsule, ident = (header.index(c) for c in ("AGE", "PSA", "CAPSULE", "ID"))
+        # MARK_NUM / MARK_CAT: one value or missing, so a tree can only split them NA-vs-rest.
+        marks = ["1" if r[capsule] == "1" and int(r[ident]) % 2 == 0 else "" for r in rows]
+        return header + ["OFFSET", "PSA_LEVEL", "MARK_NUM", "MARK_CAT"], [
+            r + [repr(float(r[age]) / 100), f"psa{int(float(r[psa]))}", m, "yes" if m else ""]
+            for r, m in zip(rows, marks)
+        ]
     header, rows = read_csv(DATA / "iris.csv")
     return header[:4] + ["SepalSize", header[4]], [r[:4] + [sepal_size(r[0]), r[4]] for r in rows]
 
@@ -90,12 +97,15 @@ def training_files(tmp: Path) -> dict[str, Path]:
     for name, columns, seed in (("prostate", PROSTATE_X, 7), ("iris", IRIS_X, 11)):
         header, rows = dataset(name)
         paths[name] = tmp / f"{name}_train.csv"
-        write_csv(paths[name], header, blank_cells(header, rows, columns, 0.05, seed=seed))
+        rows = blank_cells(header, rows, columns, 0.05, seed=seed)
+        if name == "prostate":  # blanked in a pass of its own: the other columns stay as before
+            rows = blank_cells(header, rows, ["PSA_LEVEL"], 0.05, seed=8)
+        write_csv(paths[name], header, rows)
     return paths
 
 
-def train_and_export(files: dict[str, Path], out: Path) -> dict[str, dict[str, Any]]:
-    """Train every model on a local H2O cluster and export its MOJO as ``out/<name>.zip``."""
+def train_and_export(files: dict[str, Path], out: Path, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Train every model (or those named in ``only``) on a local H2O cluster; export ``out/<name>.zip``."""
     from h2o.estimators import (
         H2ODeepLearningEstimator,
         H2OGeneralizedLinearEstimator,
@@ -109,7 +119,8 @@ def train_and_export(files: dict[str, Path], out: Path) -> dict[str, dict[str, A
     h2o.init(nthreads=2, max_mem_size="1G")
     try:
         prostate = h2o.import_file(
-            str(files["prostate"]), col_types={c: "enum" for c in PROSTATE_FACTORS}, destination_frame="prostate"
+            str(files["prostate"]), col_types={c: "enum" for c in PROSTATE_FACTORS + ["PSA_LEVEL", "MARK_CAT"]} | {"MARK_NUM": "numeric"},
+            destination_frame="prostate",
         )
         iris = h2o.import_file(
             str(files["iris"]), col_types={"SepalSize": "enum", "Species": "enum"}, destination_frame="iris"
@@ -146,7 +157,47 @@ def train_and_export(files: dict[str, Path], out: Path) -> dict[str, dict[str, A
             # Only for the "unsupported category" test: an ordinal GLM (category Ordinal).
             ("prostate_glm_ordinal", H2OGeneralizedLinearEstimator(family="ordinal", lambda_=0.001, seed=42),
              ["AGE", "RACE", "PSA", "VOL"], "GLEASON_F", prostate),
+            # Tree models for the native scorer (runtime/h2o_native.py): each covers a case of
+            # genmodel's tree format or of its unifyPreds.
+            # A categorical of more than 32 levels: bitsets in the large form (offset + length).
+            ("prostate_gbm_highcard", H2OGradientBoostingEstimator(ntrees=20, max_depth=4, seed=42),
+             ["AGE", "RACE", "DPROS", "DCAPS", "VOL", "GLEASON", "PSA_LEVEL"], "CAPSULE", prostate),
+            ("prostate_gbm_multinomial4", H2OGradientBoostingEstimator(**tree),
+             ["AGE", "RACE", "DCAPS", "PSA", "VOL", "GLEASON"], "DPROS", prostate),
+            ("prostate_gbm_balanced", H2OGradientBoostingEstimator(balance_classes=True, **tree),
+             PROSTATE_X, "CAPSULE", prostate),
+            ("prostate_gbm_bernoulli_offset", H2OGradientBoostingEstimator(offset_column="OFFSET", **tree),
+             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "VOL", "GLEASON"], "CAPSULE", prostate),
+            ("prostate_gbm_gaussian_offset", H2OGradientBoostingEstimator(offset_column="OFFSET", **tree),
+             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
+            ("prostate_gbm_poisson_offset", H2OGradientBoostingEstimator(
+                distribution="poisson", offset_column="OFFSET", **tree),
+             ["AGE", "RACE", "DPROS", "DCAPS", "VOL", "GLEASON"], "PSA", prostate),
+            ("prostate_gbm_gamma", H2OGradientBoostingEstimator(distribution="gamma", **tree),
+             ["AGE", "RACE", "DPROS", "DCAPS", "VOL", "GLEASON"], "PSA", prostate),
+            ("prostate_gbm_tweedie", H2OGradientBoostingEstimator(distribution="tweedie", tweedie_power=1.5, **tree),
+             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
+            ("prostate_drf_binomial", H2ORandomForestEstimator(ntrees=20, max_depth=5, seed=42),
+             PROSTATE_X, "CAPSULE", prostate),
+            ("prostate_drf_binomial_double", H2ORandomForestEstimator(
+                ntrees=20, max_depth=5, seed=42, binomial_double_trees=True),
+             PROSTATE_X, "CAPSULE", prostate),
+            ("iris_drf_multinomial", H2ORandomForestEstimator(ntrees=15, max_depth=4, seed=42),
+             IRIS_X, "Species", iris),
+            # The other GBM regression distributions (identity link).
+            ("prostate_gbm_laplace", H2OGradientBoostingEstimator(distribution="laplace", ntrees=10, max_depth=3, seed=42),
+             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
+            ("prostate_gbm_quantile", H2OGradientBoostingEstimator(
+                distribution="quantile", quantile_alpha=0.8, ntrees=10, max_depth=3, seed=42),
+             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
+            ("prostate_gbm_huber", H2OGradientBoostingEstimator(distribution="huber", ntrees=10, max_depth=3, seed=42),
+             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
+            # Columns holding one value or NA: their splits are "NA vs rest" (no threshold, no bitset).
+            ("prostate_gbm_na_vs_rest", H2OGradientBoostingEstimator(**tree),
+             ["AGE", "DPROS", "PSA", "MARK_NUM", "MARK_CAT"], "CAPSULE", prostate),
         ]
+        if only is not None:
+            specs = [spec for spec in specs if spec[0] in only]
         results: dict[str, dict[str, Any]] = {}
         for name, est, x, y, frame in specs:
             try:
@@ -345,10 +396,12 @@ def main() -> None:
     """Train, export and record goldens."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("tests/fixtures/h2o"))
+    parser.add_argument("--only", default="", help="comma-separated fixture names to (re)make; default all")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    only = {n.strip() for n in args.only.split(",") if n.strip()} or None
     with tempfile.TemporaryDirectory() as tmp:
-        exported = train_and_export(training_files(Path(tmp)), args.out)
+        exported = train_and_export(training_files(Path(tmp)), args.out, only)
     write_goldens(args.out, exported)
 
 

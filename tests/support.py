@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -30,6 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 ECHO_DIR = FIXTURES / "servables" / "echo"
 H2O_DIR = FIXTURES / "h2o"
+#: Where test gateways may read file:// artifacts: the repository's fixtures and what tests write
+#: under the temp dir (tmp_path, module-scoped model directories). Tests of the roots set their own.
+TEST_ARTIFACT_ROOTS = f"{ROOT},{tempfile.gettempdir()}"
 
 
 async def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> None:
@@ -111,7 +115,11 @@ class InProcessGateway:
 @asynccontextmanager
 async def serve_in_process(data_dir: Path, worker: WorkerIdentity | None = None, **overrides: Any) -> AsyncIterator[InProcessGateway]:
     """Run the real app on a free port (as one ``worker`` of several, if given); yields its URL and a client session."""
-    settings = Settings.load(environ={}, overrides={"data_dir": data_dir, "port": 0, "grpc_port": -1, "allow_python": True, "shutdown_timeout_s": 5, **overrides})
+    roots = {"artifact_roots": TEST_ARTIFACT_ROOTS}
+    settings = Settings.load(
+        environ={},
+        overrides={"data_dir": data_dir, "port": 0, "grpc_port": -1, "allow_python": True, "shutdown_timeout_s": 5, **roots, **overrides},
+    )
     app = build_app(settings, worker)
     runner = make_runner(app, settings)
     await runner.setup()
@@ -133,7 +141,8 @@ class GatewayProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         loop = {"FORESTFLOW_EVENT_LOOP": os.environ["FF_TEST_LOOP"]} if os.environ.get("FF_TEST_LOOP") else {}
-        self.env = {**os.environ, "FORESTFLOW_ALLOW_PYTHON": "1", "FORESTFLOW_GRPC_PORT": "-1", **loop, **(env or {})}
+        roots = {"FORESTFLOW_ARTIFACT_ROOTS": TEST_ARTIFACT_ROOTS}
+        self.env = {**os.environ, "FORESTFLOW_ALLOW_PYTHON": "1", "FORESTFLOW_GRPC_PORT": "-1", **roots, **loop, **(env or {})}
         self.args = args or []
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"gateway-{self.port}.log"

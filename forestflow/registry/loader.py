@@ -37,8 +37,11 @@ class ServableLoader:
         """Fetch, create, verify and load; a failure is a GatewayError (422 with the reason)."""
         path = mlflow_model_dir(defn.path) if defn.flavor == MLFLOW else defn.path
         claim = await self.artifacts.fetch(ArtifactRequest(path, defn.fqrv, _needed_files(defn)))
+        flavor_settings = defn.flavor_settings
+        if defn.flavor == "H2OMojo":  # the gateway's H2O scorer choice (a servable's own "scorer" wins)
+            flavor_settings = {"gatewayScorer": self.settings.h2o_scorer, **flavor_settings}
         try:
-            servable = await asyncio.to_thread(create_servable, defn.flavor, defn.fqrv, claim.directory, defn.flavor_settings)
+            servable = await asyncio.to_thread(create_servable, defn.flavor, defn.fqrv, claim.directory, flavor_settings)
             servable.gateway_settings = self.settings  # gates of composed flavors (pipeline steps)
             if defn.sha256:
                 await asyncio.to_thread(_verify_sha256, servable, defn.sha256)

@@ -1,6 +1,11 @@
-"""The H2O MOJO flavor: scores MOJOs with H2O's genmodel classes in an in-process JVM (JPype).
+"""The H2O MOJO flavor: scores GBM/DRF MOJOs natively, everything else with genmodel in a JVM.
 
-A batch crosses into Java in one call: the frame becomes one flat ``double[]`` of rows
+Which scorer serves a model is chosen at load (``h2o_scorer``: auto, jvm, native; a servable's
+flavor object may say ``"scorer"``): GBM and DRF models go to the native scorer
+(``h2o_native``: the trees read from the zip and walked in compiled code, exactly genmodel's
+``score0``, no Java at all) unless it cannot score them; the rest uses genmodel through JPype.
+
+On the JVM path a batch crosses into Java in one call: the frame becomes one flat ``double[]`` of rows
 (categoricals as domain indices, NA as NaN, mapped here in numpy) and our small
 ``forestflow.h2o.BatchScorer`` class (``runtime/java``) runs ``GenModel.score0`` over every row on
 the Java side. Models whose categoricals are encoded by genmodel
@@ -12,9 +17,10 @@ are NA (ForestFlow's ``convertUnknownCategoricalLevelsToNa`` / ``convertInvalidN
 from __future__ import annotations
 
 import logging
+import time
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +29,10 @@ from forestflow.errors import CreateServableRequestInvalidError, ScoringError, S
 from forestflow.runtime import jvm
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.h2o_inputs import NA, UNSEEN, ModelColumn, build_matrix
+from forestflow.runtime.h2o_tree_reader import NativeUnsupported, parse_model_ini
+
+if TYPE_CHECKING:  # imported at load only: numba costs ~0.2 s, paid only when a model is scored natively
+    from forestflow.runtime.h2o_native import NativeTreeScorer
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +42,8 @@ SUPPORTED_CATEGORIES = (
 )
 _WARM_ROWS = 256
 _WARM_SMALL_CALLS = 600
+#: Values of the ``h2o_scorer`` setting and of a servable's ``"scorer"``.
+SCORERS = ("auto", "jvm", "native")
 
 def _java_message(exc: BaseException) -> str:
     """A one-line description of a (Java or Python) exception."""
@@ -42,6 +54,16 @@ def _java_message(exc: BaseException) -> str:
         pass
     text = str(exc).strip().splitlines()
     return f"{name}: {text[0]}" if text else name
+
+
+def _describe_mojo(path: Path) -> str:
+    """"<algo> <category>" from the MOJO's model.ini, for error messages (never raises)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            info, _, _ = parse_model_ini(zf.read("model.ini").decode("utf-8", "replace"))
+        return f"{info.get('algo', '?')} {info.get('category', '?')}"
+    except Exception:
+        return "an H2O model"
 
 
 class H2OMojoServable(Servable):
@@ -69,6 +91,7 @@ class H2OMojoServable(Servable):
         self._preds_size = 0
         self._batch = True
         self._meta: ServableMetadata | None = None
+        self._native: NativeTreeScorer | None = None
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -103,14 +126,84 @@ class H2OMojoServable(Servable):
             raise CreateServableRequestInvalidError(f"MOJO file {raw!r} is a corrupt zip archive: {exc}") from None
         return path
 
+    def _scorer_choice(self) -> str:
+        """auto, jvm or native: the servable's own ``"scorer"``, else the gateway's ``h2o_scorer``."""
+        body = self.settings.get("H2OMojo") if isinstance(self.settings.get("H2OMojo"), dict) else self.settings
+        choice = body.get("scorer", self.settings.get("gatewayScorer", "auto"))
+        if choice not in SCORERS:
+            raise CreateServableRequestInvalidError(f"scorer {choice!r} is not one of {', '.join(SCORERS)}")
+        return str(choice)
+
     def load(self) -> None:
-        """Load the MOJO, check its category, warm it up, then mark the servable ready."""
+        """Load the MOJO with the scorer chosen for it, check its category, warm it up, mark it ready."""
         path = self._mojo_path()
+        choice = self._scorer_choice()
+        why_not_native = "the jvm scorer was asked for"
+        if choice != "jvm":
+            try:
+                self._load_native(path)
+                return
+            except NativeUnsupported as exc:
+                why_not_native = str(exc)
+            except CreateServableRequestInvalidError:
+                raise
+            except Exception as exc:  # a MOJO the reader does not understand: genmodel may
+                why_not_native = f"the native reader failed: {type(exc).__name__}: {exc}"
+                log.warning("native H2O scorer cannot read %s (%s)", path.name, why_not_native)
+            if choice == "native":
+                raise CreateServableRequestInvalidError(
+                    f"{path.name!r} cannot be scored natively (h2o_scorer = native): {why_not_native}"
+                )
+        self._load_jvm(path, why_not_native)
+
+    def _load_native(self, path: Path) -> None:
+        """Read a GBM/DRF MOJO into the native scorer (no JVM); NativeUnsupported if it cannot."""
+        from forestflow.runtime.h2o_native import NativeTreeScorer
+        from forestflow.runtime.h2o_tree_reader import read_tree_model
+
+        started = time.perf_counter()
+        model = read_tree_model(path)
+        scorer = NativeTreeScorer(model)
+        self._category = model.category
+        features = model.columns[: model.n_features]
+        self._columns = [ModelColumn.make(n, d) for n, d in zip(features, model.domains)]
+        self._index = {c.name: j for j, c in enumerate(self._columns)}
+        self._offset = model.offset_column
+        self._requires_offset = False  # a missing offset is 0 in the native scorer
+        self._response = model.response
+        self._preds_size = model.preds_size
+        if model.category in ("Binomial", "Multinomial"):
+            domain = model.domains[-1] if model.response is not None else None
+            self._classes = np.array(list(domain) if domain is not None else ["0", "1"], dtype=object)
+        self._batch = True
+        self._native = scorer
+        try:
+            compile_seconds = scorer.warm()
+            self._warm()
+        except Exception as exc:
+            self._native = None
+            raise CreateServableRequestInvalidError(f"{path.name!r} failed to score a warm-up row natively: {exc}") from None
+        facts = {
+            "category": model.category, "algorithm": model.algo, "h2oVersion": model.h2o_version,
+            "mojoVersion": model.mojo_version, "uuid": model.uuid, "mojoPath": path.name,
+            "categoricalEncoding": "AUTO", "response": self._response, "offsetColumn": self._offset,
+            "scoring": "batch", "scorer": "native",
+            "trees": int(len(model.trees.roots)), "loadSeconds": round(time.perf_counter() - started, 3),
+            "compileSeconds": round(compile_seconds, 3),
+        }
+        self._meta = self._build_metadata(facts)
+        self.ready = True
+
+    def _load_jvm(self, path: Path, why_not_native: str) -> None:
+        """Load the MOJO with genmodel in the in-process JVM."""
         name = path.name
         try:
             jvm.ensure_jvm()
         except jvm.JVMError as exc:
-            raise CreateServableRequestInvalidError(f"cannot start the JVM to load H2O MOJOs: {exc}") from exc
+            raise CreateServableRequestInvalidError(
+                f"{name!r} ({_describe_mojo(path)}) needs Java: only GBM and DRF MOJOs are scored without it "
+                f"({why_not_native}); {exc}"
+            ) from exc
         try:
             model = jvm.jclass("hex.genmodel.MojoModel").load(str(path))
         except Exception as exc:
@@ -145,7 +238,21 @@ class H2OMojoServable(Servable):
             domain = model.getDomainValues(model.getResponseIdx())
             labels = [str(d) for d in domain] if domain is not None else ["0", "1"]  # quasibinomial: no domain
             self._classes = np.array(labels, dtype=object)
-        self._meta = self._build_metadata(name, encoding)
+        facts = {
+            "category": category,
+            "algorithm": str(model._algoName),
+            "h2oVersion": str(model._h2oVersion),
+            "mojoVersion": float(model._mojo_version),
+            "uuid": str(model.getUUID()) if model.getUUID() is not None else None,
+            "mojoPath": name,
+            "categoricalEncoding": encoding,
+            "response": self._response,
+            "offsetColumn": self._offset,
+            "scoring": "batch" if self._batch else "per-row EasyPredictModelWrapper",
+            "scorer": "jvm",
+            "nativeUnavailable": why_not_native,
+        }
+        self._meta = self._build_metadata(facts)
         try:
             self._warm()
         except Exception as exc:
@@ -190,15 +297,15 @@ class H2OMojoServable(Servable):
             self._score(X[start : start + size], None if offsets is None else offsets[start : start + size])
 
     def unload(self) -> None:
-        """Drop the Java model so the JVM can collect it."""
-        self._model = self._wrapper = None
+        """Drop the model (the Java one can then be collected)."""
+        self._model = self._wrapper = self._native = None
         super().unload()
 
     # -- scoring -----------------------------------------------------------------------------
 
     def predict(self, frame: Frame) -> Frame:
         """Score every row of ``frame``: one output row per input row, in order."""
-        if self._model is None:
+        if self._model is None and self._native is None:
             raise ServableNotReady(f"servable {self.fqrv} is not loaded")
         n = frame.num_rows
         # Per-row scoring hands unseen levels to genmodel as such: its encoders tell them from NA.
@@ -219,6 +326,8 @@ class H2OMojoServable(Servable):
 
     def _score(self, X: np.ndarray, offsets: np.ndarray | None) -> np.ndarray:
         """Raw genmodel predictions ``(n, preds_size)`` for the encoded rows ``X``."""
+        if self._native is not None:
+            return self._native.score(X, offsets)
         if self._batch:
             return jvm.score_batch(self._model, X, offsets, self._preds_size)
         return self._score_rows(X, offsets)
@@ -283,7 +392,7 @@ class H2OMojoServable(Servable):
             raise ServableNotReady(f"servable {self.fqrv} is not loaded")
         return self._meta
 
-    def _build_metadata(self, name: str, encoding: str) -> ServableMetadata:
+    def _build_metadata(self, extra: dict[str, Any]) -> ServableMetadata:
         inputs = [
             TensorSpec(c.name, "BYTES", (-1,), "categorical", c.domain) if c.domain is not None
             else TensorSpec(c.name, "FP64", (-1,), "numeric")
@@ -311,24 +420,14 @@ class H2OMojoServable(Servable):
             ]
             if k == 3:
                 outputs.append(TensorSpec("isAnomaly", "BOOL", (-1,), "score above the contamination threshold"))
-        model = self._model
-        extra = {
-            "category": cat,
-            "algorithm": str(model._algoName),
-            "h2oVersion": str(model._h2oVersion),
-            "mojoVersion": float(model._mojo_version),
-            "uuid": str(model.getUUID()) if model.getUUID() is not None else None,
-            "mojoPath": name,
-            "categoricalEncoding": encoding,
-            "response": self._response,
-            "offsetColumn": self._offset,
-            "scoring": "batch" if self._batch else "per-row EasyPredictModelWrapper",
-        }
         return ServableMetadata(
             name="prediction",
             platform="h2o_mojo",
             inputs=tuple(inputs),
             outputs=tuple(outputs),
-            description=f"H2O {cat} model ({extra['algorithm']}, H2O {extra['h2oVersion']})",
+            description=(
+                f"H2O {cat} model ({extra['algorithm']}, H2O {extra['h2oVersion']}), "
+                + ("scored natively (no JVM)" if extra["scorer"] == "native" else "scored by genmodel in the JVM")
+            ),
             extra=extra,
         )

@@ -102,7 +102,7 @@ def ensure_jvm() -> None:
             jar = genmodel_jar()
             try:
                 jpype.startJVM(*_jvm_options(), classpath=[str(jar)], convertStrings=False, interrupt=False)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # JPype's JVMNotFoundException is a ValueError
                 raise JVMError(f"cannot start the JVM (is Java 8+ installed and JAVA_HOME set?): {exc}") from exc
             if threading.current_thread() is not threading.main_thread():
                 # The starting thread is attached as the JVM's non-daemon main thread; if it is a

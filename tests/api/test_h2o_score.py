@@ -148,3 +148,19 @@ async def test_corrupt_and_non_mojo_zips_are_422_and_others_keep_serving(gw: InP
         assert r.status == 200
     async with gw.session.get(gw.url + "/h2o/prostate-gbm-regression/1/releases") as r:
         assert [e["FQRV"]["releaseVersion"] for e in await r.json()] == ["r1"]
+
+
+async def test_metadata_names_the_scorer_the_gateway_setting_picked(tmp_path: Path) -> None:
+    """h2o_scorer = auto: the GBM natively, the GLM with genmodel; = jvm: both with genmodel."""
+    from tests.support import serve_in_process
+
+    expected = {"auto": {"prostate_gbm_binomial": "natively", "prostate_glm_binomial": "JVM"},
+                "jvm": {"prostate_gbm_binomial": "JVM", "prostate_glm_binomial": "JVM"}}
+    for scorer, models in expected.items():
+        async with serve_in_process(tmp_path / scorer, h2o_scorer=scorer) as gw:
+            for name, word in models.items():
+                async with gw.session.post(gw.url + "/servable", json=definition(name)) as r:
+                    assert r.status == 200, await r.text()
+                async with gw.session.get(gw.url + f"/h2o/{name.replace('_', '-')}/1/r1/metadata") as r:
+                    meta = (await r.json())["BasicMetaData"]
+                assert word in meta["description"], (scorer, name, meta["description"])

@@ -1,4 +1,4 @@
-"""H2OMojoServable against real MOJOs and genmodel's own predictions (tests/fixtures/h2o).
+"""H2OMojoServable's JVM scorer against real MOJOs and genmodel's own predictions (tests/fixtures/h2o).
 
 The goldens were written by ``scripts/make_h2o_fixtures.py`` with ``EasyPredictModelWrapper``
 (unknown levels and invalid numbers -> NA); a few extra cases ask genmodel directly through JPype.
@@ -39,8 +39,11 @@ RTOL = 1e-9
 
 
 def make(mojo: str, directory: Path = FIXTURES, key: str = "mojoPath") -> H2OMojoServable:
-    """An unloaded servable for a MOJO file in ``directory``."""
-    return H2OMojoServable(FQ, directory, {key: mojo, "version": "3.46.0.11"})
+    """An unloaded servable for a MOJO file in ``directory``, scored by genmodel in the JVM.
+
+    (The native scorer of GBM/DRF models is tested in test_h2o_native.py.)
+    """
+    return H2OMojoServable(FQ, directory, {key: mojo, "version": "3.46.0.11", "scorer": "jvm"})
 
 
 @pytest.fixture(scope="module")

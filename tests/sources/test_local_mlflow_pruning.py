@@ -70,7 +70,8 @@ async def test_file_paths_outside_the_roots_and_over_the_size_cap_are_422(tmp_pa
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     shutil.copy(H2O_DIR / "prostate_kmeans.zip", outside / "model.zip")
-    async with serve_in_process(tmp_path / "data", artifact_max_bytes=200_000) as gw:
+    # artifact_roots unset: the defaults, the data dir and the working directory (the repository).
+    async with serve_in_process(tmp_path / "data", artifact_max_bytes=200_000, artifact_roots="") as gw:
         status, payload = await deploy(gw, h2o_request(outside.as_uri(), "model.zip", fqrv("f", "p", 1, "r1")))
         assert status == 422, payload
         assert "outside the directories file:// deploys may read" in error_text(payload)
