@@ -75,6 +75,11 @@ class Settings:
     kafka_ingest_session_timeout_ms: int = _doc(
         "how long a replica may be silent before the group hands its partitions to the others", default=10000
     )
+    kafka_ingest_fetch_max_wait_ms: int = _doc(
+        "longest a fetch of request messages waits on the broker when there are none (Kafka answers as soon "
+        "as one arrives; a broker that holds every fetch this long, like the test broker, needs a small value)",
+        default=500,
+    )
 
     log_file: str = _doc("local prediction log (relative to data_dir) used without Kafka", default="predictions.jsonl")
     log_file_format: str = _doc("jsonl or protobuf (length-delimited)", default="jsonl")
@@ -116,7 +121,7 @@ class Settings:
             _check(bool(self.kafka_ingest_group.strip()), "kafka_ingest_group", self.kafka_ingest_group, "a group id")
         _check(not self.kafka_reply_topic or bool(_TOPIC.match(self.kafka_reply_topic)), "kafka_reply_topic", self.kafka_reply_topic, "a topic name (or empty)")
         _check(not self.redis_url or self.redis_url.startswith(("redis://", "rediss://", "unix://")), "redis_url", self.redis_url, "a redis:// URL")
-        for name in ("kafka_ingest_session_timeout_ms", "scoring_slots", "scoring_threads", "log_sample_every", "request_timeout_ms", "max_body_bytes", "max_rows", "log_buffer_bytes"):
+        for name in ("kafka_ingest_session_timeout_ms", "kafka_ingest_fetch_max_wait_ms", "scoring_slots", "scoring_threads", "log_sample_every", "request_timeout_ms", "max_body_bytes", "max_rows", "log_buffer_bytes"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")
         for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")

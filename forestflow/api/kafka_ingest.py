@@ -210,6 +210,7 @@ class KafkaIngest:
             session_timeout_ms=session,
             heartbeat_interval_ms=max(100, min(3000, session // 3)),
             max_poll_records=_POLL_RECORDS,
+            fetch_max_wait_ms=s.kafka_ingest_fetch_max_wait_ms,
         )
         self._consumer.subscribe(topics=list(self.topics), listener=_Rebalance(self))
         await asyncio.wait_for(self._consumer.start(), timeout)

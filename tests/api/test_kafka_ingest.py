@@ -48,6 +48,7 @@ def ingest_settings(broker: KafkaBroker, requests: str, replies: str, group: str
         "kafka_ingest_group": group,
         "kafka_reply_topic": replies,
         "kafka_ingest_session_timeout_ms": 1500,  # a dead replica's partitions move on quickly
+        "kafka_ingest_fetch_max_wait_ms": 20,  # tansu holds a fetch for all of it, even when records arrive
         **extra,
     }
 
