@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from forestflow._proto import forestflow_pb2 as pb
 from forestflow.api.kafka_ingest import KAFKA_INGEST, KafkaIngest
 from tests.kafka_broker import KafkaBroker, running_broker
 from tests.predlog import read_topic
-from tests.support import GatewayProcess, InProcessGateway, python_servable, score_body, serve_in_process, wait_for
+from tests.support import ROOT, GatewayProcess, InProcessGateway, python_servable, score_body, serve_in_process, wait_for
 
 CONTRACT = [("forestflow-contract", b"acme/demo/1")]
 
@@ -337,3 +338,33 @@ async def test_a_gateway_killed_mid_stream_and_restarted_answers_every_request(
         # A request answered twice (delivered again after the kill) keeps its id: consumers can drop the copy.
         assert len({header(a, "forestflow-request-id") for a in answers}) == 1
     second.stop()
+
+
+async def run_cli(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "forestflow.cli", *args, cwd=ROOT,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_kafka_score_and_replies_commands(broker: KafkaBroker, tmp_path: Path) -> None:
+    requests, replies, group = names("cli")
+    await create_topics(broker, (requests, 1), (replies, 1))
+    body = tmp_path / "score.json"
+    body.write_text(json.dumps(score_body([21.0], ["cli"])))
+    async with serve_in_process(tmp_path / "d", **ingest_settings(broker, requests, replies, group)) as gw:
+        await deploy(gw, python_servable())
+        code, out, err = await run_cli("kafka", "score", str(body), "--bootstrap", broker.bootstrap, "--topic", requests,
+                                       "--reply-topic", replies, "--contract", "acme/demo/1", "--key", "mine")
+        assert code == 0, err
+        line = json.loads(out)
+        assert (line["key"], line["status"]) == ("mine", 200) and line["requestId"].startswith("cli-")
+        assert line["body"]["Prediction"]["datum"][0]["tensors"][0]["Float64"]["data"] == [42.0]
+        code, out, err = await run_cli("kafka", "score", str(body), "--bootstrap", broker.bootstrap, "--topic", requests,
+                                       "--reply-topic", replies, "--contract", "acme/other/1")
+        assert code == 1 and json.loads(out)["status"] == 404, err
+        code, out, err = await run_cli("kafka", "replies", "--bootstrap", broker.bootstrap, "--topic", replies,
+                                       "--from-beginning", "--key", "mine", "--idle-timeout", "2")
+    assert code == 0, err
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert [(x["key"], x["status"]) for x in lines] == [("mine", 200)]
