@@ -52,6 +52,8 @@ _IDLE_POLL_MS = 200
 _BLOCKED_POLL_MS = 10
 _COMMIT_INTERVAL_S = 0.1
 _LAG_INTERVAL_S = 1.0
+#: Record batches of replies of up to this many bytes (below Kafka's default 1 MiB message.max.bytes).
+_REPLY_BATCH_BYTES = 512 * 1024
 #: Pause before offering again a message another client's traffic crowded out.
 _OVERLOAD_RETRY_S = 0.02
 
@@ -197,6 +199,9 @@ class KafkaIngest:
             enable_idempotence=s.kafka_enable_idempotence,
             linger_ms=s.kafka_linger_ms,
             request_timeout_ms=s.kafka_request_timeout_ms,
+            # aiokafka's 16 KiB batches fill with a few dozen replies, and every reply sent while
+            # a partition's full batch is in flight waits for it (an asyncio.wait each).
+            max_batch_size=_REPLY_BATCH_BYTES,
         )
         await asyncio.wait_for(self._producer.start(), timeout)
         session = s.kafka_ingest_session_timeout_ms

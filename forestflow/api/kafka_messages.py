@@ -25,6 +25,7 @@ answered) and, where they apply, ``forestflow-unknown-inputs`` and ``inference-h
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -122,6 +123,15 @@ def read_request(topic: str, partition: int, offset: int, raw_headers: Any, defa
 
 
 def _contract(headers: dict[str, bytes], request: Request) -> Contract:
+    contract, model = _parse_contract(headers.get("forestflow-contract"), headers.get("forestflow-model"))
+    request.v2_model = model
+    return contract
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_contract(path_header: bytes | None, model_header: bytes | None) -> tuple[Contract, str]:
+    """The contract the headers name and its V2 model name (cached: a topic's messages repeat them)."""
+    headers = {k: v for k, v in (("forestflow-contract", path_header), ("forestflow-model", model_header)) if v is not None}
     path = _text(headers, "forestflow-contract")
     model = _text(headers, "forestflow-model")
     if path:
@@ -136,8 +146,7 @@ def _contract(headers: dict[str, bytes], request: Request) -> Contract:
             raise InvalidInput(f"header forestflow-model: expected org.project.N, got {model!r}") from None
     else:
         raise InvalidInput("header forestflow-contract (org/project/N) or forestflow-model (org.project.N) is required")
-    request.v2_model = model or str(contract)
-    return contract
+    return contract, model or str(contract)
 
 
 async def answer(gateway: Gateway, request: Request, value: bytes | None) -> Reply:
