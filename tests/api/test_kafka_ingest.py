@@ -368,3 +368,30 @@ async def test_kafka_score_and_replies_commands(broker: KafkaBroker, tmp_path: P
     assert code == 0, err
     lines = [json.loads(x) for x in out.splitlines()]
     assert [(x["key"], x["status"]) for x in lines] == [("mine", 200)]
+
+
+async def test_a_broker_outage_mid_stream_loses_no_request(broker: KafkaBroker, tmp_path: Path) -> None:
+    requests, replies, group = names("outage")
+    await create_topics(broker, (requests, 2), (replies, 1))
+    # One slot, no micro-batching, 10 ms a request: 200 requests take ~2 s.
+    settings = ingest_settings(broker, requests, replies, group, scoring_slots=1, max_batch_rows=0)
+    async with serve_in_process(tmp_path / "d", **settings) as gw:
+        await deploy(gw, python_servable())
+        await wait_for(lambda: len(ingest(gw).snapshot()["partitions"]) == 2, 20, "both partitions assigned")
+        await produce(broker, requests, [score_message(i, sleep="0.01") for i in range(200)])
+        async with ReplyCollector(broker, replies) as collector:
+            await wait_for(lambda: len(collector.records) >= 30, 30, "30 replies")
+            answered_before = len({r.key for r in collector.records})
+        broker.stop()  # connections reset, the port refuses; tansu keeps its data
+        try:
+            await asyncio.sleep(3.0)
+        finally:
+            broker.restart()
+        keys = {f"k{i}".encode() for i in range(200)}
+        async with ReplyCollector(broker, replies) as collector:
+            await wait_for(lambda: keys <= {r.key for r in collector.records}, 60, "a reply to every request")
+            records = list(collector.records)
+    assert answered_before < 150, "the broker was stopped after most requests were answered"
+    assert {header(r, "forestflow-status") for r in records} == {"200"}
+    for record in records:
+        assert doubled(record) == 2.0 * int(record.key[1:])
