@@ -395,3 +395,26 @@ async def test_a_broker_outage_mid_stream_loses_no_request(broker: KafkaBroker, 
     assert {header(r, "forestflow-status") for r in records} == {"200"}
     for record in records:
         assert doubled(record) == 2.0 * int(record.key[1:])
+
+
+async def test_offers_refused_after_a_stale_room_check_are_retried_not_answered_503(
+    broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Other traffic can fill a queue between the room check and the offer; that race cannot be
+    # timed from a test, so the check is made to always see room: every offer over the queue's
+    # bound is then refused by the real scheduler and must be retried, never answered 503.
+    from forestflow.runtime.scheduler import ServableScheduler
+
+    monkeypatch.setattr(ServableScheduler, "live_room", lambda self: 1000)
+    requests, replies, group = names("race")
+    await create_topics(broker, (requests, 1), (replies, 1))
+    settings = ingest_settings(broker, requests, replies, group, scoring_slots=1, live_queue=2, max_batch_rows=0)
+    async with serve_in_process(tmp_path / "d", **settings) as gw:
+        await deploy(gw, python_servable())
+        await produce(broker, requests, [score_message(i, sleep="0.01") for i in range(30)])
+        records = await read_topic(broker.bootstrap, replies, expect=30, timeout_s=30, settle_s=0.3)
+        stats = ingest(gw).stats
+        rejected = gw.gateway.loaded[next(iter(gw.gateway.loaded))].scheduler.stats.live_rejected
+    assert sorted(r.key for r in records) == sorted(f"k{i}".encode() for i in range(30))
+    assert {header(r, "forestflow-status") for r in records} == {"200"}
+    assert stats.overload_retries == rejected > 0
