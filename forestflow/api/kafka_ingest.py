@@ -30,7 +30,13 @@ from typing import Any
 import structlog
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError, MessageSizeTooLargeError
+from aiokafka.errors import (
+    InvalidTopicError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+)
 from aiokafka.structs import ConsumerRecord
 
 from forestflow.api.common import GATEWAY, SETTINGS
@@ -52,6 +58,8 @@ _IDLE_POLL_MS = 200
 _BLOCKED_POLL_MS = 10
 _COMMIT_INTERVAL_S = 0.1
 _LAG_INTERVAL_S = 1.0
+#: Errors of a send that may mean the reply topic does not exist (or may not be written).
+_TOPIC_ERRORS = (UnknownTopicOrPartitionError, InvalidTopicError, TopicAuthorizationFailedError)
 #: Record batches of replies of up to this many bytes (below Kafka's default 1 MiB message.max.bytes).
 _REPLY_BATCH_BYTES = 512 * 1024
 #: Pause before offering again a message another client's traffic crowded out.
@@ -375,10 +383,27 @@ class KafkaIngest:
                     return True  # nothing can ever be sent: do not hold the partition forever
                 reply = error_reply(request, PayloadTooLarge("the answer is over the reply topic's message size limit"))
             except KafkaError as exc:
+                if isinstance(exc, _TOPIC_ERRORS) and await self._topic_missing(request.reply_topic):
+                    # A reply topic that does not exist (and is not created on demand) would hold
+                    # the partition forever: the message is dropped instead, and counted.
+                    self.stats.dropped["reply_topic_unknown"] += 1
+                    log.error("kafka_reply_topic_unknown", request_id=request.request_id, topic=request.reply_topic)
+                    return True
                 self.stats.reply_retries += 1
                 log.warning("kafka_reply_failed", request_id=request.request_id, error=repr(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    async def _topic_missing(self, topic: str | None) -> bool:
+        """Whether the broker answers that ``topic`` does not exist (False when it does not answer)."""
+        producer = self._producer
+        if producer is None or topic is None:
+            return False
+        try:
+            metadata = await asyncio.wait_for(producer.client.fetch_all_metadata(), self.settings.kafka_request_timeout_ms / 1000)
+        except Exception:  # the broker is away: an outage, not a missing topic
+            return False
+        return topic not in metadata.topics() or topic in metadata.unauthorized_topics
 
     # ---- commits, lag, rebalances, shutdown -------------------------------------------------------
     async def _housekeeping(self) -> None:
