@@ -22,27 +22,21 @@ again (the prediction log then holds a 503 event for the refused attempt).
 from __future__ import annotations
 
 import asyncio
-from collections import Counter, deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from aiohttp import web
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import (
-    InvalidTopicError,
-    KafkaError,
-    MessageSizeTooLargeError,
-    TopicAuthorizationFailedError,
-    UnknownTopicOrPartitionError,
-)
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from forestflow.api.common import GATEWAY, SETTINGS
-from forestflow.api.kafka_messages import Reply, Request, answer, error_reply, read_request
+from forestflow.api.kafka_messages import Reply, Request, answer, read_request
+from forestflow.api.kafka_replies import ReplyWriter
+from forestflow.api.kafka_state import IngestStats, PartitionState
 from forestflow.core.ids import Contract
-from forestflow.errors import Overloaded, PayloadTooLarge
+from forestflow.errors import Overloaded
 from forestflow.service import Gateway
 from forestflow.settings import Settings
 
@@ -58,65 +52,8 @@ _IDLE_POLL_MS = 200
 _BLOCKED_POLL_MS = 10
 _COMMIT_INTERVAL_S = 0.1
 _LAG_INTERVAL_S = 1.0
-#: Errors of a send that may mean the reply topic does not exist (or may not be written).
-_TOPIC_ERRORS = (UnknownTopicOrPartitionError, InvalidTopicError, TopicAuthorizationFailedError)
-#: Record batches of replies of up to this many bytes (below Kafka's default 1 MiB message.max.bytes).
-_REPLY_BATCH_BYTES = 512 * 1024
 #: Pause before offering again a message another client's traffic crowded out.
 _OVERLOAD_RETRY_S = 0.02
-
-
-@dataclass(eq=False)
-class _Partition:
-    """What this replica holds of one assigned partition."""
-
-    tp: TopicPartition
-    #: Taken from the consumer, not started yet, in offset order.
-    backlog: deque[tuple[ConsumerRecord, Request]] = field(default_factory=deque)
-    #: Offsets being scored or answered (and, at shutdown, any whose reply was never confirmed).
-    inflight: set[int] = field(default_factory=set)
-    #: One past the last offset taken from the consumer.
-    next_offset: int | None = None
-    committed: int | None = None
-    highwater: int | None = None
-    paused_since: float | None = None
-    paused_s: float = 0.0
-    #: Messages crowded out by other traffic, waiting to be offered again (the partition waits too).
-    retrying: int = 0
-
-    def commit_point(self) -> int | None:
-        """The offset to commit: the lowest one not answered yet."""
-        points = [self.next_offset] if self.next_offset is not None else []
-        if self.inflight:
-            points.append(min(self.inflight))
-        if self.backlog:
-            points.append(self.backlog[0][0].offset)
-        return min(points) if points else None
-
-    def paused_seconds(self, now: float) -> float:
-        return self.paused_s + (now - self.paused_since if self.paused_since is not None else 0.0)
-
-    def lag(self) -> int | None:
-        point = self.commit_point()
-        if self.highwater is None or point is None:
-            return None
-        return max(0, self.highwater - point)
-
-
-@dataclass
-class IngestStats:
-    """Counters of the Kafka front-end (exposed in ``/metrics/json``)."""
-
-    consumed: int = 0
-    answered: Counter[int] = field(default_factory=Counter)
-    dropped: Counter[str] = field(default_factory=Counter)
-    pauses: int = 0
-    #: Paused time of partitions this replica no longer holds.
-    paused_s_released: float = 0.0
-    overload_retries: int = 0
-    reply_retries: int = 0
-    commits: int = 0
-    commit_failures: int = 0
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -128,7 +65,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         for tp in assigned:
-            self.ingest._parts.setdefault(tp, _Partition(tp))
+            self.ingest._parts.setdefault(tp, PartitionState(tp))
 
 
 class KafkaIngest:
@@ -140,11 +77,11 @@ class KafkaIngest:
         self.topics = settings.kafka_ingest_topic_list
         self.stats = IngestStats()
         self.connected = False
-        self._parts: dict[TopicPartition, _Partition] = {}
-        self._tasks: dict[asyncio.Task[None], _Partition] = {}
+        self._parts: dict[TopicPartition, PartitionState] = {}
+        self._tasks: dict[asyncio.Task[None], PartitionState] = {}
         self._inflight = 0
         self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
+        self._replies = ReplyWriter(settings, self.stats)
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -200,18 +137,7 @@ class KafkaIngest:
     async def _connect(self) -> None:
         s = self.settings
         timeout = s.kafka_request_timeout_ms / 1000 + 1
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=s.kafka_bootstrap_servers,
-            client_id="forestflow-replies",
-            acks="all" if s.kafka_acks == "all" else int(s.kafka_acks),
-            enable_idempotence=s.kafka_enable_idempotence,
-            linger_ms=s.kafka_linger_ms,
-            request_timeout_ms=s.kafka_request_timeout_ms,
-            # aiokafka's 16 KiB batches fill with a few dozen replies, and every reply sent while
-            # a partition's full batch is in flight waits for it (an asyncio.wait each).
-            max_batch_size=_REPLY_BATCH_BYTES,
-        )
-        await asyncio.wait_for(self._producer.start(), timeout)
+        await self._replies.start()
         session = s.kafka_ingest_session_timeout_ms
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap_servers,
@@ -230,14 +156,12 @@ class KafkaIngest:
 
     async def _disconnect(self) -> None:
         consumer, self._consumer = self._consumer, None
-        producer, self._producer = self._producer, None
-        for client in (consumer, producer):
-            if client is None:
-                continue
+        if consumer is not None:
             try:
-                await asyncio.wait_for(client.stop(), 10.0)
+                await asyncio.wait_for(consumer.stop(), 10.0)
             except Exception as exc:  # a dead connection: nothing more to do about it
                 log.warning("kafka_ingest_close_failed", error=repr(exc))
+        await self._replies.stop()
         now = asyncio.get_running_loop().time()
         for part in self._parts.values():
             self.stats.paused_s_released += part.paused_seconds(now)
@@ -261,7 +185,7 @@ class KafkaIngest:
                     continue
                 default_reply = self.settings.kafka_reply_topic
                 for tp, records in batches.items():
-                    part = self._parts.setdefault(tp, _Partition(tp))
+                    part = self._parts.setdefault(tp, PartitionState(tp))
                     for r in records:
                         part.backlog.append((r, read_request(r.topic, r.partition, r.offset, r.headers, default_reply)))
                     part.next_offset = records[-1].offset + 1
@@ -317,7 +241,7 @@ class KafkaIngest:
                 rooms.append(loaded.scheduler.live_room())
         return min(rooms) if rooms else None
 
-    def _set_paused(self, part: _Partition, paused: bool, now: float) -> None:
+    def _set_paused(self, part: PartitionState, paused: bool, now: float) -> None:
         consumer = self._consumer
         if consumer is None or paused == (part.paused_since is not None):
             return
@@ -333,24 +257,24 @@ class KafkaIngest:
         except Exception as exc:  # the partition was just revoked
             log.debug("kafka_ingest_pause_failed", tp=str(part.tp), error=repr(exc))
 
-    def _start(self, part: _Partition, record: ConsumerRecord, request: Request) -> None:
+    def _start(self, part: PartitionState, record: ConsumerRecord, request: Request) -> None:
         part.inflight.add(record.offset)
         self._inflight += 1
         task = asyncio.create_task(self._handle(part, record, request))
         self._tasks[task] = part
         task.add_done_callback(self._tasks.pop)
 
-    async def _handle(self, part: _Partition, record: ConsumerRecord, request: Request) -> None:
+    async def _handle(self, part: PartitionState, record: ConsumerRecord, request: Request) -> None:
         delivered = False
         try:
             reply = await self._score(part, record, request)
-            delivered = await self._send(record, request, reply)
+            delivered = await self._replies.send(record.key, request, reply)
         finally:
             self._inflight -= 1
             if delivered:  # an unconfirmed reply keeps its offset, so the commit never passes it
                 part.inflight.discard(record.offset)
 
-    async def _score(self, part: _Partition, record: ConsumerRecord, request: Request) -> Reply:
+    async def _score(self, part: PartitionState, record: ConsumerRecord, request: Request) -> Reply:
         while True:
             try:
                 return await answer(self.gateway, request, record.value)
@@ -363,47 +287,6 @@ class KafkaIngest:
                     await asyncio.sleep(_OVERLOAD_RETRY_S)
                 finally:
                     part.retrying -= 1
-
-    async def _send(self, record: ConsumerRecord, request: Request, reply: Reply) -> bool:
-        """Produce the reply and wait for the broker's confirmation, retrying until it comes."""
-        delay = 0.2
-        while True:
-            producer = self._producer
-            try:
-                if producer is None:
-                    raise KafkaError("no producer")
-                delivery = await producer.send(request.reply_topic, reply.value, key=record.key, headers=reply.headers)
-                await delivery
-                self.stats.answered[reply.status] += 1
-                return True
-            except MessageSizeTooLargeError:
-                if reply.status == 413:
-                    self.stats.dropped["reply_too_large"] += 1
-                    log.error("kafka_reply_too_large", request_id=request.request_id, bytes=len(reply.value))
-                    return True  # nothing can ever be sent: do not hold the partition forever
-                reply = error_reply(request, PayloadTooLarge("the answer is over the reply topic's message size limit"))
-            except KafkaError as exc:
-                if isinstance(exc, _TOPIC_ERRORS) and await self._topic_missing(request.reply_topic):
-                    # A reply topic that does not exist (and is not created on demand) would hold
-                    # the partition forever: the message is dropped instead, and counted.
-                    self.stats.dropped["reply_topic_unknown"] += 1
-                    log.error("kafka_reply_topic_unknown", request_id=request.request_id, topic=request.reply_topic)
-                    return True
-                self.stats.reply_retries += 1
-                log.warning("kafka_reply_failed", request_id=request.request_id, error=repr(exc), retry_in_s=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def _topic_missing(self, topic: str | None) -> bool:
-        """Whether the broker answers that ``topic`` does not exist (False when it does not answer)."""
-        producer = self._producer
-        if producer is None or topic is None:
-            return False
-        try:
-            metadata = await asyncio.wait_for(producer.client.fetch_all_metadata(), self.settings.kafka_request_timeout_ms / 1000)
-        except Exception:  # the broker is away: an outage, not a missing topic
-            return False
-        return topic not in metadata.topics() or topic in metadata.unauthorized_topics
 
     # ---- commits, lag, rebalances, shutdown -------------------------------------------------------
     async def _housekeeping(self) -> None:
@@ -419,7 +302,7 @@ class KafkaIngest:
             except Exception:  # housekeeping must outlive one bad round
                 log.exception("kafka_ingest_housekeeping_failed")
 
-    async def _commit(self, parts: list[_Partition]) -> None:
+    async def _commit(self, parts: list[PartitionState]) -> None:
         consumer = self._consumer
         offsets = {}
         for part in parts:
@@ -493,15 +376,7 @@ class KafkaIngest:
                     highwater = None
                 if highwater is not None:
                     part.highwater = max(highwater, part.highwater or 0)
-            partitions[f"{part.tp.topic}/{part.tp.partition}"] = {
-                "committed": part.committed,
-                "highwater": part.highwater,
-                "lag": part.lag(),
-                "waiting": len(part.backlog),
-                "inflight": len(part.inflight),
-                "paused": part.paused_since is not None,
-                "pausedSeconds": round(part.paused_seconds(now), 3),
-            }
+            partitions[f"{part.tp.topic}/{part.tp.partition}"] = part.to_json(now)
         paused_s = self.stats.paused_s_released + sum(p.paused_seconds(now) for p in self._parts.values())
         return {
             "connected": self.connected,

@@ -185,8 +185,8 @@ async def test_bad_messages_get_error_replies_and_later_ones_are_still_answered(
         events = await read_topic(broker.bootstrap, requests + ".predictions", expect=8, timeout_s=30, settle_s=0.5)
         # A reply topic the broker does not know is a drop, not a retry forever (tansu creates topics
         # on demand, so only the check itself can be seen here).
-        assert await ingest(gw)._topic_missing(f"no.such.topic.{uuid.uuid4().hex[:6]}")
-        assert not await ingest(gw)._topic_missing(replies)
+        assert await ingest(gw)._replies._topic_missing(f"no.such.topic.{uuid.uuid4().hex[:6]}")
+        assert not await ingest(gw)._replies._topic_missing(replies)
     got = {r.key.decode(): r for r in records}
     assert sorted(got) == sorted(k.decode() for k, _, _ in messages if k != b"no-reply-topic")
     status = {k: int(header(r, "forestflow-status")) for k, r in got.items()}
