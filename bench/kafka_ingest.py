@@ -13,7 +13,7 @@ and the broker share core 1. For each row count it measures, one after the other
 Each prints requests per second end to end, p50/p99 latency (Kafka: reply timestamp minus request
 timestamp, both set by their producers) and the gateway's CPU microseconds per request.
 
-    python bench/kafka_ingest.py                 # 1 and 100 rows, 5 s / 20,000 requests per cell
+    python bench/kafka_ingest.py                 # 1 and 100 rows, 5 s HTTP, 20,000 / rows Kafka requests
     python bench/kafka_ingest.py --smoke         # a few seconds; asserts nothing about speed
 """
 
@@ -52,6 +52,18 @@ class KafkaResult:
     p99_ms: float
     errors: int
     cpu_us: float
+    #: CPU microseconds per request of the broker, and of this load generator.
+    broker_us: float = float("nan")
+    client_us: float = float("nan")
+
+
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of processes so far."""
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 async def _create_topics(bootstrap: str, *names: str) -> None:
@@ -65,7 +77,8 @@ async def _create_topics(bootstrap: str, *names: str) -> None:
         await admin.close()
 
 
-async def kafka_cell(server: Server, bootstrap: str, topic: str, body: bytes, n: int, window: int | None) -> KafkaResult:
+async def kafka_cell(server: Server, bootstrap: str, topic: str, body: bytes, n: int, window: int | None,
+                     broker_pids: list[int]) -> KafkaResult:
     """Produce ``n`` requests (at most ``window`` outstanding, or all at once) and wait for ``n`` replies."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -98,7 +111,7 @@ async def kafka_cell(server: Server, bootstrap: str, topic: str, body: bytes, n:
         done.set()
 
     try:
-        cpu_before = server.cpu_s()
+        cpu_before, broker_before, client_before = server.cpu_s(), cpu_s(broker_pids), time.process_time()
         started = time.perf_counter()
         reader = asyncio.create_task(read())
         pending = []
@@ -114,6 +127,7 @@ async def kafka_cell(server: Server, bootstrap: str, topic: str, body: bytes, n:
         await asyncio.wait_for(done.wait(), 300)
         elapsed = time.perf_counter() - started
         cpu = server.cpu_s() - cpu_before
+        broker_cpu, client_cpu = cpu_s(broker_pids) - broker_before, time.process_time() - client_before
         await reader
     finally:
         await producer.stop()
@@ -123,14 +137,17 @@ async def kafka_cell(server: Server, bootstrap: str, topic: str, body: bytes, n:
     def pct(p: float) -> float:
         return float(latencies[min(len(latencies) - 1, int(p * len(latencies)))]) if latencies else float("nan")
 
-    return KafkaResult(n, n / elapsed, pct(0.5), pct(0.99), errors, cpu / n * 1e6)
+    return KafkaResult(n, n / elapsed, pct(0.5), pct(0.99), errors, cpu / n * 1e6, broker_cpu / n * 1e6, client_cpu / n * 1e6)
 
 
-HEADER = f"{'cell':12} {'rows':>4} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'cpu us':>7} {'errors':>6}"
+HEADER = (f"{'cell':12} {'rows':>4} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'cpu us':>7} {'errors':>6} "
+          f"{'broker us':>9} {'client us':>9}")
 
 
-def show(name: str, rows: int, rps: float, p50: float, p99: float, cpu_us: float, errors: int) -> None:
-    print(f"{name:12} {rows:>4} {rps:>8.0f} {p50:>7.2f} {p99:>7.2f} {cpu_us:>7.0f} {errors:>6}", flush=True)
+def show(name: str, rows: int, rps: float, p50: float, p99: float, cpu_us: float, errors: int,
+         broker_us: float = float("nan"), client_us: float = float("nan")) -> None:
+    print(f"{name:12} {rows:>4} {rps:>8.0f} {p50:>7.2f} {p99:>7.2f} {cpu_us:>7.0f} {errors:>6} {broker_us:>9.0f} {client_us:>9.0f}",
+          flush=True)
 
 
 def main() -> int:
@@ -138,11 +155,13 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="short cells; asserts nothing about speed")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of the HTTP cell")
-    parser.add_argument("--requests", type=int, default=20000, help="requests of the Kafka flood cell")
-    parser.add_argument("--window-requests", type=int, default=10000, help="requests of the Kafka w16 cell")
+    parser.add_argument("--requests", type=int, default=20000,
+                        help="requests of the Kafka flood cell (the w16 cell sends half as many)")
+    parser.add_argument("--no-scale", dest="scale", action="store_false",
+                        help="as many Kafka requests for every row count (default: --requests / rows, at least 1)")
     args = parser.parse_args()
     if args.smoke:
-        args.rows, args.duration, args.requests, args.window_requests = [1], 1.0, 500, 300
+        args.rows, args.duration, args.requests = [1], 1.0, 500
     if (os.cpu_count() or 1) > 1 and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {1})  # the load generator keeps off the gateway's core
     from tests.kafka_broker import running_broker
@@ -177,13 +196,15 @@ def main() -> int:
             for rows in args.rows:
                 body = payloads.score_body(rows)
                 measured(gw, path, body, "application/json", 16, min(2.0, args.duration))  # warm-up
-                asyncio.run(kafka_cell(gw, broker.bootstrap, topic, body, min(2000, args.requests), 16))
+                n = max(1, args.requests // rows) if args.scale else args.requests
+                asyncio.run(kafka_cell(gw, broker.bootstrap, topic, body, min(2000, n), 16, broker.pids))  # warm-up
                 http = measured(gw, path, body, "application/json", 16, args.duration)
                 show("http c16", rows, http.rps, http.p50_ms, http.p99_ms, http.cpu_us, http.errors)
-                w16 = asyncio.run(kafka_cell(gw, broker.bootstrap, topic, body, args.window_requests, 16))
-                show("kafka w16", rows, w16.rps, w16.p50_ms, w16.p99_ms, w16.cpu_us, w16.errors)
-                flood = asyncio.run(kafka_cell(gw, broker.bootstrap, topic, body, args.requests, None))
-                show("kafka flood", rows, flood.rps, flood.p50_ms, flood.p99_ms, flood.cpu_us, flood.errors)
+                w16 = asyncio.run(kafka_cell(gw, broker.bootstrap, topic, body, max(1, n // 2), 16, broker.pids))
+                show("kafka w16", rows, w16.rps, w16.p50_ms, w16.p99_ms, w16.cpu_us, w16.errors, w16.broker_us, w16.client_us)
+                flood = asyncio.run(kafka_cell(gw, broker.bootstrap, topic, body, n, None, broker.pids))
+                show("kafka flood", rows, flood.rps, flood.p50_ms, flood.p99_ms, flood.cpu_us, flood.errors,
+                     flood.broker_us, flood.client_us)
                 print(f"# {rows} row(s): kafka w16 / http c16 req/s {w16.rps / http.rps:.2f}, cpu per request "
                       f"{w16.cpu_us / http.cpu_us:.2f}; kafka flood / http c16 req/s {flood.rps / http.rps:.2f}, "
                       f"cpu per request {flood.cpu_us / http.cpu_us:.2f}", flush=True)
