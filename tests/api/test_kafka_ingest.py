@@ -422,3 +422,21 @@ async def test_offers_refused_after_a_stale_room_check_are_retried_not_answered_
     assert sorted(r.key for r in records) == sorted(f"k{i}".encode() for i in range(30))
     assert {header(r, "forestflow-status") for r in records} == {"200"}
     assert stats.overload_retries == rejected > 0
+
+
+async def test_a_broker_absent_at_start_is_waited_for(broker: KafkaBroker, tmp_path: Path) -> None:
+    requests, replies, group = names("absent")
+    await create_topics(broker, (requests, 1), (replies, 1))
+    broker.stop()
+    try:
+        async with serve_in_process(tmp_path / "d", **ingest_settings(broker, requests, replies, group)) as gw:
+            await deploy(gw, python_servable())  # HTTP serves while Kafka is away
+            await asyncio.sleep(1.5)
+            assert (await ingest_metrics(gw))["kafkaIngest"]["connected"] is False
+            broker.restart()
+            await wait_for(lambda: ingest(gw).connected, 20, "the ingestion connected")
+            await produce(broker, requests, [score_message(i) for i in range(20)])
+            records = await read_topic(broker.bootstrap, replies, expect=20, timeout_s=30, settle_s=0.2)
+    finally:
+        broker.start()
+    assert sorted(doubled(r) for r in records) == [2.0 * i for i in range(20)]
