@@ -186,6 +186,13 @@ def cmd_logs_tail(args: argparse.Namespace) -> int:
     return run_tail(args)
 
 
+def cmd_kafka(args: argparse.Namespace) -> int:
+    """Score through Kafka by hand: produce a request and print its reply, or print replies."""
+    from forestflow.kafka_cli import run
+
+    return run(args)
+
+
 # ---- parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
@@ -224,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tail_arguments(tail)
     tail.set_defaults(func=cmd_logs_tail)
+
+    kafka = sub.add_parser("kafka", help="score through Kafka by hand (see kafka_ingest_topics)")
+    from forestflow.kafka_cli import add_arguments as add_kafka_arguments
+
+    add_kafka_arguments(kafka)
+    kafka.set_defaults(func=cmd_kafka)
     return parser
 
 

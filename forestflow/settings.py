@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "FORESTFLOW_"
+#: A legal Kafka topic name.
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 class SettingsError(ValueError):
@@ -66,6 +69,25 @@ class Settings:
     kafka_linger_ms: int = _doc("producer batching delay", default=5)
     kafka_enable_idempotence: bool = _doc("idempotent producer (off for brokers that lack it)", default=True)
     kafka_request_timeout_ms: int = _doc("per produce request", default=10000)
+    kafka_ingest_topics: str = _doc(
+        "comma-separated topics whose messages are scoring requests (empty = no Kafka ingestion; "
+        "uses kafka_bootstrap_servers)",
+        default="",
+    )
+    kafka_ingest_group: str = _doc("consumer group of the gateway replicas reading kafka_ingest_topics", default="forestflow-ingest")
+    kafka_reply_topic: str = _doc(
+        "where answers go when a request names no forestflow-reply-topic header (empty = such requests "
+        "are dropped and counted)",
+        default="forestflow.replies",
+    )
+    kafka_ingest_session_timeout_ms: int = _doc(
+        "how long a replica may be silent before the group hands its partitions to the others", default=10000
+    )
+    kafka_ingest_fetch_max_wait_ms: int = _doc(
+        "longest a fetch of request messages waits on the broker when there are none (Kafka answers as soon "
+        "as one arrives; a broker that holds every fetch this long, like the test broker, needs a small value)",
+        default=500,
+    )
 
     log_file: str = _doc("local prediction log (relative to data_dir) used without Kafka", default="predictions.jsonl")
     log_file_format: str = _doc("jsonl or protobuf (length-delimited)", default="jsonl")
@@ -117,8 +139,14 @@ class Settings:
         _check(self.log_file_format in ("jsonl", "protobuf"), "log_file_format", self.log_file_format, "jsonl or protobuf")
         _check(bool(self.kafka_topic), "kafka_topic", self.kafka_topic, "a topic name")
         _check(bool(self.kafka_gp_topic), "kafka_gp_topic", self.kafka_gp_topic, "a topic name")
+        if self.kafka_ingest_topics:
+            _check(self.kafka_enabled, "kafka_ingest_topics", self.kafka_ingest_topics, "kafka_bootstrap_servers to be set too")
+            for topic in self.kafka_ingest_topic_list:
+                _check(bool(_TOPIC.match(topic)), "kafka_ingest_topics", self.kafka_ingest_topics, "comma-separated topic names")
+            _check(bool(self.kafka_ingest_group.strip()), "kafka_ingest_group", self.kafka_ingest_group, "a group id")
+        _check(not self.kafka_reply_topic or bool(_TOPIC.match(self.kafka_reply_topic)), "kafka_reply_topic", self.kafka_reply_topic, "a topic name (or empty)")
         _check(not self.redis_url or self.redis_url.startswith(("redis://", "rediss://", "unix://")), "redis_url", self.redis_url, "a redis:// URL")
-        for name in ("scoring_slots", "scoring_threads", "log_sample_every", "request_timeout_ms", "max_body_bytes", "max_rows", "log_buffer_bytes"):
+        for name in ("kafka_ingest_session_timeout_ms", "kafka_ingest_fetch_max_wait_ms", "scoring_slots", "scoring_threads", "log_sample_every", "request_timeout_ms", "max_body_bytes", "max_rows", "log_buffer_bytes"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")
         for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms", "workers"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")
@@ -143,6 +171,11 @@ class Settings:
     def kafka_enabled(self) -> bool:
         """Whether prediction events go to Kafka (else to the local file)."""
         return bool(self.kafka_bootstrap_servers)
+
+    @property
+    def kafka_ingest_topic_list(self) -> tuple[str, ...]:
+        """The topics named by ``kafka_ingest_topics``."""
+        return tuple(t.strip() for t in self.kafka_ingest_topics.split(",") if t.strip())
 
     @classmethod
     def load(

@@ -28,11 +28,20 @@ def test_toml_then_env_then_overrides(tmp_path: Path) -> None:
         ({"FORESTFLOW_HOST": "0.0.0.0"}, "no admin token"),
         ({"FORESTFLOW_KAFKA_ACKS": "2"}, "invalid kafka_acks"),
         ({"FORESTFLOW_NOPE": "1"}, "unknown setting FORESTFLOW_NOPE"),
+        ({"FORESTFLOW_KAFKA_INGEST_TOPICS": "requests"}, "kafka_bootstrap_servers to be set too"),
+        ({"FORESTFLOW_KAFKA_INGEST_TOPICS": "a,b c", "FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": "k:9092"}, "invalid kafka_ingest_topics"),
+        ({"FORESTFLOW_KAFKA_REPLY_TOPIC": "no/slash"}, "invalid kafka_reply_topic"),
     ],
 )
 def test_bad_settings_raise(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         Settings.load(environ=env)
+
+
+def test_kafka_ingest_topics_are_a_comma_separated_list() -> None:
+    env = {"FORESTFLOW_KAFKA_INGEST_TOPICS": " a.requests, b-requests ,", "FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": "k:9092"}
+    assert Settings.load(environ=env).kafka_ingest_topic_list == ("a.requests", "b-requests")
+    assert Settings.load(environ={}).kafka_ingest_topic_list == ()
 
 
 def test_non_loopback_bind_allowed_with_token_or_flag() -> None:

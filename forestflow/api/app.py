@@ -71,6 +71,10 @@ def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.A
     app.cleanup_ctx.append(_gateway_context)
     app.cleanup_ctx.append(v2_repository.repository_context)  # deploys the model repository, if any
     app.cleanup_ctx.append(v2_grpc.grpc_context)  # after the gateway: it serves it, and stops first
+    if settings.kafka_ingest_topic_list:  # scoring requests from Kafka; imported only then (aiokafka)
+        from forestflow.api import kafka_ingest
+
+        kafka_ingest.add_to(app)  # after the gateway: it scores through it, and stops first
     # aiohttp tries dynamic routes in registration order: the data plane goes first.
     basic.add_routes(app)
     v2_repository.add_routes(app)

@@ -12,9 +12,10 @@ from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.codecs.ff_protobuf import prediction_bytes
 from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_from_proto, prediction_json
 from forestflow.core.frame import Frame
-from forestflow.core.ids import FQRV
+from forestflow.core.ids import FQRV, Contract
 from forestflow.runtime.base import ServableMetadata
 from forestflow.runtime.pipeline import RESPONSE_METADATA
+from forestflow.service import Gateway, InferResult
 
 PROTOBUF = "application/x-protobuf"
 SERVER_NAME = "ForestFlow"
@@ -26,7 +27,36 @@ async def score(request: web.Request) -> web.Response:
     contract = contract_from(request)
     gateway.contract_state(contract)  # 404 before reading a body for an unknown contract
     as_proto = request.content_type == PROTOBUF
-    body = await request.read()
+    result, payload = await score_payload(
+        gateway,
+        contract,
+        await request.read(),
+        as_proto=as_proto,
+        request_id=request_id_of(request),
+        protocol="basic",
+        timeout_s=timeout_from(request),
+    )
+    request[FQRV_TAG] = str(result.fqrv)
+    unknown = result.frame.parameters.get("unknown_inputs") or []
+    headers = {"X-Forestflow-Unknown-Inputs": ",".join(unknown)} if unknown else None
+    return web.Response(body=payload, content_type=PROTOBUF if as_proto else JSON, headers=headers)
+
+
+async def score_payload(
+    gateway: Gateway,
+    contract: Contract,
+    body: bytes,
+    *,
+    as_proto: bool,
+    request_id: str,
+    protocol: str,
+    timeout_s: float | None,
+) -> tuple[InferResult, bytes]:
+    """Decode a ``/score`` body (InferenceRequest JSON, or protobuf), score it, encode the answer.
+
+    The answer is the body ``/score`` returns: ``{"Prediction": ...}`` JSON, or a Prediction
+    protobuf. Shared by the HTTP route and the Kafka front-end.
+    """
     if as_proto:
         frame, configs = frame_from_proto(body)
     else:
@@ -35,24 +65,19 @@ async def score(request: web.Request) -> web.Response:
         contract,
         frame,
         configs=configs,
-        request_id=request_id_of(request),
-        protocol="basic",
-        timeout_s=timeout_from(request),
+        request_id=request_id,
+        protocol=protocol,
+        timeout_s=timeout_s,
         request_json=None if as_proto else body,
         encode_response_json=None if as_proto else _prediction_json,
     )
-    request[FQRV_TAG] = str(result.fqrv)
-    unknown = result.frame.parameters.get("unknown_inputs") or []
-    headers = {"X-Forestflow-Unknown-Inputs": ",".join(unknown)} if unknown else None
     if as_proto:
-        payload = prediction_bytes(result.fqrv, result.frame)
-        return web.Response(body=payload, content_type=PROTOBUF, headers=headers)
+        return result, prediction_bytes(result.fqrv, result.frame)
     assert result.response_json is not None
     returned = result.frame.parameters.get(RESPONSE_METADATA)
     if returned:  # what pipeline steps returned, beside the Prediction (absent unless one did)
-        tail = b',"Metadata":' + dumps(returned) + b"}"
-        return web.Response(body=b'{"Prediction":' + result.response_json + tail, content_type=JSON, headers=headers)
-    return web.Response(body=b'{"Prediction":' + result.response_json + b"}", content_type=JSON, headers=headers)
+        return result, b'{"Prediction":' + result.response_json + b',"Metadata":' + dumps(returned) + b"}"
+    return result, b'{"Prediction":' + result.response_json + b"}"
 
 
 def _prediction_json(fqrv: FQRV, frame: Frame) -> bytes:

@@ -65,8 +65,19 @@ async def metrics(request: web.Request) -> web.Response:
                 "sendFailures": log_stats.send_failures,
             },
             "schedulers": schedulers,
+            **_kafka_ingest(request.app),
         }
     )
+
+
+def _kafka_ingest(app: web.Application) -> dict[str, object]:
+    """``{"kafkaIngest": counters}`` when the gateway scores requests from Kafka."""
+    if not app[SETTINGS].kafka_ingest_topic_list:
+        return {}
+    from forestflow.api.kafka_ingest import KAFKA_INGEST  # imported only then (aiokafka)
+
+    ingest = app.get(KAFKA_INGEST)
+    return {"kafkaIngest": ingest.snapshot()} if ingest is not None else {}
 
 
 def add_routes(app: web.Application) -> None:

@@ -11,6 +11,7 @@ when the client accepts gzip or deflate and the body is worth it.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -22,6 +23,7 @@ from forestflow.api.responses import JSON, dumps, json_response, v2_error_respon
 from forestflow.codecs.v2 import encode_outputs
 from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, json_data, json_safe, raw_bytes
 from forestflow.errors import GatewayError, InvalidInput, PayloadTooLarge
+from forestflow.service import Gateway, InferResult
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 #: Responses smaller than this are not worth compressing.
@@ -202,7 +204,52 @@ async def infer(request: web.Request) -> web.Response:
     name, version = info["model"], info.get("version")
     request[CONTRACT] = name
     gateway.contract_state(v2_common.model_contract(name))  # 404 before reading the body
-    head, binary = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
+    answer = await infer_payload(
+        gateway, name, version, await request.read(), request.headers.get(HEADER_LENGTH),
+        request_id=request_id_of(request), protocol="v2", timeout_s=timeout_from(request),
+    )
+    request[FQRV_TAG] = str(answer.result.fqrv)
+    headers = {}
+    unknown = answer.result.frame.parameters.get("unknown_inputs") or []
+    if unknown:
+        headers["X-Forestflow-Unknown-Inputs"] = ",".join(unknown)
+    if answer.json_length is None:
+        response = web.Response(body=answer.body, content_type=JSON, headers=headers)
+    else:
+        headers[HEADER_LENGTH] = str(answer.json_length)
+        response = web.Response(body=answer.body, content_type="application/octet-stream", headers=headers)
+    _compress(request, response, len(answer.body))
+    return response
+
+
+@dataclass(slots=True)
+class V2Answer:
+    """A scored V2 inference request: the outcome, the response body and the request id it carries."""
+
+    result: InferResult
+    body: bytes
+    #: Length of the JSON part when binary outputs follow it (``Inference-Header-Content-Length``).
+    json_length: int | None
+    request_id: str
+
+
+async def infer_payload(
+    gateway: Gateway,
+    name: str,
+    version: str | None,
+    body: bytes,
+    header_length: str | None,
+    *,
+    request_id: str,
+    protocol: str,
+    timeout_s: float | None,
+) -> V2Answer:
+    """Decode a V2 inference request body, score it, and encode the V2 response body.
+
+    ``request_id`` is used unless the body carries an ``id``. Shared by the REST route and the
+    Kafka front-end.
+    """
+    head, binary = split_body(body, header_length)
     try:
         doc = orjson.loads(head)
     except orjson.JSONDecodeError as exc:
@@ -217,31 +264,21 @@ async def infer(request: web.Request) -> web.Response:
     binary_default = parameters.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise InvalidInput("parameters.binary_data_output must be true or false")
-    request_id = str(client_id) if client_id not in (None, "") else request_id_of(request)
+    if client_id not in (None, ""):
+        request_id = str(client_id)
     ks, options = v2_common.output_parameters(wanted)
     result, layout = await v2_common.infer(
         gateway, name, version, tensors, {**options, **parameters} if options else parameters,
-        request_id=request_id, protocol="v2", timeout_s=timeout_from(request), classification=ks,
+        request_id=request_id, protocol=protocol, timeout_s=timeout_s, classification=ks,
     )
-    request[FQRV_TAG] = str(result.fqrv)
     outputs = encode_outputs(result.frame, layout, [n for n, _ in wanted])
     outputs = v2_common.classify_outputs(gateway, result, outputs, ks)
     reply: dict[str, Any] = {"model_name": name, "model_version": result.fqrv.release, "id": request_id}
     returned = v2_common.response_metadata(result)
     if layout.explicit or returned:
         reply["parameters"] = {**returned, "content_type": layout.content_type} if layout.explicit else dict(returned)
-    body, json_length = encode_response(reply, outputs, dict(wanted), binary_default)
-    headers = {}
-    unknown = result.frame.parameters.get("unknown_inputs") or []
-    if unknown:
-        headers["X-Forestflow-Unknown-Inputs"] = ",".join(unknown)
-    if json_length is None:
-        response = web.Response(body=body, content_type=JSON, headers=headers)
-    else:
-        headers[HEADER_LENGTH] = str(json_length)
-        response = web.Response(body=body, content_type="application/octet-stream", headers=headers)
-    _compress(request, response, len(body))
-    return response
+    out, json_length = encode_response(reply, outputs, dict(wanted), binary_default)
+    return V2Answer(result, out, json_length, request_id)
 
 
 def add_routes(app: web.Application) -> None:

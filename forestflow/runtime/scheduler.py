@@ -130,6 +130,20 @@ class ServableScheduler:
         """Jobs waiting at one priority."""
         return len(self.queues[priority])
 
+    def live_room(self) -> int:
+        """How many LIVE jobs offered now would be admitted before one is refused as Overloaded.
+
+        Free slots (when nothing live waits) plus free live queue places; a front-end that must
+        not be refused (the Kafka consumer) checks this and holds its input back at 0.
+        """
+        queue = self.queues[Priority.LIVE]
+        free = 0
+        if not queue and not self.closed:
+            free = self.slots - self.running
+            if self.thread_limit:
+                free = min(free, self.thread_limit - self.running - self.stats.abandoned_running)
+        return max(0, free) + max(0, self.live_limit - len(queue))
+
     def _can_start(self) -> bool:
         if self.closed or self.running >= self.slots:
             return False

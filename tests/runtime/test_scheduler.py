@@ -505,3 +505,22 @@ async def test_servables_that_read_parameters_share_calls_only_with_equal_parame
     probe.rows_per_call.clear()
     await asyncio.gather(*(scheduler.submit(job(tag), LIVE, LONG) for tag in ("a", "b", "a", "a")))
     assert sorted(probe.rows_per_call) == [1, 3]
+
+
+async def test_live_room_counts_exactly_the_offers_admitted_before_a_refusal(executor, gates) -> None:
+    scheduler, _ = make_scheduler(executor, slots=2, live_queue=3)
+    gate = gates()
+    assert scheduler.live_room() == 5  # 2 free slots + 3 queue places
+    tasks = []
+    while scheduler.live_room():
+        room = scheduler.live_room()
+        tasks.append(spawn(scheduler, job(f"j{len(tasks)}", gate), LIVE))
+        await asyncio.sleep(0)  # the offer is made
+        assert scheduler.live_room() == room - 1
+    assert len(tasks) == 5 and scheduler.stats.live_rejected == 0
+    with pytest.raises(Overloaded):
+        await scheduler.submit(job("one too many"), LIVE, LONG)
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert scheduler.live_room() == 5
+    await scheduler.close()
