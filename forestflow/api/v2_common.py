@@ -7,15 +7,17 @@ with one, that release scores directly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import forestflow
 from forestflow.codecs.v2 import Layout, decode_inputs, spec_json
 from forestflow.codecs.v2_tensor import Tensor
-from forestflow.core.frame import TensorSpec
+from forestflow.core.frame import Frame, TensorSpec
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput, NoActiveServablesForContract, NotFound, UnknownServable
+from forestflow.predlog.record import WireBody
 from forestflow.runtime.base import ServableMetadata
 from forestflow.service import Gateway, InferResult
 
@@ -127,8 +129,15 @@ async def infer(
     request_id: str,
     protocol: str,
     timeout_s: float | None,
+    wire_request: WireBody | None = None,
+    encode_response: Callable[[FQRV, Frame, Layout], WireBody] | None = None,
 ) -> tuple[InferResult, Layout]:
-    """Lay the tensors out as the model's inputs and score them (routed, or on ``version``)."""
+    """Lay the tensors out as the model's inputs and score them (routed, or on ``version``).
+
+    With ``wire_request`` (the body as received) and ``encode_response`` (the answer as it will be
+    sent), the prediction log keeps both as they are on the wire instead of re-encoding the frames,
+    and ``result.response_json`` is the answer's body, encoded once for the client and the log.
+    """
     contract = model_contract(name)
     gateway.contract_state(contract)
     if version:
@@ -143,5 +152,11 @@ async def infer(
         protocol=protocol,
         timeout_s=timeout_s,
         release=version or None,
+        request_json=wire_request,
+        encode_response_json=partial(_with_layout, encode_response, layout) if encode_response is not None else None,
     )
     return result, layout
+
+
+def _with_layout(encode: Callable[[FQRV, Frame, Layout], WireBody], layout: Layout, fqrv: FQRV, frame: Frame) -> WireBody:
+    return encode(fqrv, frame, layout)

@@ -19,9 +19,12 @@ from aiohttp import hdrs, web
 from forestflow.api import v2_common
 from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SETTINGS, request_id_of, timeout_from
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
-from forestflow.codecs.v2 import encode_outputs
+from forestflow.codecs.v2 import Layout, encode_outputs
 from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, json_data, json_safe, raw_bytes
+from forestflow.core.frame import Frame
+from forestflow.core.ids import FQRV
 from forestflow.errors import GatewayError, InvalidInput, PayloadTooLarge
+from forestflow.predlog.record import WireBody
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 #: Responses smaller than this are not worth compressing.
@@ -202,7 +205,8 @@ async def infer(request: web.Request) -> web.Response:
     name, version = info["model"], info.get("version")
     request[CONTRACT] = name
     gateway.contract_state(v2_common.model_contract(name))  # 404 before reading the body
-    head, binary = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
+    body = await request.read()
+    head, binary = split_body(body, request.headers.get(HEADER_LENGTH))
     try:
         doc = orjson.loads(head)
     except orjson.JSONDecodeError as exc:
@@ -218,16 +222,24 @@ async def infer(request: web.Request) -> web.Response:
     if not isinstance(binary_default, bool):
         raise InvalidInput("parameters.binary_data_output must be true or false")
     request_id = str(client_id) if client_id not in (None, "") else request_id_of(request)
+
+    def answer(fqrv: FQRV, frame: Frame, layout: Layout) -> WireBody:
+        # The response body, made once for the client and the prediction log (shadows get theirs).
+        outputs = encode_outputs(frame, layout, [n for n, _ in wanted])
+        reply: dict[str, Any] = {"model_name": name, "model_version": fqrv.release, "id": request_id}
+        if layout.explicit:
+            reply["parameters"] = {"content_type": layout.content_type}
+        return WireBody.of(*encode_response(reply, outputs, dict(wanted), binary_default))
+
     result, layout = await v2_common.infer(
         gateway, name, version, tensors, parameters,
         request_id=request_id, protocol="v2", timeout_s=timeout_from(request),
+        wire_request=WireBody.of(body, len(head) if binary else None), encode_response=answer,
     )
     request[FQRV_TAG] = str(result.fqrv)
-    outputs = encode_outputs(result.frame, layout, [n for n, _ in wanted])
-    reply: dict[str, Any] = {"model_name": name, "model_version": result.fqrv.release, "id": request_id}
-    if layout.explicit:
-        reply["parameters"] = {"content_type": layout.content_type}
-    body, json_length = encode_response(reply, outputs, dict(wanted), binary_default)
+    body = result.response_json
+    assert isinstance(body, WireBody)
+    json_length = body.json_length
     headers = {}
     unknown = result.frame.parameters.get("unknown_inputs") or []
     if unknown:
