@@ -2,6 +2,9 @@
 
 The JSON line is built straight from the record (no protobuf on the way) and has the shape
 protobuf's JSON mapping gives the same event (camelCase, int64 as strings, bytes as base64).
+V2 records (:class:`~forestflow.predlog.record.WireBody` bodies) become wire events: fields 18-21
+hold the request and answer as they were on the wire, copied, not re-encoded; in the JSON line a
+REST JSON body is the document itself rather than base64.
 """
 
 from __future__ import annotations
