@@ -62,6 +62,7 @@ class Settings:
     log_file: str = _doc("local prediction log (relative to data_dir) used without Kafka", default="predictions.jsonl")
     log_file_format: str = _doc("jsonl or protobuf (length-delimited)", default="jsonl")
     log_buffer_bytes: int = _doc("bytes of prediction events held while the sink is slow or away", default=64 * 1024 * 1024)
+    log_linger_ms: int = _doc("how long the prediction log gathers events into one write/produce batch", default=2)
     log_sample_every: int = _doc("SAMPLE logging shadows one request in this many", default=100)
     log_flush_timeout_s: float = _doc("how long shutdown waits to flush the prediction log", default=10.0)
 
@@ -95,7 +96,7 @@ class Settings:
         _check(not self.redis_url or self.redis_url.startswith(("redis://", "rediss://", "unix://")), "redis_url", self.redis_url, "a redis:// URL")
         for name in ("scoring_slots", "scoring_threads", "log_sample_every", "request_timeout_ms", "max_body_bytes", "max_rows", "log_buffer_bytes"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")
-        for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms"):
+        for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms", "log_linger_ms"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")
         for name in ("evaluation_interval_s", "metrics_flush_interval_s", "redis_sync_interval_s", "log_flush_timeout_s"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number of seconds")
