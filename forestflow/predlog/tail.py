@@ -152,10 +152,13 @@ def tail_file(path: str, out: TextIO, fmt: str = "logged", key: str | None = Non
         for raw in fh:
             if not raw.strip():
                 continue
-            line = orjson.loads(raw)
+            try:
+                line = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:  # e.g. a line cut short by a crash: say so, go on
+                line = {"error": f"not a JSON line: {exc}", "line": raw.decode("utf-8", errors="replace").rstrip("\n")}
             if key is not None and line.get("key") != key:
                 continue
-            if fmt == "forestflow":
+            if fmt == "forestflow" and isinstance(line.get("event"), dict):
                 line["event"] = to_forestflow(line["event"])
             out.write(orjson.dumps(line).decode() + "\n")
             printed += 1

@@ -6,6 +6,7 @@ JSON-lines file) and a real broker for the Kafka topic and ``logs tail``.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import io
 import struct
@@ -23,7 +24,7 @@ from forestflow.predlog.convert import to_forestflow
 from forestflow.predlog.encode import encode_event, encode_event_json, event_to_dict
 from forestflow.predlog.log import LogEntry
 from forestflow.predlog.record import PredictionRecord, WireBody
-from forestflow.predlog.tail import tail, tail_file
+from forestflow.predlog.tail import add_tail_arguments, run_tail, tail, tail_file
 from tests.api.v2_support import v2_gateway
 from tests.kafka_broker import KafkaBroker
 from tests.predlog import kafka_sink, make_record
@@ -194,3 +195,15 @@ async def test_tail_format_forestflow_converts_v2_events_from_the_topic(broker: 
     assert _datum_by_name(wire["prediction"]) == {"y": [2.0, 4.0]}
     assert wire["prediction"]["fqrv"] == as_logged["req-1"]["fqrv"]
     assert as_forestflow["req-2"] == as_logged["req-2"]  # a BASIC event is printed as it is
+
+
+def test_logs_tail_file_cli_converts_and_survives_a_cut_line(tmp_path: Path, capsys: Any) -> None:
+    log = tmp_path / "predictions.jsonl"
+    log.write_bytes(encode_event_json(_wire_record(1, REQUEST, RESPONSE)) + b"\n" + b'{"topic": "basic", "ke')
+    parser = argparse.ArgumentParser()
+    add_tail_arguments(parser)
+    assert run_tail(parser.parse_args(["--file", str(log), "--format", "forestflow"])) == 0
+    first, cut = map(orjson.loads, capsys.readouterr().out.splitlines())
+    assert first["key"] == "u1" and first["event"]["inferenceRequest"]["configs"] == {"user": "u1"}
+    assert "not a JSON line" in cut["error"]
+    assert run_tail(parser.parse_args(["--file", str(tmp_path / "absent.jsonl")])) == 1
