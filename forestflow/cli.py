@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     logs = sub.add_parser("logs", help="prediction log tools")
     logs_sub = logs.add_subparsers(dest="logs_command", required=True)
-    tail = logs_sub.add_parser("tail", help="print events of a Kafka topic as JSON lines")
+    tail = logs_sub.add_parser("tail", help="print prediction events (a Kafka topic, or the local file with --file) as JSON lines")
     from forestflow.predlog.tail import add_tail_arguments
 
     add_tail_arguments(tail)

@@ -248,7 +248,11 @@ class Gateway:
             # The client went away: its job is withdrawn, and the prediction log still says so.
             self._log_outcome(entry, context, True, started, error=ClientClosedRequest("the client closed the request"))
             raise
-        response_json = encode_response_json(fqrv, out) if encode_response_json is not None else None
+        try:
+            response_json = encode_response_json(fqrv, out) if encode_response_json is not None else None
+        except GatewayError as error:  # the answer cannot be put in the caller's terms (e.g. an unknown output)
+            self._log_outcome(entry, context, True, started, error=error)
+            raise
         latency = self._log_outcome(entry, context, True, started, output=out, response_json=response_json)
         return InferResult(fqrv, out, latency, response_json)
 
@@ -303,7 +307,10 @@ class Gateway:
         if context.raw_request is not None and context.encode_raw_response is not None and output is not None:
             raw_response = context.encode_raw_response(entry.fqrv, output)
         if response_json is None and context.encode_response_json is not None and output is not None:
-            response_json = context.encode_response_json(entry.fqrv, output)
+            try:  # a shadow's answer, encoded for the log alone
+                response_json = context.encode_response_json(entry.fqrv, output)
+            except GatewayError as failed:  # e.g. a shadow that cannot classify: logged as that failure
+                output, error = None, failed
         self.prediction_log.emit(
             PredictionRecord(
                 fqrv=entry.fqrv,

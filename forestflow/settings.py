@@ -64,7 +64,7 @@ class Settings:
     kafka_bootstrap_servers: str = _doc("host:port[,host:port] of Kafka (empty = local file log)", default="")
     kafka_topic: str = _doc("topic for BASIC and V2 prediction events", default="forestflow.predictions")
     kafka_gp_topic: str = _doc("topic for GraphPipe prediction events", default="forestflow.predictions.gp")
-    kafka_compression: str = _doc("none or gzip", default="gzip")
+    kafka_compression: str = _doc("none, gzip, lz4 or zstd", default="zstd")
     kafka_acks: str = _doc("0, 1 or all", default="all")
     kafka_linger_ms: int = _doc("producer batching delay", default=5)
     kafka_enable_idempotence: bool = _doc("idempotent producer (off for brokers that lack it)", default=True)
@@ -92,6 +92,7 @@ class Settings:
     log_file: str = _doc("local prediction log (relative to data_dir) used without Kafka", default="predictions.jsonl")
     log_file_format: str = _doc("jsonl or protobuf (length-delimited)", default="jsonl")
     log_buffer_bytes: int = _doc("bytes of prediction events held while the sink is slow or away", default=64 * 1024 * 1024)
+    log_linger_ms: int = _doc("how long the prediction log gathers events into one write/produce batch", default=2)
     log_sample_every: int = _doc("SAMPLE logging shadows one request in this many", default=100)
     log_flush_timeout_s: float = _doc("how long shutdown waits to flush the prediction log", default=10.0)
 
@@ -133,7 +134,7 @@ class Settings:
         _check(bool(self.host), "host", self.host, "an address")
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level", self.log_level, "debug, info, warning or error")
         _check(self.event_loop in ("uvloop", "asyncio"), "event_loop", self.event_loop, "uvloop or asyncio")
-        _check(self.kafka_compression in ("none", "gzip"), "kafka_compression", self.kafka_compression, "none or gzip")
+        _check(self.kafka_compression in ("none", "gzip", "lz4", "zstd"), "kafka_compression", self.kafka_compression, "none, gzip, lz4 or zstd")
         _check(self.kafka_acks in ("0", "1", "all"), "kafka_acks", self.kafka_acks, "0, 1 or all")
         _check(self.h2o_scorer in ("auto", "jvm", "native"), "h2o_scorer", self.h2o_scorer, "auto, jvm or native")
         _check(self.log_file_format in ("jsonl", "protobuf"), "log_file_format", self.log_file_format, "jsonl or protobuf")
@@ -148,7 +149,7 @@ class Settings:
         _check(not self.redis_url or self.redis_url.startswith(("redis://", "rediss://", "unix://")), "redis_url", self.redis_url, "a redis:// URL")
         for name in ("kafka_ingest_session_timeout_ms", "kafka_ingest_fetch_max_wait_ms", "scoring_slots", "scoring_threads", "log_sample_every", "request_timeout_ms", "max_body_bytes", "max_rows", "log_buffer_bytes"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")
-        for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms", "workers"):
+        for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms", "workers", "log_linger_ms"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")
         for name in ("evaluation_interval_s", "metrics_flush_interval_s", "redis_sync_interval_s", "log_flush_timeout_s", "file_sync_interval_s"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number of seconds")

@@ -7,15 +7,17 @@ with one, that release scores directly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import forestflow
 from forestflow.codecs.v2 import Layout, decode_inputs, spec_json
 from forestflow.codecs.v2_tensor import Tensor
-from forestflow.core.frame import TensorSpec
+from forestflow.core.frame import Frame, TensorSpec
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput, NoActiveServablesForContract, NotFound, UnknownServable
+from forestflow.predlog.record import WireBody
 from forestflow.runtime.base import ServableMetadata
 from forestflow.runtime.classification import CLASSIFICATION, classify, positive_count, require_classifier
 from forestflow.runtime.pipeline import RESPONSE_METADATA
@@ -148,20 +150,17 @@ def check_can_classify(gateway: Gateway, contract: Contract, version: str | None
             raise InvalidInput(f"output {name!r}: not an output of {fqrv} (outputs: {', '.join(sorted(names))})")
 
 
-def classify_outputs(gateway: Gateway, result: InferResult, outputs: list[Tensor], ks: dict[str, int]) -> list[Tensor]:
+def classify_outputs(gateway: Gateway, fqrv: FQRV, frame: Frame, outputs: list[Tensor], ks: dict[str, int]) -> list[Tensor]:
     """Replace each output asked with ``classification = k`` by its ``[N, k]`` "score:index:label" strings."""
     if not ks:
         return outputs
-    source = require_classifier(gateway.metadata(result.fqrv), str(result.fqrv))
-    return [
-        Tensor(t.name, "BYTES", classify(source, result.frame, ks[t.name])) if t.name in ks else t
-        for t in outputs
-    ]
+    source = require_classifier(gateway.metadata(fqrv), str(fqrv))
+    return [Tensor(t.name, "BYTES", classify(source, frame, ks[t.name])) if t.name in ks else t for t in outputs]
 
 
-def response_metadata(result: InferResult) -> dict[str, Any]:
+def response_metadata(frame: Frame) -> dict[str, Any]:
     """What the model's steps returned as metadata (empty when none did)."""
-    returned = result.frame.parameters.get(RESPONSE_METADATA)
+    returned = frame.parameters.get(RESPONSE_METADATA)
     return returned if isinstance(returned, dict) else {}
 
 
@@ -176,8 +175,15 @@ async def infer(
     protocol: str,
     timeout_s: float | None,
     classification: dict[str, int] | None = None,
+    wire_request: WireBody | None = None,
+    encode_response: Callable[[FQRV, Frame, Layout], WireBody] | None = None,
 ) -> tuple[InferResult, Layout]:
-    """Lay the tensors out as the model's inputs and score them (routed, or on ``version``)."""
+    """Lay the tensors out as the model's inputs and score them (routed, or on ``version``).
+
+    With ``wire_request`` (the body as received) and ``encode_response`` (the answer as it will be
+    sent), the prediction log keeps both as they are on the wire instead of re-encoding the frames,
+    and ``result.response_json`` is the answer's body, encoded once for the client and the log.
+    """
     contract = model_contract(name)
     gateway.contract_state(contract)
     if version:
@@ -194,5 +200,11 @@ async def infer(
         protocol=protocol,
         timeout_s=timeout_s,
         release=version or None,
+        request_json=wire_request,
+        encode_response_json=partial(_with_layout, encode_response, layout) if encode_response is not None else None,
     )
     return result, layout
+
+
+def _with_layout(encode: Callable[[FQRV, Frame, Layout], WireBody], layout: Layout, fqrv: FQRV, frame: Frame) -> WireBody:
+    return encode(fqrv, frame, layout)

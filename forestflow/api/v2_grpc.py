@@ -24,9 +24,12 @@ from aiohttp import web
 from forestflow._proto.grpc_predict_v2 import SERVICE, messages
 from forestflow.api import v2_common
 from forestflow.api.common import GATEWAY, SETTINGS, WORKER
-from forestflow.codecs.v2 import encode_outputs
+from forestflow.codecs.v2 import Layout, encode_outputs
 from forestflow.codecs.v2_tensor import Tensor, array_from_contents, array_from_raw, raw_bytes
+from forestflow.core.frame import Frame
+from forestflow.core.ids import FQRV
 from forestflow.errors import DeadlineExceeded, GatewayError, InvalidInput, Kind
+from forestflow.predlog.record import WireBody
 from forestflow.service import Gateway
 
 log = structlog.get_logger("forestflow.grpc")
@@ -59,6 +62,22 @@ def parameters_of(field: Any) -> dict[str, Any]:
         if which is not None:
             out[key] = getattr(param, which)
     return out
+
+
+def tensors_of(request: Any) -> list[Tensor]:
+    """The input tensors of a ModelInferRequest, typed (``contents``) or raw."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")
+    tensors = []
+    for i, t in enumerate(request.inputs):
+        shape = list(t.shape)
+        if raw:
+            array = array_from_raw(t.name, t.datatype, shape, raw[i])
+        else:
+            array = array_from_contents(t.name, t.datatype, shape, t.contents)
+        tensors.append(Tensor(t.name, t.datatype, array, parameters_of(t.parameters)))
+    return tensors
 
 
 class InferenceService:
@@ -100,43 +119,41 @@ class InferenceService:
                 getattr(response, key).add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
         return response
 
-    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Score typed or raw tensors; routed by phase-in unless a version is named."""
-        raw = request.raw_input_contents
-        if raw and len(raw) != len(request.inputs):
-            raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")
-        tensors = []
-        for i, t in enumerate(request.inputs):
-            shape = list(t.shape)
-            if raw:
-                array = array_from_raw(t.name, t.datatype, shape, raw[i])
-            else:
-                array = array_from_contents(t.name, t.datatype, shape, t.contents)
-            tensors.append(Tensor(t.name, t.datatype, array, parameters_of(t.parameters)))
+    async def ModelInfer(self, call: tuple[bytes, Any], context: grpc.aio.ServicerContext) -> bytes:
+        """Score typed or raw tensors; routed by phase-in unless a version is named.
+
+        Takes the request as received with its parsed message, and answers the serialized
+        response: both go to the prediction log as they are on the wire.
+        """
+        wire, request = call
+        tensors = tensors_of(request)
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             raise DeadlineExceeded("the request's deadline passed before it was scored")
         request_id = request.id or uuid.uuid4().hex
         wanted = [(o.name, parameters_of(o.parameters)) for o in request.outputs]
         ks, options = v2_common.output_parameters(wanted)
-        result, layout = await v2_common.infer(
+
+        def answer(fqrv: FQRV, frame: Frame, layout: Layout) -> WireBody:
+            outputs = encode_outputs(frame, layout, [name for name, _ in wanted])
+            outputs = v2_common.classify_outputs(self.gateway, fqrv, frame, outputs, ks)
+            response = self.m["ModelInferResponse"](model_name=request.model_name, model_version=fqrv.release, id=request_id)
+            for tensor in outputs:
+                response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+                response.raw_output_contents.append(raw_bytes(tensor.array, tensor.datatype))
+            for key, value in v2_common.response_metadata(frame).items():
+                _set_parameter(response.parameters[key], value)
+            if layout.explicit:
+                response.parameters["content_type"].string_param = layout.content_type
+            return WireBody.of(response.SerializeToString())
+
+        result, _ = await v2_common.infer(
             self.gateway, request.model_name, request.model_version or None, tensors,
             {**options, **parameters_of(request.parameters)}, request_id=request_id, protocol="v2-grpc",
-            timeout_s=remaining, classification=ks,
+            timeout_s=remaining, classification=ks, wire_request=WireBody.of(wire), encode_response=answer,
         )
-        outputs = encode_outputs(result.frame, layout, [o.name for o in request.outputs])
-        outputs = v2_common.classify_outputs(self.gateway, result, outputs, ks)
-        response = self.m["ModelInferResponse"](
-            model_name=request.model_name, model_version=result.fqrv.release, id=request_id
-        )
-        for tensor in outputs:
-            response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-            response.raw_output_contents.append(raw_bytes(tensor.array, tensor.datatype))
-        for key, value in v2_common.response_metadata(result).items():
-            _set_parameter(response.parameters[key], value)
-        if layout.explicit:
-            response.parameters["content_type"].string_param = layout.content_type
-        return response
+        assert result.response_json is not None
+        return result.response_json
 
 
 def _set_parameter(param: Any, value: Any) -> None:
@@ -171,12 +188,19 @@ def generic_handler(gateway: Gateway) -> grpc.GenericRpcHandler:
     service = InferenceService(gateway)
     m = service.m
     handlers = {}
-    for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer"):
+    for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata"):
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             _guard(getattr(service, name)),
             request_deserializer=m[f"{name}Request"].FromString,
             response_serializer=m[f"{name}Response"].SerializeToString,
         )
+    # ModelInfer keeps the request's bytes and answers bytes it serialized itself (for the log).
+    parse_infer = m["ModelInferRequest"].FromString
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        _guard(service.ModelInfer),
+        request_deserializer=lambda wire: (wire, parse_infer(wire)),
+        response_serializer=bytes,
+    )
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 

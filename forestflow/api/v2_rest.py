@@ -20,9 +20,12 @@ from aiohttp import hdrs, web
 from forestflow.api import v2_common
 from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SETTINGS, request_id_of, timeout_from
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
-from forestflow.codecs.v2 import encode_outputs
+from forestflow.codecs.v2 import Layout, encode_outputs
 from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, json_data, json_safe, raw_bytes
+from forestflow.core.frame import Frame
+from forestflow.core.ids import FQRV
 from forestflow.errors import GatewayError, InvalidInput, PayloadTooLarge
+from forestflow.predlog.record import WireBody
 from forestflow.service import Gateway, InferResult
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -267,18 +270,25 @@ async def infer_payload(
     if client_id not in (None, ""):
         request_id = str(client_id)
     ks, options = v2_common.output_parameters(wanted)
-    result, layout = await v2_common.infer(
+
+    def answer(fqrv: FQRV, frame: Frame, layout: Layout) -> WireBody:
+        # The response body, made once for the client and the prediction log (shadows get theirs).
+        outputs = encode_outputs(frame, layout, [n for n, _ in wanted])
+        outputs = v2_common.classify_outputs(gateway, fqrv, frame, outputs, ks)
+        reply: dict[str, Any] = {"model_name": name, "model_version": fqrv.release, "id": request_id}
+        returned = v2_common.response_metadata(frame)
+        if layout.explicit or returned:
+            reply["parameters"] = {**returned, "content_type": layout.content_type} if layout.explicit else dict(returned)
+        return WireBody.of(*encode_response(reply, outputs, dict(wanted), binary_default))
+
+    result, _ = await v2_common.infer(
         gateway, name, version, tensors, {**options, **parameters} if options else parameters,
         request_id=request_id, protocol=protocol, timeout_s=timeout_s, classification=ks,
+        wire_request=WireBody.of(body, len(head) if binary else None), encode_response=answer,
     )
-    outputs = encode_outputs(result.frame, layout, [n for n, _ in wanted])
-    outputs = v2_common.classify_outputs(gateway, result, outputs, ks)
-    reply: dict[str, Any] = {"model_name": name, "model_version": result.fqrv.release, "id": request_id}
-    returned = v2_common.response_metadata(result)
-    if layout.explicit or returned:
-        reply["parameters"] = {**returned, "content_type": layout.content_type} if layout.explicit else dict(returned)
-    out, json_length = encode_response(reply, outputs, dict(wanted), binary_default)
-    return V2Answer(result, out, json_length, request_id)
+    out = result.response_json
+    assert isinstance(out, WireBody)
+    return V2Answer(result, out, out.json_length, request_id)
 
 
 def add_routes(app: web.Application) -> None:

@@ -19,4 +19,4 @@ def make_sink(settings: Settings) -> Sink:
 
 def make_prediction_log(settings: Settings) -> PredictionLog:
     """The prediction log configured by ``settings``."""
-    return PredictionLog(make_sink(settings), settings.log_buffer_bytes)
+    return PredictionLog(make_sink(settings), settings.log_buffer_bytes, linger_s=settings.log_linger_ms / 1000)

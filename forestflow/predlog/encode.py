@@ -2,6 +2,9 @@
 
 The JSON line is built straight from the record (no protobuf on the way) and has the shape
 protobuf's JSON mapping gives the same event (camelCase, int64 as strings, bytes as base64).
+V2 records (:class:`~forestflow.predlog.record.WireBody` bodies) become wire events: fields 18-21
+hold the request and answer as they were on the wire, copied, not re-encoded; in the JSON line a
+REST JSON body is the document itself rather than base64.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from forestflow.codecs.ff_settings import fqrv_to_json, logging_to_json
 from forestflow.codecs.ff_protobuf import embedded, fqrv_bytes, inference_request_bytes, key, prediction_bytes, varint
 from forestflow.codecs.schema_datum import prediction_json, request_json
 from forestflow.core.policies import LoggingSettings
-from forestflow.predlog.record import PredictionRecord
+from forestflow.predlog.record import PredictionRecord, WireBody
 
 
 _LATENCY = struct.Struct("<d")
 _SERVED = {True: key(2, 0) + b"\x01", False: key(2, 0) + b"\x00"}
 _EVENT_TIME, _LATENCY_MS, _STATUS = key(10, 0), key(13, 1), key(14, 0)
+_WIRE_REQUEST_JSON_LENGTH, _WIRE_RESPONSE_JSON_LENGTH = key(20, 0), key(21, 0)
 
 
 @functools.lru_cache(maxsize=256)
@@ -65,10 +69,52 @@ def encode_event(record: PredictionRecord) -> bytes:
         if record.raw_response is not None:
             payload += embedded(1, embedded(1, record.raw_response) + embedded(2, fqrv_bytes(record.fqrv)))
         return payload
+    if record.is_wire:
+        return payload + _wire_fields(record)
     payload += embedded(3, inference_request_bytes(record.request, record.configs))
     if record.response is not None:
         payload += embedded(1, prediction_bytes(record.fqrv, record.response))
     return payload
+
+
+def _wire_fields(record: PredictionRecord) -> bytes:
+    """Fields 18-21 of a V2 event: the request and answer bytes as they were on the wire."""
+    request, response = record.request_json, record.response_json
+    assert isinstance(request, WireBody)
+    out = [embedded(18, request)]
+    if response is not None:
+        out.append(embedded(19, response))
+    if request.json_length is not None:
+        out.append(_WIRE_REQUEST_JSON_LENGTH + varint(request.json_length))
+    if isinstance(response, WireBody) and response.json_length is not None:
+        out.append(_WIRE_RESPONSE_JSON_LENGTH + varint(response.json_length))
+    return b"".join(out)
+
+
+def _wire_json(body: bytes, protocol: str, json_length: int | None) -> Any:
+    """A wire body in the JSON line: REST JSON embedded as it is, anything else as base64 text."""
+    if protocol == "v2" and json_length is None:
+        # Raw line breaks can only be whitespace in JSON (inside strings they are escaped): blank
+        # them so the event stays on one line.
+        if b"\n" in body or b"\r" in body:
+            body = body.replace(b"\n", b" ").replace(b"\r", b" ")
+        return orjson.Fragment(bytes(body))  # orjson takes exactly bytes, not a subclass
+    return base64.b64encode(body).decode()
+
+
+def _wire_event_json(record: PredictionRecord) -> dict[str, Any]:
+    """The V2-specific part of a wire event's JSON line (see :func:`encode_event_json`)."""
+    request, response = record.request_json, record.response_json
+    assert isinstance(request, WireBody)
+    event: dict[str, Any] = {"wireRequest": _wire_json(request, record.protocol, request.json_length)}
+    if request.json_length is not None:
+        event["wireRequestJsonLength"] = request.json_length
+    if response is not None:
+        response_length = response.json_length if isinstance(response, WireBody) else None
+        event["wireResponse"] = _wire_json(response, record.protocol, response_length)
+        if response_length is not None:
+            event["wireResponseJsonLength"] = response_length
+    return event
 
 
 def decode_event(payload: bytes, graphpipe: bool = False) -> Any:
@@ -94,6 +140,8 @@ def encode_event_json(record: PredictionRecord) -> bytes:
             }
         event["servedRequest"] = record.served
         event["inferBytes"] = base64.b64encode(record.raw_request or b"").decode()
+    elif record.is_wire:
+        event["servedRequest"] = record.served
     else:
         if record.response_json is not None:
             event["prediction"] = orjson.Fragment(record.response_json)
@@ -114,6 +162,8 @@ def encode_event_json(record: PredictionRecord) -> bytes:
         event["error"] = record.error
         event["errorCode"] = record.error_code
     event["protocol"] = record.protocol
+    if record.is_wire:
+        event.update(_wire_event_json(record))
     if record.response is not None:  # what pipelines add (runtime/pipeline.py): step metadata, intermediate tensors
         returned = record.response.parameters.get("metadata")
         if returned:

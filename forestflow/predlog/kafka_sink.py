@@ -40,6 +40,8 @@ _PARTITIONER = DefaultPartitioner()
 #: Record batches of up to this many bytes (aiokafka's default is 16 KiB); below Kafka's default
 #: message.max.bytes of 1 MiB.
 _BATCH_BYTES = 512 * 1024
+#: Compression codecs of the producer (lz4 and zstd come from cramjam, a runtime dependency).
+COMPRESSIONS = ("none", "gzip", "lz4", "zstd")
 #: Upper bound for stopping a producer (it holds nothing we still want at that point).
 _CLOSE_TIMEOUT_S = 5.0
 
@@ -61,7 +63,7 @@ class KafkaSink:
         topic: str,
         gp_topic: str,
         *,
-        compression: str = "gzip",
+        compression: str = "zstd",
         acks: str = "all",
         linger_ms: int = 5,
         enable_idempotence: bool = True,
@@ -69,8 +71,8 @@ class KafkaSink:
         max_request_size: int = 1024 * 1024,
         client_id: str = "forestflow-predlog",
     ) -> None:
-        if compression not in ("none", "gzip"):
-            raise ValueError(f"kafka compression must be none or gzip, got {compression!r}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"kafka compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
         if acks not in ("0", "1", "all"):
             raise ValueError(f"kafka acks must be 0, 1 or all, got {acks!r}")
         if enable_idempotence and acks != "all":

@@ -90,12 +90,16 @@ class PredictionLog:
         batch_size: int = 500,
         retry_backoff_s: float = 0.5,
         warn_interval_s: float = 10.0,
+        linger_s: float = 0.0,
     ) -> None:
         self.sink = sink
         self.capacity_bytes = capacity_bytes
         self.batch_size = batch_size
         self.retry_backoff_s = retry_backoff_s
         self.warn_interval_s = warn_interval_s
+        #: How long the drain task lets events gather before shipping a batch smaller than
+        #: ``batch_size``: one write or produce per batch instead of one per event.
+        self.linger_s = linger_s
         self.stats = LogStats()
         # A sink may ask for JSON lines (the local file); everything else gets the protobuf event.
         self._encode = encode_event_json if getattr(sink, "encoding", "protobuf") == "jsonl" else encode_event
@@ -198,6 +202,8 @@ class PredictionLog:
                     if self._closing:
                         return
                     continue
+            if self.linger_s and len(self._queue) < self.batch_size and not self._closing:
+                await asyncio.sleep(self.linger_s)
             batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
             try:
                 failed = await self.sink.send(batch)

@@ -9,6 +9,26 @@ from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
 
 
+class WireBody(bytes):
+    """A V2 request or answer exactly as it was on the wire; logged as is, not re-encoded.
+
+    ``json_length`` is how many bytes of JSON start the body when binary tensors follow it
+    (Triton's binary extension); None when the whole body is JSON (REST) or protobuf (gRPC,
+    ``protocol`` "v2-grpc"). A V2 front-end hands these to the log as ``request_json`` /
+    ``response_json``; the encoders then write a wire event instead of ForestFlow's shape.
+    """
+
+    json_length: int | None = None
+
+    @classmethod
+    def of(cls, body: bytes, json_length: int | None = None) -> WireBody:
+        """``body`` marked as wire bytes."""
+        wire = cls(body)
+        if json_length is not None:
+            wire.json_length = json_length
+        return wire
+
+
 @dataclass(slots=True)
 class PredictionRecord:
     """One scoring outcome to log (protocol-free; the encoder turns it into a PredictionEvent)."""
@@ -31,6 +51,7 @@ class PredictionRecord:
     raw_response: bytes | None = None
     #: BASIC JSON: the request body as the client sent it and the Prediction JSON it got back,
     #: reused verbatim by the JSON-lines log (the protobuf event is built from the frames).
+    #: V2: :class:`WireBody` values, logged as they were on the wire by both encoders.
     request_json: bytes | None = None
     response_json: bytes | None = None
 
@@ -38,6 +59,11 @@ class PredictionRecord:
     def key(self) -> str | None:
         """The Kafka record key: the request's configs for the servable's key features."""
         return self.logging.key_for(self.configs)
+
+    @property
+    def is_wire(self) -> bool:
+        """Whether this is a V2 event carrying its request as it was on the wire."""
+        return isinstance(self.request_json, WireBody)
 
     @property
     def is_graphpipe(self) -> bool:

@@ -22,7 +22,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from google.protobuf.message import DecodeError
 
+from forestflow.predlog.convert import to_forestflow
 from forestflow.predlog.encode import event_to_dict
+
+#: ``--format`` values: events as they were logged, or V2 wire events converted to ForestFlow's shape.
+FORMATS = ("logged", "forestflow")
 
 #: How often the tail looks again for a topic that does not exist yet.
 _TOPIC_POLL_S = 0.5
@@ -41,12 +45,14 @@ def _decode(value: bytes, graphpipe: bool | None, topic: str) -> dict[str, Any]:
     return event_to_dict(value, graphpipe=graphpipe)
 
 
-def _line(record: Any, graphpipe: bool | None) -> dict[str, Any]:
+def _line(record: Any, graphpipe: bool | None, fmt: str = "logged") -> dict[str, Any]:
     key = record.key.decode("utf-8", errors="replace") if record.key is not None else None
     try:
         event = _decode(record.value or b"", graphpipe, record.topic)
     except DecodeError as exc:
         event = {"error": f"not a prediction event: {exc}", "valueBase64": base64.b64encode(record.value or b"").decode()}
+    if fmt == "forestflow":
+        event = to_forestflow(event)
     # The record's coordinates go last so an event field of the same name cannot hide them.
     return {**event, "key": key, "partition": record.partition, "offset": record.offset, "timestamp": record.timestamp}
 
@@ -75,6 +81,7 @@ async def tail(
     graphpipe: bool | None = None,
     max_events: int | None = None,
     idle_timeout_s: float | None = None,
+    fmt: str = "logged",
 ) -> int:
     """Print the topic's events to ``out`` as JSON lines until stopped; return how many were printed.
 
@@ -82,6 +89,7 @@ async def tail(
     type the topic holds (None: a topic ending in ``.gp`` is GraphPipe, otherwise a
     PredictionEvent is tried first). The tail stops after ``max_events`` printed events, or when
     no record has arrived for ``idle_timeout_s`` seconds; with neither it runs until cancelled.
+    ``fmt`` "forestflow" converts V2 wire events to ForestFlow's shape.
     """
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -127,7 +135,7 @@ async def tail(
             for record in records:
                 if wanted is not None and record.key != wanted:
                     continue
-                out.write(orjson.dumps(_line(record, graphpipe)).decode() + "\n")
+                out.write(orjson.dumps(_line(record, graphpipe, fmt)).decode() + "\n")
                 printed += 1
                 if max_events is not None and printed >= max_events:
                     break
@@ -137,14 +145,42 @@ async def tail(
     return printed
 
 
+def tail_file(path: str, out: TextIO, fmt: str = "logged", key: str | None = None) -> int:
+    """Print the events of a local JSON-lines log (``{"topic", "key", "event"}`` lines); return how many."""
+    printed = 0
+    with open(path, "rb") as fh:
+        for raw in fh:
+            if not raw.strip():
+                continue
+            try:
+                line = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:  # e.g. a line cut short by a crash: say so, go on
+                line = {"error": f"not a JSON line: {exc}", "line": raw.decode("utf-8", errors="replace").rstrip("\n")}
+            if key is not None and line.get("key") != key:
+                continue
+            if fmt == "forestflow" and isinstance(line.get("event"), dict):
+                line["event"] = to_forestflow(line["event"])
+            out.write(orjson.dumps(line).decode() + "\n")
+            printed += 1
+    out.flush()
+    return printed
+
+
 def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``forestflow logs tail`` to ``parser``."""
     default_bootstrap = os.environ.get("FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS") or None
     parser.add_argument(
         "--bootstrap",
         default=default_bootstrap,
-        required=default_bootstrap is None,
         help="Kafka bootstrap servers host:port[,host:port] (default: $FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS)",
+    )
+    parser.add_argument("--file", default=None, help="read this local JSON-lines log instead of a Kafka topic")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="logged",
+        help="logged: events as they were written; forestflow: V2 events (request and answer as on the wire) "
+        "converted to ForestFlow's inferenceRequest/prediction",
     )
     parser.add_argument(
         "--topic",
@@ -165,6 +201,17 @@ def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_tail(args: argparse.Namespace) -> int:
     """Run the tail for parsed CLI arguments; return the process exit status."""
+    fmt = getattr(args, "format", "logged")
+    if getattr(args, "file", None):
+        try:
+            tail_file(args.file, sys.stdout, fmt, args.key)
+        except OSError as exc:
+            print(f"forestflow logs tail: cannot read {args.file}: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if not args.bootstrap:
+        print("forestflow logs tail: give --bootstrap (or $FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS) or --file", file=sys.stderr)
+        return 2
     try:
         asyncio.run(
             tail(
@@ -176,6 +223,7 @@ def run_tail(args: argparse.Namespace) -> int:
                 graphpipe=getattr(args, "graphpipe", None),
                 max_events=getattr(args, "max_events", None),
                 idle_timeout_s=getattr(args, "idle_timeout", None),
+                fmt=fmt,
             )
         )
     except KeyboardInterrupt:

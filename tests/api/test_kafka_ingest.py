@@ -208,10 +208,11 @@ async def test_bad_messages_get_error_replies_and_later_ones_are_still_answered(
     assert header(got["malformed"], "forestflow-request-id") == f"{requests}:0:0"
     assert metrics["dropped"] == {"no_reply_topic": 1}
     assert metrics["answered"] == {"200": 4, "400": 4, "404": 1}
-    # Prediction events as for HTTP: the served one and the shadow copy of each scored message.
+    # Prediction events as for HTTP: the served one and the shadow copy of each scored message (field 12
+    # names the servable: V2 events carry the wire bodies instead of a Prediction).
     decoded = [pb.PredictionEvent.FromString(e.value) for e in events]
     assert all(e.protocol == "kafka" and e.status == 200 for e in decoded)
-    assert Counter((e.servedRequest, e.prediction.fqrv.release_version) for e in decoded) == {
+    assert Counter((e.servedRequest, e.fqrv.release_version) for e in decoded) == {
         (True, "v1"): 4, (False, "shadow"): 4
     }
     assert {e.requestId for e in decoded} == {header(got[k], "forestflow-request-id") for k in ("json", "proto", "v2", "own-id")}

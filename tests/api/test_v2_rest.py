@@ -243,8 +243,11 @@ async def test_v2_and_v1_are_routed_shadowed_and_logged_like_score(tmp_path: Any
         assert (int(stats["cand"]["scoreCount"]), int(stats["cand"]["shadeCount"])) == (1, 4)
     log = tmp_path / "data" / "predictions.jsonl"
     events = [orjson.loads(line)["event"] for line in log.read_bytes().splitlines() if line.strip()]
-    seen = sorted((e["fqrv"]["releaseVersion"], bool(e.get("servedRequest")), e["inferenceRequest"]["configs"]["reqid"], e["protocol"])
-                  for e in events)
+    # V2 events carry the request as it was sent (wireRequest); V1 ones ForestFlow's InferenceRequest.
+    def reqid(e: dict[str, Any]) -> str:
+        return e["wireRequest"]["parameters"]["reqid"] if e["protocol"] == "v2" else e["inferenceRequest"]["configs"]["reqid"]
+
+    seen = sorted((e["fqrv"]["releaseVersion"], bool(e.get("servedRequest")), reqid(e), e["protocol"]) for e in events)
     expected = [("cand", False, f"v2-{i}", "v2") for i in range(3)] + [("cand", False, "v1-0", "v1"), ("cand", True, "direct", "v2")]
     expected += [("live", True, f"v2-{i}", "v2") for i in range(3)] + [("live", True, "v1-0", "v1")]
     assert seen == sorted(expected)

@@ -220,7 +220,23 @@ def test_from_settings_and_validation() -> None:
     with pytest.raises(ValueError, match="acks=all"):
         KafkaSink("x:1", "a", "b", acks="1", enable_idempotence=True)
     with pytest.raises(ValueError, match="compression"):
-        KafkaSink("x:1", "a", "b", compression="zstd")
+        KafkaSink("x:1", "a", "b", compression="snappy")
+    with pytest.raises(ValueError, match="kafka_compression"):
+        Settings(kafka_compression="brotli")
+    assert Settings().kafka_compression == "zstd"
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "lz4", "zstd"])
+async def test_every_compression_reaches_a_consumer_intact(broker: KafkaBroker, topic: str, compression: str) -> None:
+    entries = [entry(make_record(i, {"user": f"u{i % 3}"}, pad=200)) for i in range(30)]
+    sink = kafka_sink(broker.bootstrap, topic, compression=compression)
+    await sink.start()
+    try:
+        assert await sink.send(entries) == []
+    finally:
+        await sink.close()
+    got = await read_topic(broker.bootstrap, topic, expect=30, settle_s=0.2)
+    assert sorted(r.value for r in got) == sorted(e.value for e in entries)
 
 
 # ---- logs tail --------------------------------------------------------------------------------------
