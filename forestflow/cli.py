@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import signal
+import socket
 import sys
 import urllib.error
 import urllib.request
@@ -41,18 +42,66 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     except SettingsError as exc:
         return _fail(str(exc))
+    from forestflow.datadir_lock import DataDirInUse, DataDirLock
     from forestflow.logs import configure_logging
 
     configure_logging(settings.log_level)
     from forestflow.errors import GatewayError
 
+    # The data dir has one owner for the life of this process (the file store rewrites the registry
+    # from its own snapshot: a second gateway would silently undo the first one's changes).
+    lock = DataDirLock(settings.data_dir)
+    try:
+        lock.acquire()
+    except DataDirInUse as exc:
+        return _fail(str(exc), code=1)
+    except OSError as exc:
+        return _fail(f"cannot lock data dir {settings.data_dir}: {exc.strerror or exc}", code=1)
     try:
         _run(_serve(settings), settings.event_loop)
+    except PortInUse as exc:
+        return _fail(str(exc), code=1)
     except OSError as exc:
-        return _fail(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror or exc}")
+        if exc.strerror is None:  # raised with a whole message (e.g. the gRPC bind)
+            return _fail(str(exc), code=1)
+        return _fail(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror}")
     except GatewayError as exc:  # e.g. the registry store is unreachable at start
         return _fail(exc.message, code=1)
+    finally:
+        lock.release()
     return 0
+
+
+class PortInUse(Exception):
+    """A port the gateway needs cannot be bound; the message is the one line to print."""
+
+
+def _bind_http(settings: Any) -> socket.socket:
+    """The HTTP listening socket, bound before anything starts (a taken port fails fast)."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    try:
+        return socket.create_server((settings.host, settings.port), family=family, backlog=1024)
+    except OSError as exc:
+        raise PortInUse(f"cannot serve HTTP on {settings.host}:{settings.port}: {exc.strerror or exc}") from None
+
+
+def _check_grpc_port(settings: Any) -> None:
+    """Fail before start-up when the gRPC port is taken (the server itself binds it later).
+
+    gRPC binds with SO_REUSEPORT off (see ``api.v2_grpc``), so the bind that follows this check
+    fails too if the port is taken in between; the check only makes the failure early and clear.
+    """
+    if settings.grpc_port <= 0:
+        return
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    try:
+        probe = socket.create_server((settings.host, settings.grpc_port), family=family)
+    except OSError as exc:
+        raise PortInUse(
+            f"cannot serve gRPC on {settings.host}:{settings.grpc_port}: {exc.strerror or exc} "
+            f"(choose another with --grpc-port, or -1 to disable gRPC)"
+        ) from None
+    probe.close()
 
 
 def _run(main: Any, event_loop: str) -> None:
@@ -73,17 +122,28 @@ async def _serve(settings: Any) -> None:
     from forestflow.api.app import build_app, make_runner
 
     log = structlog.get_logger("forestflow")
-    app = build_app(settings)
-    runner = make_runner(app, settings)
-    await runner.setup()
+    # Both ports are checked before the gateway starts (loading every servable takes a while, and
+    # a second gateway must not get that far on a port another one serves).
+    sock = _bind_http(settings)
+    try:
+        _check_grpc_port(settings)
+        app = build_app(settings)
+        runner = make_runner(app, settings)
+        try:
+            await runner.setup()
+        except BaseException:
+            await runner.cleanup()
+            raise
+    except BaseException:
+        sock.close()
+        raise
     # What start-up loaded (modules, restored servables) lives as long as the process: move it out
     # of the collector's reach, or every full pass walks it and pauses the loop for tens of ms.
     gc.collect()
     gc.freeze()
-    site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+    site = web.SockSite(runner, sock)
     await site.start()
-    ports = [s.getsockname()[1] for s in site._server.sockets] if site._server else []  # type: ignore[union-attr]
-    log.info("serving", host=settings.host, port=ports[0] if ports else settings.port, data_dir=str(settings.data_dir))
+    log.info("serving", host=settings.host, port=sock.getsockname()[1], data_dir=str(settings.data_dir))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

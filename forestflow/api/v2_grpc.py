@@ -174,13 +174,16 @@ async def grpc_context(app: web.Application) -> AsyncIterator[None]:
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             # Answers are as large as the model makes them; the receive limit guards the gateway.
             ("grpc.max_send_message_length", -1),
+            # gRPC sets SO_REUSEPORT by default: a second gateway would then share this port and
+            # answer some of its calls from another state. Off, a taken port fails the bind.
+            ("grpc.so_reuseport", 0),
         ]
     )
     server.add_generic_rpc_handlers((generic_handler(app[GATEWAY]),))
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     port = server.add_insecure_port(f"{host}:{settings.grpc_port}")
     if not port:
-        raise OSError(f"cannot serve gRPC on {host}:{settings.grpc_port}")
+        raise OSError(f"cannot serve gRPC on {host}:{settings.grpc_port}: address already in use or not available")
     await server.start()
     app[GRPC_PORT] = port
     log.info("grpc_serving", host=settings.host, port=port)
