@@ -6,12 +6,15 @@ from typing import Any
 
 from aiohttp import web
 
-from forestflow.api.common import FQRV_TAG, GATEWAY, contract_from, fqrv_from, parse_json, request_id_of, timeout_from
+from forestflow.api.common import (
+    FQRV_TAG, GATEWAY, contract_from, fqrv_from, input_headers, parse_json, request_id_of, timeout_from,
+)
 from forestflow.api.responses import JSON, json_response
 from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.codecs.ff_protobuf import prediction_bytes
 from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_from_proto, prediction_json
 from forestflow.core.frame import Frame
+from forestflow.core.input_report import missing_inputs, unknown_inputs
 from forestflow.core.ids import FQRV
 from forestflow.runtime.base import ServableMetadata
 
@@ -41,8 +44,7 @@ async def score(request: web.Request) -> web.Response:
         encode_response_json=None if as_proto else _prediction_json,
     )
     request[FQRV_TAG] = str(result.fqrv)
-    unknown = result.frame.parameters.get("unknown_inputs") or []
-    headers = {"X-Forestflow-Unknown-Inputs": ",".join(unknown)} if unknown else None
+    headers = input_headers(result.frame) or None
     if as_proto:
         payload = prediction_bytes(result.fqrv, result.frame)
         return web.Response(body=payload, content_type=PROTOBUF, headers=headers)
@@ -51,8 +53,8 @@ async def score(request: web.Request) -> web.Response:
 
 
 def _prediction_json(fqrv: FQRV, frame: Frame) -> bytes:
-    """The Prediction JSON of an answer (unknown input names listed when there are any)."""
-    return prediction_json(fqrv, frame, frame.parameters.get("unknown_inputs") or ())
+    """The Prediction JSON of an answer (unknown and missing input names listed when there are any)."""
+    return prediction_json(fqrv, frame, unknown_inputs(frame), missing_inputs(frame))
 
 
 def metadata_to_json(fqrv: FQRV, meta: ServableMetadata) -> dict[str, Any]:

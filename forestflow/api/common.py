@@ -7,7 +7,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
+from forestflow.core.input_report import missing_inputs, unknown_inputs
 from forestflow.errors import InvalidInput
 from forestflow.service import Gateway
 from forestflow.settings import Settings
@@ -70,3 +72,18 @@ def timeout_from(request: web.Request) -> float | None:
     if not 0 < ms <= 3_600_000:
         raise InvalidInput(f"{DEADLINE_HEADER}: must be between 1 and 3600000 ms")
     return ms / 1000
+
+
+def input_headers(output: Frame) -> dict[str, str]:
+    """``X-Forestflow-Unknown-Inputs`` / ``X-Forestflow-Missing-Inputs`` for an answer, when it has any.
+
+    Unknown: request columns the model ignored; missing: model inputs the request lacked (scored
+    as NA). Servables with ``strictInputs`` answer 400 instead.
+    """
+    headers = {}
+    unknown, missing = unknown_inputs(output), missing_inputs(output)
+    if unknown:
+        headers["X-Forestflow-Unknown-Inputs"] = ",".join(unknown)
+    if missing:
+        headers["X-Forestflow-Missing-Inputs"] = ",".join(missing)
+    return headers

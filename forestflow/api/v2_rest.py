@@ -17,7 +17,7 @@ import orjson
 from aiohttp import hdrs, web
 
 from forestflow.api import v2_common
-from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SETTINGS, request_id_of, timeout_from
+from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SETTINGS, input_headers, request_id_of, timeout_from
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
 from forestflow.codecs.v2 import encode_outputs
 from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, json_data, json_safe, raw_bytes
@@ -228,10 +228,7 @@ async def infer(request: web.Request) -> web.Response:
     if layout.explicit:
         reply["parameters"] = {"content_type": layout.content_type}
     body, json_length = encode_response(reply, outputs, dict(wanted), binary_default)
-    headers = {}
-    unknown = result.frame.parameters.get("unknown_inputs") or []
-    if unknown:
-        headers["X-Forestflow-Unknown-Inputs"] = ",".join(unknown)
+    headers = input_headers(result.frame)
     if json_length is None:
         response = web.Response(body=body, content_type=JSON, headers=headers)
     else:

@@ -394,12 +394,16 @@ def _schema_datum_bytes(frame: Frame) -> tuple[bytes, bytes]:
     return schema, b"[" + b",".join(map(b"".join, zip(*parts))) + b"]"
 
 
-def prediction_json(fqrv: FQRV, frame: Frame, unknown_inputs: Sequence[str] = ()) -> bytes:
-    """The ``Prediction`` body (fqrv, schema, one datum per row, unknown input names if any), without the envelope."""
+def prediction_json(
+    fqrv: FQRV, frame: Frame, unknown_inputs: Sequence[str] = (), missing_inputs: Sequence[str] = ()
+) -> bytes:
+    """The ``Prediction`` body (fqrv, schema, one datum per row, unknown and missing input names if any), without the envelope."""
     schema, datum = _schema_datum_bytes(frame)
     out = b'{"fqrv":' + _fqrv_json(fqrv) + b',"schema":' + schema + b',"datum":' + datum
     if unknown_inputs:
         out += b',"unknownInputs":' + orjson.dumps(list(unknown_inputs))
+    if missing_inputs:
+        out += b',"missingInputs":' + orjson.dumps(list(missing_inputs))
     return out + b"}"
 
 
