@@ -18,6 +18,21 @@ from urllib.parse import urlparse
 
 DEFAULT_URL = "http://127.0.0.1:8090"
 
+DESCRIPTION = (
+    "forestflow: a model-serving gateway. 'serve' runs it; 'deploy', 'contracts' and 'logs tail' talk "
+    "to a running gateway or read its prediction log. Run 'forestflow <command> --help' for the options."
+)
+
+
+def gateway_url(text: str) -> str:
+    """A gateway URL as the user typed it: ``localhost:8090`` and ``:8090`` (httpie's style) mean http."""
+    text = text.strip()
+    if text.startswith(":"):
+        text = "127.0.0.1" + text
+    if "://" not in text:
+        text = "http://" + text
+    return text.rstrip("/")
+
 
 def _fail(message: str, code: int = 2) -> int:
     print(f"forestflow: error: {message}", file=sys.stderr)
@@ -187,13 +202,17 @@ def _absolute_file_path(path: str) -> str:
 def cmd_deploy(args: argparse.Namespace) -> int:
     """POST a servable definition (a BasicServeRequest JSON file) to a running gateway."""
     try:
-        definition = json.loads(Path(args.file).read_text())
-    except (OSError, ValueError) as exc:
-        return _fail(f"cannot read {args.file}: {exc}")
+        text = Path(args.file).read_bytes()
+    except OSError as exc:
+        return _fail(f"cannot read {args.file}: {exc.strerror or exc}")
+    try:
+        definition = json.loads(text)
+    except ValueError as exc:  # UnicodeDecodeError included
+        return _fail(f"{args.file} is not JSON ({exc}); expected a servable definition such as servables/prostate-gbm.json")
     if isinstance(definition, dict) and isinstance(definition.get("path"), str):
         definition["path"] = _absolute_file_path(definition["path"])
     try:
-        status, body = _request("POST", args.url.rstrip("/") + "/servable", definition, args.token)
+        status, body = _request("POST", gateway_url(args.url) + "/servable", definition, args.token)
     except OSError as exc:
         return _fail(f"cannot reach {args.url}: {exc}")
     print(json.dumps(body, indent=2))
@@ -203,7 +222,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def cmd_contracts(args: argparse.Namespace) -> int:
     """List the contracts of a running gateway."""
     try:
-        status, body = _request("GET", args.url.rstrip("/") + "/contracts/list")
+        status, body = _request("GET", gateway_url(args.url) + "/contracts/list")
     except OSError as exc:
         return _fail(f"cannot reach {args.url}: {exc}")
     print(json.dumps(body, indent=2))
@@ -211,7 +230,7 @@ def cmd_contracts(args: argparse.Namespace) -> int:
 
 
 def cmd_logs_tail(args: argparse.Namespace) -> int:
-    """Print prediction events from a Kafka topic as JSON lines."""
+    """Print prediction events (Kafka, or the local file log) as JSON lines."""
     from forestflow.predlog.tail import run_tail
 
     return run_tail(args)
@@ -220,32 +239,41 @@ def cmd_logs_tail(args: argparse.Namespace) -> int:
 # ---- parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(prog="forestflow", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="forestflow", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
 
-    serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", help="TOML settings file")
+    serve = sub.add_parser("serve", help="run the gateway", description="Run the gateway until SIGINT or SIGTERM.")
+    serve.add_argument("--config", help="TOML settings file (see config/)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="HTTP port (default 8090)")
     serve.add_argument("--grpc-port", type=int, help="V2 gRPC port (default 8081, -1 disables)")
-    serve.add_argument("--data-dir", help="state directory (default ./forestflow-data)")
+    serve.add_argument("--data-dir", help="state directory, owned by one gateway at a time (default ./forestflow-data)")
     serve.add_argument("--insecure-admin", action="store_true", help="allow a non-loopback bind without admin token")
     serve.set_defaults(func=cmd_serve)
 
+    url_help = "gateway URL; host:port means http://host:port (default: %(default)s)"
     token_default = os.environ.get("FORESTFLOW_ADMIN_TOKEN")
-    deploy = sub.add_parser("deploy", help="deploy a servable definition JSON file")
-    deploy.add_argument("file")
-    deploy.add_argument("--url", default=DEFAULT_URL)
+    deploy = sub.add_parser(
+        "deploy", help="deploy a servable definition JSON file",
+        description="POST a servable definition (ForestFlow's BasicServeRequest JSON) to a running gateway; "
+        "a relative file:// path in it is resolved from the current directory.",
+    )
+    deploy.add_argument("file", help="the definition, e.g. servables/prostate-gbm.json")
+    deploy.add_argument("--url", default=DEFAULT_URL, help=url_help)
     deploy.add_argument("--token", default=token_default, help="admin token (default $FORESTFLOW_ADMIN_TOKEN)")
     deploy.set_defaults(func=cmd_deploy)
 
-    contracts = sub.add_parser("contracts", help="list contracts")
-    contracts.add_argument("--url", default=DEFAULT_URL)
+    contracts = sub.add_parser("contracts", help="list contracts", description="List the contracts of a running gateway.")
+    contracts.add_argument("--url", default=DEFAULT_URL, help=url_help)
     contracts.set_defaults(func=cmd_contracts)
 
-    logs = sub.add_parser("logs", help="prediction log tools")
-    logs_sub = logs.add_subparsers(dest="logs_command", required=True)
-    tail = logs_sub.add_parser("tail", help="print events of a Kafka topic as JSON lines")
+    logs = sub.add_parser("logs", help="prediction log tools", description="Prediction log tools.")
+    logs_sub = logs.add_subparsers(dest="logs_command", required=True, metavar="command")
+    tail = logs_sub.add_parser(
+        "tail", help="print prediction events as JSON lines (Kafka, or the local file log)",
+        description="Print prediction events as JSON lines: from Kafka when bootstrap servers are configured, "
+        "else from the gateway's local file log (jsonl or protobuf).",
+    )
     from forestflow.predlog.tail import add_tail_arguments
 
     add_tail_arguments(tail)
