@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from aiohttp import web
@@ -83,7 +84,17 @@ def input_headers(output: Frame) -> dict[str, str]:
     headers = {}
     unknown, missing = unknown_inputs(output), missing_inputs(output)
     if unknown:
-        headers["X-Forestflow-Unknown-Inputs"] = ",".join(unknown)
+        headers["X-Forestflow-Unknown-Inputs"] = header_names(unknown)
     if missing:
-        headers["X-Forestflow-Missing-Inputs"] = ",".join(missing)
+        headers["X-Forestflow-Missing-Inputs"] = header_names(missing)
     return headers
+
+
+#: Printable ASCII but the comma (the separator) and the percent sign (the escape) stays as is.
+_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in ",%")
+
+
+def header_names(names: list[str]) -> str:
+    """Column names for a header value: comma-separated, anything else than printable ASCII
+    percent-encoded (a client-chosen name may hold a newline, a comma or any character)."""
+    return ",".join(quote(str(n), safe=_HEADER_SAFE) for n in names)

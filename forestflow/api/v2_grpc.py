@@ -133,8 +133,27 @@ class InferenceService:
         return response
 
 
+class _Undecodable:
+    """Stands for a request message that did not parse (gRPC would answer UNKNOWN with the exception)."""
+
+    def __init__(self, message_type: str) -> None:
+        self.message_type = message_type
+
+
+def _lenient(parse: Callable[[bytes], Any], message_type: str) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception:
+            return _Undecodable(message_type)
+
+    return deserialize
+
+
 def _guard(call: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {request.message_type} protobuf")
         try:
             return await call(request, context)
         except GatewayError as error:
@@ -156,7 +175,7 @@ def generic_handler(gateway: Gateway) -> grpc.GenericRpcHandler:
     for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer"):
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             _guard(getattr(service, name)),
-            request_deserializer=m[f"{name}Request"].FromString,
+            request_deserializer=_lenient(m[f"{name}Request"].FromString, f"inference.{name}Request"),
             response_serializer=m[f"{name}Response"].SerializeToString,
         )
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
