@@ -93,3 +93,15 @@ async def test_strict_inputs_must_be_a_boolean(gw: InProcessGateway) -> None:
     async with gw.session.post(gw.url + "/servable", json=defn) as r:
         assert r.status == 400
         assert "strictInputs" in (await r.json())["error"]
+
+
+async def test_column_names_any_client_may_send_are_percent_encoded_in_the_header(gw: InProcessGateway) -> None:
+    await deploy(gw, None)
+    request = body(NAME, golden(NAME)[:1], typed=True)
+    request["schema"][0]["fields"][0] = "RA\r\nCE, é%"  # a newline would break the header, a comma the list
+    async with gw.session.post(gw.url + SCORE, json=request) as r:
+        payload = await r.json()
+        assert r.status == 200, payload
+        assert r.headers["X-Forestflow-Unknown-Inputs"] == "RA%0D%0ACE%2C %C3%A9%25"
+        assert r.headers["X-Forestflow-Missing-Inputs"] == "RACE"
+    assert payload["Prediction"]["unknownInputs"] == ["RA\r\nCE, é%"]
