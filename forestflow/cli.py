@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import signal
+import socket
 import sys
 import urllib.error
 import urllib.request
@@ -16,6 +17,21 @@ from typing import Any
 from urllib.parse import urlparse
 
 DEFAULT_URL = "http://127.0.0.1:8090"
+
+DESCRIPTION = (
+    "forestflow: a model-serving gateway. 'serve' runs it; 'deploy', 'contracts' and 'logs tail' talk "
+    "to a running gateway or read its prediction log. Run 'forestflow <command> --help' for the options."
+)
+
+
+def gateway_url(text: str) -> str:
+    """A gateway URL as the user typed it: ``localhost:8090`` and ``:8090`` (httpie's style) mean http."""
+    text = text.strip()
+    if text.startswith(":"):
+        text = "127.0.0.1" + text
+    if "://" not in text:
+        text = "http://" + text
+    return text.rstrip("/")
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -43,26 +59,41 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     except SettingsError as exc:
         return _fail(str(exc))
+    from forestflow.datadir_lock import DataDirInUse, DataDirLock
     from forestflow.logs import configure_logging
-
-    configure_logging(settings.log_level)
+    from forestflow.ports import PortInUse
     from forestflow.supervisor import Supervisor, WorkerIdentity, worker_count
 
+    configure_logging(settings.log_level)
     worker = WorkerIdentity.parse(args.worker, args.listen_fd) if args.worker else None
-    count = worker_count(settings.workers)
-    if worker is None and count > 1:
-        try:
-            return Supervisor(settings, _worker_args(args), count).run()
-        except OSError as exc:
-            return _fail(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror or exc}")
     from forestflow.errors import GatewayError
 
+    # The data dir has one owner for the life of this process (the file store rewrites the registry
+    # from its own snapshot: a second gateway would silently undo the first one's changes). Under
+    # --workers the supervisor owns it, and its workers share the registry through the file lock.
+    lock = DataDirLock(settings.data_dir)
+    if worker is None:
+        try:
+            lock.acquire()
+        except DataDirInUse as exc:
+            return _fail(str(exc), code=1)
+        except OSError as exc:
+            return _fail(f"cannot lock data dir {settings.data_dir}: {exc.strerror or exc}", code=1)
     try:
+        count = worker_count(settings.workers)
+        if worker is None and count > 1:
+            return Supervisor(settings, _worker_args(args), count).run()
         _run(_serve(settings, worker), settings.event_loop)
+    except PortInUse as exc:
+        return _fail(str(exc), code=1)
     except OSError as exc:
-        return _fail(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror or exc}")
+        if exc.strerror is None:  # raised with a whole message (e.g. the gRPC bind)
+            return _fail(str(exc), code=1)
+        return _fail(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror}")
     except GatewayError as exc:  # e.g. the registry store is unreachable at start
         return _fail(exc.message, code=1)
+    finally:
+        lock.release()
     return 0
 
 
@@ -90,29 +121,41 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
 
 
 async def _serve(settings: Any, worker: Any = None) -> None:
-    import socket
-
     import structlog
     from aiohttp import web
 
     from forestflow.api.app import build_app, make_runner
 
     log = structlog.get_logger("forestflow")
-    app = build_app(settings, worker)
-    runner = make_runner(app, settings)
-    await runner.setup()
+    from forestflow.ports import bind_http, check_grpc_port
+
+    # Both ports are checked before the gateway starts (loading every servable takes a while, and
+    # a second gateway must not get that far on a port another one serves). A worker takes the
+    # socket its supervisor bound, and the gRPC port the supervisor reserved for its workers.
+    if worker is not None and worker.listen_fd is not None:
+        sock = socket.socket(fileno=worker.listen_fd)
+    else:
+        sock = bind_http(settings)
+    try:
+        if worker is None:
+            check_grpc_port(settings)
+        app = build_app(settings, worker)
+        runner = make_runner(app, settings)
+        try:
+            await runner.setup()
+        except BaseException:
+            await runner.cleanup()
+            raise
+    except BaseException:
+        sock.close()
+        raise
     # What start-up loaded (modules, restored servables) lives as long as the process: move it out
     # of the collector's reach, or every full pass walks it and pauses the loop for tens of ms.
     gc.collect()
     gc.freeze()
-    site: web.BaseSite
-    if worker is not None and worker.listen_fd is not None:  # the supervisor's socket, shared by every worker
-        site = web.SockSite(runner, socket.socket(fileno=worker.listen_fd), backlog=1024)
-    else:
-        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+    site = web.SockSite(runner, sock, backlog=1024)
     await site.start()
-    ports = [s.getsockname()[1] for s in site._server.sockets] if site._server else []  # type: ignore[union-attr]
-    log.info("serving", host=settings.host, port=ports[0] if ports else settings.port, data_dir=str(settings.data_dir))
+    log.info("serving", host=settings.host, port=sock.getsockname()[1], data_dir=str(settings.data_dir))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -156,13 +199,17 @@ def _absolute_file_path(path: str) -> str:
 def cmd_deploy(args: argparse.Namespace) -> int:
     """POST a servable definition (a BasicServeRequest JSON file) to a running gateway."""
     try:
-        definition = json.loads(Path(args.file).read_text())
-    except (OSError, ValueError) as exc:
-        return _fail(f"cannot read {args.file}: {exc}")
+        text = Path(args.file).read_bytes()
+    except OSError as exc:
+        return _fail(f"cannot read {args.file}: {exc.strerror or exc}")
+    try:
+        definition = json.loads(text)
+    except ValueError as exc:  # UnicodeDecodeError included
+        return _fail(f"{args.file} is not JSON ({exc}); expected a servable definition such as servables/prostate-gbm.json")
     if isinstance(definition, dict) and isinstance(definition.get("path"), str):
         definition["path"] = _absolute_file_path(definition["path"])
     try:
-        status, body = _request("POST", args.url.rstrip("/") + "/servable", definition, args.token)
+        status, body = _request("POST", gateway_url(args.url) + "/servable", definition, args.token)
     except OSError as exc:
         return _fail(f"cannot reach {args.url}: {exc}")
     print(json.dumps(body, indent=2))
@@ -172,7 +219,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def cmd_contracts(args: argparse.Namespace) -> int:
     """List the contracts of a running gateway."""
     try:
-        status, body = _request("GET", args.url.rstrip("/") + "/contracts/list")
+        status, body = _request("GET", gateway_url(args.url) + "/contracts/list")
     except OSError as exc:
         return _fail(f"cannot reach {args.url}: {exc}")
     print(json.dumps(body, indent=2))
@@ -180,7 +227,7 @@ def cmd_contracts(args: argparse.Namespace) -> int:
 
 
 def cmd_logs_tail(args: argparse.Namespace) -> int:
-    """Print prediction events from a Kafka topic as JSON lines."""
+    """Print prediction events (Kafka, or the local file log) as JSON lines."""
     from forestflow.predlog.tail import run_tail
 
     return run_tail(args)
@@ -196,15 +243,15 @@ def cmd_kafka(args: argparse.Namespace) -> int:
 # ---- parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(prog="forestflow", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="forestflow", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
 
-    serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", help="TOML settings file")
+    serve = sub.add_parser("serve", help="run the gateway", description="Run the gateway until SIGINT or SIGTERM.")
+    serve.add_argument("--config", help="TOML settings file (see config/)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="HTTP port (default 8090)")
     serve.add_argument("--grpc-port", type=int, help="V2 gRPC port (default 8081, -1 disables)")
-    serve.add_argument("--data-dir", help="state directory (default ./forestflow-data)")
+    serve.add_argument("--data-dir", help="state directory, owned by one gateway at a time (default ./forestflow-data)")
     serve.add_argument("--insecure-admin", action="store_true", help="allow a non-loopback bind without admin token")
     serve.add_argument("--workers", type=int, help="worker processes behind the same ports (default 1, 0 = one per core)")
     # Set by the supervisor on the workers it starts: which worker, and the listening socket inherited.
@@ -213,20 +260,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--repository", help="model repository directory: its entries are deployed at start")
     serve.set_defaults(func=cmd_serve)
 
+    url_help = "gateway URL; host:port means http://host:port (default: %(default)s)"
     token_default = os.environ.get("FORESTFLOW_ADMIN_TOKEN")
-    deploy = sub.add_parser("deploy", help="deploy a servable definition JSON file")
-    deploy.add_argument("file")
-    deploy.add_argument("--url", default=DEFAULT_URL)
+    deploy = sub.add_parser(
+        "deploy", help="deploy a servable definition JSON file",
+        description="POST a servable definition (ForestFlow's BasicServeRequest JSON) to a running gateway; "
+        "a relative file:// path in it is resolved from the current directory.",
+    )
+    deploy.add_argument("file", help="the definition, e.g. servables/prostate-gbm.json")
+    deploy.add_argument("--url", default=DEFAULT_URL, help=url_help)
     deploy.add_argument("--token", default=token_default, help="admin token (default $FORESTFLOW_ADMIN_TOKEN)")
     deploy.set_defaults(func=cmd_deploy)
 
-    contracts = sub.add_parser("contracts", help="list contracts")
-    contracts.add_argument("--url", default=DEFAULT_URL)
+    contracts = sub.add_parser("contracts", help="list contracts", description="List the contracts of a running gateway.")
+    contracts.add_argument("--url", default=DEFAULT_URL, help=url_help)
     contracts.set_defaults(func=cmd_contracts)
 
-    logs = sub.add_parser("logs", help="prediction log tools")
-    logs_sub = logs.add_subparsers(dest="logs_command", required=True)
-    tail = logs_sub.add_parser("tail", help="print prediction events (a Kafka topic, or the local file with --file) as JSON lines")
+    logs = sub.add_parser("logs", help="prediction log tools", description="Prediction log tools.")
+    logs_sub = logs.add_subparsers(dest="logs_command", required=True, metavar="command")
+    tail = logs_sub.add_parser(
+        "tail", help="print prediction events as JSON lines (Kafka, or the local file log)",
+        description="Print prediction events as JSON lines: from Kafka when bootstrap servers are configured, "
+        "else from the gateway's local file log (jsonl or protobuf).",
+    )
     from forestflow.predlog.tail import add_tail_arguments
 
     add_tail_arguments(tail)

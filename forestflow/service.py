@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from forestflow.administration import Administration
+from forestflow.core import input_report
 from forestflow.core.contract_state import ContractState, ServableEntry
 from forestflow.core.definition import ServableDefinition
 from forestflow.core.frame import Frame
@@ -238,7 +239,7 @@ class Gateway:
                 raise ServableNotReady(f"servable {fqrv} is not loaded")
             submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout)
             self._fan_out(state, shadows, context)
-            out = await submitted
+            out = input_report.checked(entry.settings, await submitted)  # strictInputs: a 400
         except GatewayError as error:
             self._log_outcome(entry, context, True, started, error=error)
             if error.__cause__ is not None:
@@ -283,7 +284,7 @@ class Gateway:
     ) -> None:
         if pending.cancelled():
             return
-        error = pending.exception()
+        error = pending.exception() or input_report.strict_inputs_error(entry.settings, pending.result())
         if error is None:
             self._log_outcome(entry, context, False, started, output=pending.result())
         elif isinstance(error, GatewayError):

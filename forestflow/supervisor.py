@@ -106,8 +106,11 @@ class Supervisor:
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT; raises OSError when a port is taken."""
+        from forestflow.ports import bind_http, check_grpc_port
+
         settings = self.settings
-        http = socket.create_server((settings.host, settings.port), backlog=1024, family=_family(settings.host))
+        http = bind_http(settings)
+        check_grpc_port(settings)
         grpc_reservation, grpc_port = self._reserve_grpc_port()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
@@ -132,23 +135,17 @@ class Supervisor:
         self._stopping = True
 
     def _reserve_grpc_port(self) -> tuple[socket.socket | None, int]:
-        """Check the gRPC port is free, then hold it (with SO_REUSEPORT) for the workers to share."""
+        """Hold the (checked, free) gRPC port with SO_REUSEPORT for the workers to share.
+
+        Port 0 picks a free port here, so every worker serves the same one.
+        """
         settings = self.settings
         if settings.grpc_port < 0:
             return None, -1
-        family = _family(settings.host)
-        probe = socket.socket(family, socket.SOCK_STREAM)
-        try:  # without SO_REUSEPORT: fails if anything at all holds the port
-            probe.bind((settings.host, settings.grpc_port))
-            port = probe.getsockname()[1]
-        except OSError as exc:
-            raise OSError(exc.errno, f"gRPC port {settings.grpc_port}: {exc.strerror}") from None
-        finally:
-            probe.close()
-        hold = socket.socket(family, socket.SOCK_STREAM)
+        hold = socket.socket(_family(settings.host), socket.SOCK_STREAM)
         hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        hold.bind((settings.host, port))  # bound, never listening: it receives no connections
-        return hold, port
+        hold.bind((settings.host, settings.grpc_port))  # bound, never listening: it receives no connections
+        return hold, hold.getsockname()[1]
 
     def _start(self, slot: _Slot, listen_fd: int, grpc_port: int) -> None:
         command = [

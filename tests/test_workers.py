@@ -175,7 +175,7 @@ def test_a_taken_port_is_one_clear_line_and_a_non_zero_exit(tmp_path: Path) -> N
                 capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, "FORESTFLOW_GRPC_PORT": "-1"} if "--grpc-port" not in args else dict(os.environ),
             )  # fmt: skip
             assert done.returncode != 0
-            assert done.stderr.strip().splitlines()[-1].startswith("forestflow: error: cannot serve on"), done.stderr
+            assert done.stderr.strip().splitlines()[-1].startswith("forestflow: error: cannot serve "), done.stderr
             assert "in use" in done.stderr
 
 

@@ -6,13 +6,16 @@ from typing import Any
 
 from aiohttp import web
 
-from forestflow.api.common import FQRV_TAG, GATEWAY, contract_from, fqrv_from, parse_json, request_id_of, timeout_from
+from forestflow.api.common import (
+    FQRV_TAG, GATEWAY, contract_from, fqrv_from, input_headers, parse_json, request_id_of, timeout_from,
+)
 from forestflow.api.responses import JSON, dumps, json_response
 from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.codecs.ff_protobuf import prediction_bytes
 from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_from_proto, prediction_json
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
+from forestflow.core.input_report import missing_inputs, unknown_inputs
 from forestflow.runtime.base import ServableMetadata
 from forestflow.runtime.pipeline import RESPONSE_METADATA
 from forestflow.service import Gateway, InferResult
@@ -37,9 +40,7 @@ async def score(request: web.Request) -> web.Response:
         timeout_s=timeout_from(request),
     )
     request[FQRV_TAG] = str(result.fqrv)
-    unknown = result.frame.parameters.get("unknown_inputs") or []
-    headers = {"X-Forestflow-Unknown-Inputs": ",".join(unknown)} if unknown else None
-    return web.Response(body=payload, content_type=PROTOBUF if as_proto else JSON, headers=headers)
+    return web.Response(body=payload, content_type=PROTOBUF if as_proto else JSON, headers=input_headers(result.frame) or None)
 
 
 async def score_payload(
@@ -81,8 +82,8 @@ async def score_payload(
 
 
 def _prediction_json(fqrv: FQRV, frame: Frame) -> bytes:
-    """The Prediction JSON of an answer (unknown input names listed when there are any)."""
-    return prediction_json(fqrv, frame, frame.parameters.get("unknown_inputs") or ())
+    """The Prediction JSON of an answer (unknown and missing input names listed when there are any)."""
+    return prediction_json(fqrv, frame, unknown_inputs(frame), missing_inputs(frame))
 
 
 def metadata_to_json(fqrv: FQRV, meta: ServableMetadata) -> dict[str, Any]:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from aiohttp import web
 
+from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
+from forestflow.core.input_report import missing_inputs, unknown_inputs
 from forestflow.errors import InvalidInput
 from forestflow.service import Gateway
 from forestflow.settings import Settings
@@ -73,3 +76,28 @@ def timeout_from(request: web.Request) -> float | None:
     if not 0 < ms <= 3_600_000:
         raise InvalidInput(f"{DEADLINE_HEADER}: must be between 1 and 3600000 ms")
     return ms / 1000
+
+
+def input_headers(output: Frame) -> dict[str, str]:
+    """``X-Forestflow-Unknown-Inputs`` / ``X-Forestflow-Missing-Inputs`` for an answer, when it has any.
+
+    Unknown: request columns the model ignored; missing: model inputs the request lacked (scored
+    as NA). Servables with ``strictInputs`` answer 400 instead.
+    """
+    headers = {}
+    unknown, missing = unknown_inputs(output), missing_inputs(output)
+    if unknown:
+        headers["X-Forestflow-Unknown-Inputs"] = header_names(unknown)
+    if missing:
+        headers["X-Forestflow-Missing-Inputs"] = header_names(missing)
+    return headers
+
+
+#: Printable ASCII but the comma (the separator) and the percent sign (the escape) stays as is.
+_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in ",%")
+
+
+def header_names(names: list[str]) -> str:
+    """Column names for a header value: comma-separated, anything else than printable ASCII
+    percent-encoded (a client-chosen name may hold a newline, a comma or any character)."""
+    return ",".join(quote(str(n), safe=_HEADER_SAFE) for n in names)

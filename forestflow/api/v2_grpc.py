@@ -168,8 +168,27 @@ def _set_parameter(param: Any, value: Any) -> None:
         param.string_param = value if isinstance(value, str) else str(value)
 
 
+class _Undecodable:
+    """Stands for a request message that did not parse (gRPC would answer UNKNOWN with the exception)."""
+
+    def __init__(self, message_type: str) -> None:
+        self.message_type = message_type
+
+
+def _lenient(parse: Callable[[bytes], Any], message_type: str) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception:
+            return _Undecodable(message_type)
+
+    return deserialize
+
+
 def _guard(call: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {request.message_type} protobuf")
         try:
             return await call(request, context)
         except GatewayError as error:
@@ -191,7 +210,7 @@ def generic_handler(gateway: Gateway) -> grpc.GenericRpcHandler:
     for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata"):
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             _guard(getattr(service, name)),
-            request_deserializer=m[f"{name}Request"].FromString,
+            request_deserializer=_lenient(m[f"{name}Request"].FromString, f"inference.{name}Request"),
             response_serializer=m[f"{name}Response"].SerializeToString,
         )
     # ModelInfer keeps the request's bytes and answers bytes it serialized itself (for the log).
@@ -216,7 +235,9 @@ async def grpc_context(app: web.Application) -> AsyncIterator[None]:
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             # Answers are as large as the model makes them; the receive limit guards the gateway.
             ("grpc.max_send_message_length", -1),
-            # Workers of one gateway share the port the supervisor reserved; a lone gateway owns it.
+            # gRPC sets SO_REUSEPORT by default: a second gateway would then share this port and answer
+            # some of its calls from another state, so a lone gateway binds it alone and a taken port
+            # fails the bind. The workers of one gateway share the port the supervisor reserved.
             ("grpc.so_reuseport", 1 if app.get(WORKER) is not None else 0),
         ]
     )
@@ -224,7 +245,7 @@ async def grpc_context(app: web.Application) -> AsyncIterator[None]:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     port = server.add_insecure_port(f"{host}:{settings.grpc_port}")
     if not port:
-        raise OSError(f"cannot serve gRPC on {host}:{settings.grpc_port}")
+        raise OSError(f"cannot serve gRPC on {host}:{settings.grpc_port}: address already in use or not available")
     await server.start()
     app[GRPC_PORT] = port
     log.info("grpc_serving", host=settings.host, port=port)

@@ -133,7 +133,10 @@ def parse_servable_settings(o: Obj) -> ServableSettings:
     policy = o.obj("policySettings")
     logging = o.obj("loggingSettings")
     assert policy is not None and logging is not None
-    return ServableSettings(parse_policy(policy), parse_logging(logging))
+    strict = o.raw("strictInputs")
+    if strict is not None and not isinstance(strict, bool):
+        raise InvalidInput(f"{o.sub('strictInputs')}: expected true or false")
+    return ServableSettings(parse_policy(policy), parse_logging(logging), bool(strict))
 
 
 def validity_to_json(rule: ValidityRule) -> dict[str, Any]:
@@ -176,8 +179,11 @@ def logging_to_json(logging: LoggingSettings) -> dict[str, Any]:
 
 
 def servable_settings_to_json(settings: ServableSettings) -> dict[str, Any]:
-    """ServableSettings as JSON."""
-    return {"policySettings": policy_to_json(settings.policy), "loggingSettings": logging_to_json(settings.logging)}
+    """ServableSettings as JSON (``strictInputs`` only when set, as proto2 leaves unset fields out)."""
+    out: dict[str, Any] = {"policySettings": policy_to_json(settings.policy), "loggingSettings": logging_to_json(settings.logging)}
+    if settings.strict_inputs:
+        out["strictInputs"] = True
+    return out
 
 
 # ---- contract settings ----------------------------------------------------------------------------

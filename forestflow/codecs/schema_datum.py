@@ -147,7 +147,7 @@ def _schema_entry(entry: Any, i: int) -> tuple[str, list[str]]:
     if not isinstance(entry, dict):
         raise InvalidInput(f"schema[{i}]: expected an object with type and fields")
     ff_type = entry.get("type")
-    if ff_type not in FF_DTYPES:
+    if not isinstance(ff_type, str) or ff_type not in FF_DTYPES:
         raise InvalidInput(f"schema[{i}].type: unknown tensor type {ff_type!r}; expected one of {', '.join(FF_DTYPES)}")
     fields = entry.get("fields")
     if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
@@ -268,15 +268,31 @@ def frame_from_proto(payload: bytes) -> tuple[Frame, dict[str, str]]:
     for i, entry in enumerate(request.schema):
         if not entry.HasField("type"):
             raise InvalidInput(f"schema[{i}].type: required")
-        schema.append((pb.TensorType.Name(entry.type), list(entry.fields)))
+        schema.append((pb.TensorType.Name(entry.type), _proto_text(list(entry.fields), f"schema[{i}].fields")))
     datums = (
-        [(t.WhichOneof("sealed_value") or "?", list(getattr(t, t.WhichOneof("sealed_value") or "String").data)) for t in d.tensors]
+        [(t.WhichOneof("sealed_value") or "?", _proto_values(t)) for t in d.tensors]
         for d in request.datum
     )
     frame = _frame(schema, datums)
-    configs = dict(request.configs)
+    configs = dict(zip(_proto_text(list(request.configs.keys()), "configs"), _proto_text(list(request.configs.values()), "configs")))
     frame.parameters = configs
     return frame, configs
+
+
+def _proto_values(tensor: Any) -> list[Any]:
+    kind = tensor.WhichOneof("sealed_value") or "String"
+    values = list(getattr(tensor, kind).data)
+    return _proto_text(values, f"{kind} data") if kind == "String" else values
+
+
+def _proto_text(values: list[Any], where: str) -> list[Any]:
+    """Strings of a proto2 message: protobuf hands invalid UTF-8 over as bytes, which is a 400 here."""
+    if any(type(v) is bytes for v in values):
+        try:
+            return [v.decode("utf-8") if type(v) is bytes else v for v in values]
+        except UnicodeDecodeError:
+            raise InvalidInput(f"{where}: not valid UTF-8") from None
+    return values
 
 
 # ---- output -----------------------------------------------------------------------------------
@@ -394,12 +410,16 @@ def _schema_datum_bytes(frame: Frame) -> tuple[bytes, bytes]:
     return schema, b"[" + b",".join(map(b"".join, zip(*parts))) + b"]"
 
 
-def prediction_json(fqrv: FQRV, frame: Frame, unknown_inputs: Sequence[str] = ()) -> bytes:
-    """The ``Prediction`` body (fqrv, schema, one datum per row, unknown input names if any), without the envelope."""
+def prediction_json(
+    fqrv: FQRV, frame: Frame, unknown_inputs: Sequence[str] = (), missing_inputs: Sequence[str] = ()
+) -> bytes:
+    """The ``Prediction`` body (fqrv, schema, one datum per row, unknown and missing input names if any), without the envelope."""
     schema, datum = _schema_datum_bytes(frame)
     out = b'{"fqrv":' + _fqrv_json(fqrv) + b',"schema":' + schema + b',"datum":' + datum
     if unknown_inputs:
         out += b',"unknownInputs":' + orjson.dumps(list(unknown_inputs))
+    if missing_inputs:
+        out += b',"missingInputs":' + orjson.dumps(list(missing_inputs))
     return out + b"}"
 
 

@@ -107,6 +107,8 @@ class ServableSettings:
 
     policy: PolicySettings = field(default_factory=PolicySettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    #: Missing or unknown input columns are a 400 naming them (default: scored, NA, and reported).
+    strict_inputs: bool = False
 
 
 # ---- contract settings ------------------------------------------------------------------------

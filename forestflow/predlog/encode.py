@@ -29,6 +29,20 @@ _LATENCY = struct.Struct("<d")
 _SERVED = {True: key(2, 0) + b"\x01", False: key(2, 0) + b"\x00"}
 _EVENT_TIME, _LATENCY_MS, _STATUS = key(10, 0), key(13, 1), key(14, 0)
 _WIRE_REQUEST_JSON_LENGTH, _WIRE_RESPONSE_JSON_LENGTH = key(20, 0), key(21, 0)
+#: CR and LF as spaces: in valid JSON they can only be whitespace between tokens (a string holds
+#: them escaped, as a backslash and a letter), so the swap keeps the document's meaning.
+_LINE_BREAKS_TO_SPACES = bytes.maketrans(b"\r\n", b"  ")
+
+
+def one_line_json(body: bytes) -> bytes:
+    """A parsed (hence valid) JSON body made safe for a JSON-lines file, reused as is when it can be.
+
+    Pretty-printed bodies (``curl --data-binary @file``, httpie ``< file``) carry line breaks;
+    written verbatim they would split one event over many lines of the log.
+    """
+    if b"\n" in body or b"\r" in body:
+        return body.translate(_LINE_BREAKS_TO_SPACES)
+    return body
 
 
 @functools.lru_cache(maxsize=256)
@@ -94,11 +108,7 @@ def _wire_fields(record: PredictionRecord) -> bytes:
 def _wire_json(body: bytes, protocol: str, json_length: int | None) -> Any:
     """A wire body in the JSON line: REST JSON embedded as it is, anything else as base64 text."""
     if protocol == "v2" and json_length is None:
-        # Raw line breaks can only be whitespace in JSON (inside strings they are escaped): blank
-        # them so the event stays on one line.
-        if b"\n" in body or b"\r" in body:
-            body = body.replace(b"\n", b" ").replace(b"\r", b" ")
-        return orjson.Fragment(bytes(body))  # orjson takes exactly bytes, not a subclass
+        return orjson.Fragment(one_line_json(bytes(body)))  # orjson takes exactly bytes, not a subclass
     return base64.b64encode(body).decode()
 
 
@@ -144,12 +154,12 @@ def encode_event_json(record: PredictionRecord) -> bytes:
         event["servedRequest"] = record.served
     else:
         if record.response_json is not None:
-            event["prediction"] = orjson.Fragment(record.response_json)
+            event["prediction"] = orjson.Fragment(one_line_json(record.response_json))
         elif record.response is not None:
             event["prediction"] = orjson.Fragment(prediction_json(record.fqrv, record.response))
         event["servedRequest"] = record.served
         if record.request_json is not None:
-            event["inferenceRequest"] = orjson.Fragment(record.request_json)
+            event["inferenceRequest"] = orjson.Fragment(one_line_json(record.request_json))
         else:
             event["inferenceRequest"] = orjson.Fragment(request_json(record.request, record.configs))
     event["loggingSettings"] = logging_to_json(record.logging)

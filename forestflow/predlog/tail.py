@@ -1,5 +1,8 @@
 """``forestflow logs tail``: print the prediction events of a Kafka topic as JSON lines.
 
+Without Kafka bootstrap servers (no ``--bootstrap``, no ``FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS``, none
+in ``--config``) it reads the gateway's local file log instead (:mod:`forestflow.predlog.file_tail`).
+
 No consumer group is involved: the tail assigns itself every partition of the topic and starts
 at the beginning or at the end of each, so it never moves anyone's committed offsets. Each event
 is printed as one JSON object, the event in protobuf's JSON mapping (camelCase, as
@@ -15,6 +18,7 @@ import base64
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
@@ -145,36 +149,15 @@ async def tail(
     return printed
 
 
-def tail_file(path: str, out: TextIO, fmt: str = "logged", key: str | None = None) -> int:
-    """Print the events of a local JSON-lines log (``{"topic", "key", "event"}`` lines); return how many."""
-    printed = 0
-    with open(path, "rb") as fh:
-        for raw in fh:
-            if not raw.strip():
-                continue
-            try:
-                line = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:  # e.g. a line cut short by a crash: say so, go on
-                line = {"error": f"not a JSON line: {exc}", "line": raw.decode("utf-8", errors="replace").rstrip("\n")}
-            if key is not None and line.get("key") != key:
-                continue
-            if fmt == "forestflow" and isinstance(line.get("event"), dict):
-                line["event"] = to_forestflow(line["event"])
-            out.write(orjson.dumps(line).decode() + "\n")
-            printed += 1
-    out.flush()
-    return printed
-
-
 def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``forestflow logs tail`` to ``parser``."""
     default_bootstrap = os.environ.get("FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS") or None
     parser.add_argument(
         "--bootstrap",
         default=default_bootstrap,
-        help="Kafka bootstrap servers host:port[,host:port] (default: $FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS)",
+        help="Kafka bootstrap servers host:port[,host:port] (default: $FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS, "
+        "else kafka_bootstrap_servers in --config; with none, the local file log is read)",
     )
-    parser.add_argument("--file", default=None, help="read this local JSON-lines log instead of a Kafka topic")
     parser.add_argument(
         "--format",
         choices=FORMATS,
@@ -185,37 +168,71 @@ def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--topic",
         default=os.environ.get("FORESTFLOW_KAFKA_TOPIC", "forestflow.predictions"),
-        help="topic to read (default: $FORESTFLOW_KAFKA_TOPIC or forestflow.predictions)",
+        help="Kafka topic to read (default: %(default)s)",
     )
-    parser.add_argument("--from-beginning", action="store_true", help="start at the oldest record instead of new ones")
-    parser.add_argument("--key", default=None, help="print only events with exactly this record key")
+    parser.add_argument(
+        "--from-beginning", action="store_true",
+        help="start at the oldest event instead of new ones (a file log read without --follow always starts there)",
+    )
+    parser.add_argument("--key", default=None, help="print only events with exactly this key")
+    parser.add_argument(
+        "--follow", action="store_true",
+        help="file log: keep printing new events as they are written (Kafka is always followed)",
+    )
+    parser.add_argument("--config", help="the gateway's TOML settings file (for its data dir, log file and Kafka)")
+    parser.add_argument("--data-dir", help="the gateway's data dir (default: ./forestflow-data, or as --config sets)")
+    parser.add_argument("--file", help="read this log file (default: <data dir>/predictions.jsonl, or as --config sets)")
+    parser.add_argument(
+        "--file-format", choices=("jsonl", "protobuf"), default=None,
+        help="format of the file log (default: as --config sets, else jsonl)",
+    )
     parser.add_argument(
         "--graphpipe",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="the topic holds PredictionEventGP (default: topics ending in .gp do)",
+        help="Kafka: the topic holds PredictionEventGP (default: topics ending in .gp do)",
     )
     parser.add_argument("--max-events", type=int, default=None, help="stop after printing this many events")
-    parser.add_argument("--idle-timeout", type=float, default=None, help="stop after this many seconds without records")
+    parser.add_argument("--idle-timeout", type=float, default=None, help="stop after this many seconds without events")
+
+
+def _file_source(args: argparse.Namespace) -> tuple[str | None, Path, str]:
+    """``(bootstrap servers or None, file log path, file format)`` from the options and settings."""
+    from forestflow.settings import Settings
+
+    settings = Settings.load(getattr(args, "config", None), overrides={"data_dir": getattr(args, "data_dir", None)})
+    bootstrap = args.bootstrap or settings.kafka_bootstrap_servers or None
+    path = Path(args.file) if getattr(args, "file", None) else settings.data_dir / settings.log_file
+    return bootstrap, path, getattr(args, "file_format", None) or settings.log_file_format
 
 
 def run_tail(args: argparse.Namespace) -> int:
     """Run the tail for parsed CLI arguments; return the process exit status."""
-    fmt = getattr(args, "format", "logged")
-    if getattr(args, "file", None):
-        try:
-            tail_file(args.file, sys.stdout, fmt, args.key)
-        except OSError as exc:
-            print(f"forestflow logs tail: cannot read {args.file}: {exc}", file=sys.stderr)
-            return 1
-        return 0
-    if not args.bootstrap:
-        print("forestflow logs tail: give --bootstrap (or $FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS) or --file", file=sys.stderr)
+    from forestflow.settings import SettingsError
+
+    convert = getattr(args, "format", "logged")
+    try:
+        bootstrap, path, file_format = _file_source(args)
+    except SettingsError as exc:
+        print(f"forestflow logs tail: {exc}", file=sys.stderr)
         return 2
     try:
+        if bootstrap is None:
+            from forestflow.predlog.file_tail import tail_file
+
+            if not path.exists() and not getattr(args, "follow", False):
+                print(f"forestflow logs tail: no prediction log at {path} (no Kafka configured either)", file=sys.stderr)
+                return 1
+            tail_file(
+                path, file_format, sys.stdout, convert=convert == "forestflow",
+                from_beginning=args.from_beginning, follow=getattr(args, "follow", False), key=args.key,
+                max_events=getattr(args, "max_events", None), idle_timeout_s=getattr(args, "idle_timeout", None),
+            )
+            return 0
+        args.bootstrap = bootstrap
         asyncio.run(
             tail(
-                args.bootstrap,
+                bootstrap,
                 args.topic,
                 args.from_beginning,
                 args.key,
@@ -223,7 +240,7 @@ def run_tail(args: argparse.Namespace) -> int:
                 graphpipe=getattr(args, "graphpipe", None),
                 max_events=getattr(args, "max_events", None),
                 idle_timeout_s=getattr(args, "idle_timeout", None),
-                fmt=fmt,
+                fmt=convert,
             )
         )
     except KeyboardInterrupt:

@@ -179,3 +179,9 @@ def build_matrix(
         else:
             unknown.append(name)
     return (np.array([X]) if single else X), offsets, unknown
+
+
+def missing_columns(frame: Frame, columns: list[ModelColumn]) -> list[str]:
+    """Model columns the frame does not carry (scored as NA), in model order."""
+    present = frame.columns
+    return [c.name for c in columns if c.name not in present]

@@ -28,7 +28,7 @@ from forestflow.core.frame import Frame, TensorSpec
 from forestflow.errors import CreateServableRequestInvalidError, ScoringError, ServableNotReady
 from forestflow.runtime import jvm
 from forestflow.runtime.base import Servable, ServableMetadata
-from forestflow.runtime.h2o_inputs import NA, UNSEEN, ModelColumn, build_matrix
+from forestflow.runtime.h2o_inputs import NA, UNSEEN, ModelColumn, build_matrix, missing_columns
 from forestflow.runtime.h2o_tree_reader import NativeUnsupported, parse_model_ini
 
 if TYPE_CHECKING:  # imported at load only: numba costs ~0.2 s, paid only when a model is scored natively
@@ -322,7 +322,7 @@ class H2OMojoServable(Servable):
             except Exception as exc:
                 log.exception("H2O MOJO %s failed to score a batch of %d rows", self.fqrv, n)
                 raise ScoringError(self.fqrv) from exc
-        return Frame(self._outputs(preds), {"unknown_inputs": unknown})
+        return Frame(self._outputs(preds), {"unknown_inputs": unknown, "missing_inputs": missing_columns(frame, self._columns)})
 
     def _score(self, X: np.ndarray, offsets: np.ndarray | None) -> np.ndarray:
         """Raw genmodel predictions ``(n, preds_size)`` for the encoded rows ``X``."""

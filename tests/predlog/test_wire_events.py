@@ -24,7 +24,8 @@ from forestflow.predlog.convert import to_forestflow
 from forestflow.predlog.encode import encode_event, encode_event_json, event_to_dict
 from forestflow.predlog.log import LogEntry
 from forestflow.predlog.record import PredictionRecord, WireBody
-from forestflow.predlog.tail import add_tail_arguments, run_tail, tail, tail_file
+from forestflow.predlog.file_tail import tail_file
+from forestflow.predlog.tail import add_tail_arguments, run_tail, tail
 from tests.api.v2_support import v2_gateway
 from tests.kafka_broker import KafkaBroker
 from tests.predlog import kafka_sink, make_record
@@ -118,8 +119,10 @@ async def test_v2_events_are_logged_as_sent_and_converted_to_forestflow_shape(tm
 
     # logs tail --file ... --format forestflow: V2 events in ForestFlow's shape, BASIC untouched.
     out = io.StringIO()
-    assert tail_file(str(log), out, "forestflow") == 4
-    converted = {line["key"]: line["event"] for line in map(orjson.loads, out.getvalue().splitlines())}
+    assert tail_file(log, "jsonl", out, convert=True) == 4
+    # Each printed line is the event with the record's key, topic and offset beside its fields.
+    printed = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    converted = {line["key"]: {k: v for k, v in line.items() if k not in ("key", "topic", "offset")} for line in printed}
     assert converted["score"] == basic
     for key in ("rest-json", "grpc"):
         event = converted[key]
@@ -199,11 +202,13 @@ async def test_tail_format_forestflow_converts_v2_events_from_the_topic(broker: 
 
 def test_logs_tail_file_cli_converts_and_survives_a_cut_line(tmp_path: Path, capsys: Any) -> None:
     log = tmp_path / "predictions.jsonl"
-    log.write_bytes(encode_event_json(_wire_record(1, REQUEST, RESPONSE)) + b"\n" + b'{"topic": "basic", "ke')
+    # A line a crash cut short, which the next event written after a restart then ends.
+    cut = b'{"topic": "basic", "ke' + encode_event_json(_wire_record(2, REQUEST, RESPONSE))
+    log.write_bytes(encode_event_json(_wire_record(1, REQUEST, RESPONSE)) + b"\n" + cut + b"\n")
     parser = argparse.ArgumentParser()
     add_tail_arguments(parser)
     assert run_tail(parser.parse_args(["--file", str(log), "--format", "forestflow"])) == 0
-    first, cut = map(orjson.loads, capsys.readouterr().out.splitlines())
-    assert first["key"] == "u1" and first["event"]["inferenceRequest"]["configs"] == {"user": "u1"}
-    assert "not a JSON line" in cut["error"]
+    first, broken = map(orjson.loads, capsys.readouterr().out.splitlines())
+    assert first["key"] == "u1" and first["inferenceRequest"]["configs"] == {"user": "u1"}
+    assert "not a prediction event" in broken["error"]
     assert run_tail(parser.parse_args(["--file", str(tmp_path / "absent.jsonl")])) == 1

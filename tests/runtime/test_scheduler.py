@@ -355,6 +355,9 @@ async def test_own_pool_reuses_slots_of_abandoned_calls_until_its_spare_threads_
         # (whose garbage check then finds this test's frames).
         await wait_until(lambda: scheduler.stats.abandoned_running == 0)
         await scheduler.close()
+        # The abandoned calls end in their threads after close: wait, or their frames become
+        # garbage during the next test (test_finished_jobs_leave_no_reference_cycles counts them).
+        await wait_until(lambda: scheduler.stats.abandoned_running == 0)
 
 
 async def test_finished_jobs_leave_no_reference_cycles(executor, gates) -> None:
