@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from forestflow.core import input_report
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.errors import CreateServableRequestInvalidError, GatewayError, InvalidInput
 from forestflow.runtime.base import Servable, ServableMetadata, create_servable
@@ -28,7 +29,9 @@ from forestflow.runtime.pipeline_steps import internal_frame
 #: Output-frame parameter holding what steps returned as metadata (absent when none did).
 RESPONSE_METADATA = "metadata"
 #: Output-frame parameter listing request columns no step reads (as the H2O flavor does).
-UNKNOWN_INPUTS = "unknown_inputs"
+UNKNOWN_INPUTS = input_report.UNKNOWN
+#: What a step's model lacked (H2O reports it); inside a pipeline that is the wiring's business.
+MISSING_INPUTS = input_report.MISSING
 #: Output-frame parameter with the tensors between steps, for the prediction log (only when the
 #: definition sets ``[pipeline] log_intermediate = true``).
 INTERMEDIATE = "intermediate"
@@ -188,7 +191,7 @@ class PipelineServable(Servable):
 def _returned_metadata(out: dict[str, Any], request: dict[str, Any], so_far: dict[str, Any] | None) -> dict[str, Any] | None:
     """What a step returned as metadata: its output parameters the request did not carry as such."""
     for key, value in out.items():
-        if key in (UNKNOWN_INPUTS, RESPONSE_METADATA, INTERMEDIATE):
+        if key in (UNKNOWN_INPUTS, MISSING_INPUTS, RESPONSE_METADATA, INTERMEDIATE):  # bookkeeping, not metadata
             if key == RESPONSE_METADATA and isinstance(value, dict):  # a nested pipeline's metadata
                 so_far = {**(so_far or {}), **value}
             continue
