@@ -217,7 +217,7 @@ def generic_handler(gateway: Gateway) -> grpc.GenericRpcHandler:
     parse_infer = m["ModelInferRequest"].FromString
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         _guard(service.ModelInfer),
-        request_deserializer=lambda wire: (wire, parse_infer(wire)),
+        request_deserializer=_lenient(lambda wire: (wire, parse_infer(wire)), "inference.ModelInferRequest"),
         response_serializer=bytes,
     )
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
