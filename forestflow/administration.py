@@ -8,6 +8,7 @@ changes nothing), then applied to the in-memory registry and re-evaluated. Mixed
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,7 @@ class Loaded:
     definition: ServableDefinition
     servable: Servable
     scheduler: ServableScheduler
+    load_seconds: float = 0.0  # /metrics
 
 
 class Administration:
@@ -73,6 +75,7 @@ class Administration:
     failed: dict[FQRV, str]
     _admin_lock: asyncio.Lock
     _pending: set[FQRV]
+    load_failures: int = 0  # /metrics
 
     if TYPE_CHECKING:
 
@@ -126,11 +129,14 @@ class Administration:
     async def _load(self, defn: ServableDefinition) -> Loaded:
         directory = await self.artifacts.fetch(defn.path)
         servable = create_servable(defn.flavor, defn.fqrv, directory, defn.flavor_settings)
+        started = time.perf_counter()
         try:
             await asyncio.to_thread(servable.load)
         except GatewayError:
+            self.load_failures += 1
             raise
-        except Exception as exc:  # a flavor bug or an unexpected artifact: a 422 with the reason
+        except Exception as exc:
+            self.load_failures += 1  # a flavor bug or an unexpected artifact: a 422 with the reason
             log.exception("servable_load_failed", fqrv=str(defn.fqrv))
             raise CreateServableRequestInvalidError(f"loading {defn.fqrv} failed: {type(exc).__name__}: {exc}") from exc
         slots = servable.max_concurrency or self.settings.scoring_slots
@@ -144,7 +150,7 @@ class Administration:
             max_threads=self.settings.scoring_threads,
             coalesce_rows=self.settings.max_batch_rows,
         )
-        return Loaded(defn, servable, scheduler)
+        return Loaded(defn, servable, scheduler, time.perf_counter() - started)
 
     async def _unload(self, loaded: Loaded) -> None:
         await loaded.scheduler.close()

@@ -80,6 +80,7 @@ class Settings:
     evaluation_interval_s: float = _doc("contract re-evaluation period (phase-in, validity)", default=5.0)
     metrics_flush_interval_s: float = _doc("how often counters are persisted", default=1.0)
     shutdown_timeout_s: float = _doc("grace period for in-flight requests at shutdown", default=30.0)
+    metrics: bool = _doc("count requests for /metrics (Prometheus); off only to measure what counting costs", default=True)
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", self.port, "an integer 0..65535")

@@ -10,6 +10,7 @@ from forestflow.api import admin, basic, graphpipe, ops
 from forestflow.api import v1_rest, v2_grpc, v2_rest
 from forestflow.api.common import GATEWAY, SETTINGS
 from forestflow.api.middleware import build_middleware
+from forestflow.api.prom import RequestMetrics, build_registry
 from forestflow.predlog import make_prediction_log
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.store import FileStore, Store
@@ -46,9 +47,10 @@ async def _gateway_context(app: web.Application) -> AsyncIterator[None]:
 
 def build_app(settings: Settings) -> web.Application:
     """The HTTP application serving ForestFlow's admin and BASIC APIs and the health routes."""
+    request_metrics = RequestMetrics() if settings.metrics else None
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[build_middleware(settings.access_log)],
+        middlewares=[build_middleware(settings.access_log, request_metrics)],
     )
     app[SETTINGS] = settings
     app.cleanup_ctx.append(_gateway_context)
@@ -60,6 +62,9 @@ def build_app(settings: Settings) -> web.Application:
     v1_rest.add_routes(app)
     ops.add_routes(app)
     admin.add_routes(app)
+    if request_metrics is not None:
+        request_metrics.classify_routes(app)
+        app[ops.PROMETHEUS] = build_registry(request_metrics, lambda: app.get(GATEWAY))
     return app
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from forestflow.api.common import FQRV_TAG, GATEWAY, contract_from, fqrv_from, parse_json, request_id_of, timeout_from
+from forestflow.api.common import SCORING_S, FQRV_TAG, GATEWAY, contract_from, fqrv_from, parse_json, request_id_of, timeout_from
 from forestflow.api.responses import JSON, json_response
 from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.codecs.ff_protobuf import prediction_bytes
@@ -41,6 +41,7 @@ async def score(request: web.Request) -> web.Response:
         encode_response_json=None if as_proto else _prediction_json,
     )
     request[FQRV_TAG] = str(result.fqrv)
+    request[SCORING_S] = result.latency_ms / 1000
     unknown = result.frame.parameters.get("unknown_inputs") or []
     headers = {"X-Forestflow-Unknown-Inputs": ",".join(unknown)} if unknown else None
     if as_proto:

@@ -18,6 +18,8 @@ SETTINGS = web.AppKey("settings", Settings)
 REQUEST_ID = web.RequestKey("request_id", str)
 CONTRACT = web.RequestKey("contract", str)
 FQRV_TAG = web.RequestKey("fqrv", str)
+#: Seconds the answering servable took (queue wait and predict), for the scoring-time histogram.
+SCORING_S = web.RequestKey("scoring_s", float)
 
 #: Per-request deadline header (milliseconds), lowering or raising the configured default.
 DEADLINE_HEADER = "X-Request-Timeout-Ms"

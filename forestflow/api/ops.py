@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from prometheus_client import CollectorRegistry
+
 from forestflow.api.common import GATEWAY
+from forestflow.api.prom import exposition
 from forestflow.api.responses import json_response
 from forestflow.runtime.scheduler import Priority
+
+PROMETHEUS = web.AppKey("prometheus", CollectorRegistry)
 
 
 async def live(request: web.Request) -> web.Response:
@@ -60,8 +65,20 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
+async def prometheus(request: web.Request) -> web.Response:
+    """Every metric in the Prometheus text format (404 when the ``metrics`` setting is off)."""
+    registry = request.app.get(PROMETHEUS)
+    if registry is None:
+        raise web.HTTPNotFound()
+    body, content_type = exposition(registry)
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = content_type
+    return response
+
+
 def add_routes(app: web.Application) -> None:
     """Register the health and metrics routes."""
+    app.router.add_get("/metrics", prometheus)
     app.router.add_get("/health/live", live)
     app.router.add_get("/health/ready", ready)
     app.router.add_get("/metrics/json", metrics)

@@ -15,7 +15,7 @@ import numpy as np
 from aiohttp import web
 
 from forestflow.api import v2_common
-from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, read_json, request_id_of, timeout_from
+from forestflow.api.common import SCORING_S, CONTRACT, FQRV_TAG, GATEWAY, read_json, request_id_of, timeout_from
 from forestflow.api.responses import json_response
 from forestflow.api.v2_rest import v2_errors
 from forestflow.core.frame import DATATYPES, Frame, TensorSpec
@@ -127,6 +127,7 @@ async def predict(request: web.Request) -> web.Response:
         timeout_s=timeout_from(request),
     )
     request[FQRV_TAG] = str(result.fqrv)
+    request[SCORING_S] = result.latency_ms / 1000
     return json_response({"predictions": predictions(result.frame)})
 
 

@@ -17,7 +17,7 @@ import orjson
 from aiohttp import hdrs, web
 
 from forestflow.api import v2_common
-from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SETTINGS, request_id_of, timeout_from
+from forestflow.api.common import SCORING_S, CONTRACT, FQRV_TAG, GATEWAY, SETTINGS, request_id_of, timeout_from
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
 from forestflow.codecs.v2 import encode_outputs
 from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, json_data, json_safe, raw_bytes
@@ -223,6 +223,7 @@ async def infer(request: web.Request) -> web.Response:
         request_id=request_id, protocol="v2", timeout_s=timeout_from(request),
     )
     request[FQRV_TAG] = str(result.fqrv)
+    request[SCORING_S] = result.latency_ms / 1000
     outputs = encode_outputs(result.frame, layout, [n for n, _ in wanted])
     reply: dict[str, Any] = {"model_name": name, "model_version": result.fqrv.release, "id": request_id}
     if layout.explicit:
