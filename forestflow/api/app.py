@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from forestflow.api import admin, basic, graphpipe, ops
+from forestflow.api import admin, basic, dashboard, graphpipe, ops
 from forestflow.api import v1_rest, v2_grpc, v2_rest
 from forestflow.api.common import GATEWAY, SETTINGS
 from forestflow.api.middleware import build_middleware
@@ -61,6 +61,7 @@ def build_app(settings: Settings) -> web.Application:
     graphpipe.add_routes(app)
     v1_rest.add_routes(app)
     ops.add_routes(app)
+    dashboard.add_routes(app, request_metrics)
     admin.add_routes(app)
     if request_metrics is not None:
         request_metrics.classify_routes(app)

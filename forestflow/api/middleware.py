@@ -89,6 +89,8 @@ def build_middleware(
                     time.perf_counter() - started,
                     request.get(SCORING_S),
                 )
+                if status >= 400:
+                    metrics.errors.append((time.time(), request.method, request.path[:200], status, request_id))
             if enable_access_log:
                 logs.access(
                     request_id,

@@ -13,6 +13,7 @@ new contract/fqrv pairs are counted under ``"other"``.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -61,6 +62,8 @@ class RequestMetrics:
         self.requests: dict[tuple[str, str, str, str], int] = {}
         self.server_time: dict[str, Histogram] = {}
         self.scoring_time: dict[str, Histogram] = {}
+        #: The latest failed requests (wall time, method, path, status, request id) for /ui.
+        self.errors: deque[tuple[float, str, str, int, str]] = deque(maxlen=50)
         #: aiohttp resource -> protocol label, filled by :meth:`classify_routes`.
         self.protocols: dict[Any, str] = {}
 
