@@ -111,7 +111,7 @@ def start_gateway(data_dir: Path, env: dict[str, str], log_dir: Path, name: str)
         env=full_env, cwd=ROOT, stdout=open(log_dir / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
     )
     server = Server(proc, f"http://127.0.0.1:{port}")
-    wait_http(server.url + "/health/live")
+    wait_http(server.url + "/health/ready")  # started: its registry restored
     return server
 
 

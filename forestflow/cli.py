@@ -89,9 +89,29 @@ async def _serve(settings: Any) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    await _drain(app, runner, settings, stop, log)
+
+
+async def _drain(app: Any, runner: Any, settings: Any, stop: asyncio.Event, log: Any) -> None:
+    """Graceful stop: readiness fails at once; requests are still accepted for ``drain_grace_s``
+    (load balancers take a moment to stop sending); then the listener closes, in-flight requests
+    finish (up to ``shutdown_timeout_s``), the prediction log is flushed, and the process exits 0.
+    A second signal cuts the grace period short."""
+    from forestflow.api.common import GATEWAY
+
+    gateway = app[GATEWAY]
+    gateway.draining = True
+    log.info("draining", grace_s=settings.drain_grace_s, shutdown_timeout_s=settings.shutdown_timeout_s)
+    stop.clear()
+    try:
+        await asyncio.wait_for(stop.wait(), settings.drain_grace_s)
+    except TimeoutError:
+        pass
     log.info("stopping")
     await runner.cleanup()
-    log.info("stopped")  # written after (and with) every buffered access line
+    stats = gateway.prediction_log.stats
+    # written after (and with) every buffered access line
+    log.info("stopped", log_produced=stats.produced, log_delivered=stats.delivered, log_dropped=stats.dropped)
 
 
 # ---- client commands ------------------------------------------------------------------------------

@@ -149,12 +149,18 @@ class Gateway(Administration, ReplicaSync):
     @property
     def ready(self) -> bool:
         """Serving: started, not draining, every registered servable loaded."""
-        return self.started and not self.draining and not self.failed and not self._pending
+        return self.started and not self.draining and not self.failed and not self._pending and not self.unhealthy()
+
+    def unhealthy(self) -> dict[str, str]:
+        """Loaded servables that cannot score now (e.g. their JVM died), with the reason."""
+        return {str(f): p for f, loaded in self.loaded.items() if (p := loaded.servable.health_problem())}
 
     def readiness(self) -> dict[str, Any]:
         """Details behind :attr:`ready`."""
         return {
             "ready": self.ready,
+            "started": self.started,
+            "unhealthy": self.unhealthy(),
             "servables": len(self.loaded),
             "loading": sorted(str(f) for f in self._pending),
             "failed": {str(f): r for f, r in self.failed.items()},

@@ -80,6 +80,10 @@ class Settings:
     evaluation_interval_s: float = _doc("contract re-evaluation period (phase-in, validity)", default=5.0)
     metrics_flush_interval_s: float = _doc("how often counters are persisted", default=1.0)
     shutdown_timeout_s: float = _doc("grace period for in-flight requests at shutdown", default=30.0)
+    drain_grace_s: float = _doc(
+        "on SIGTERM, how long the gateway keeps accepting requests with readiness failing (so load balancers "
+        "stop sending) before it stops listening and finishes what is in flight", default=5.0,
+    )
     metrics: bool = _doc("count requests for /metrics (Prometheus); off only to measure what counting costs", default=True)
 
     def __post_init__(self) -> None:
@@ -98,6 +102,7 @@ class Settings:
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")
         for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")
+        _check(self.drain_grace_s >= 0, "drain_grace_s", self.drain_grace_s, "zero or more seconds")
         for name in ("evaluation_interval_s", "metrics_flush_interval_s", "redis_sync_interval_s", "log_flush_timeout_s"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number of seconds")
         if not self.admin_token and not self.insecure_admin and not _is_loopback(self.host):

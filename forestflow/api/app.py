@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
+import structlog
 from aiohttp import web
 
 from forestflow.api import admin, basic, dashboard, graphpipe, ops
 from forestflow.api import v1_rest, v2_grpc, v2_rest
-from forestflow.api.common import GATEWAY, SETTINGS
+from forestflow.api.common import GATEWAY, SETTINGS, STARTING
 from forestflow.api.middleware import build_middleware
 from forestflow.api.prom import RequestMetrics, build_registry
 from forestflow.predlog import make_prediction_log
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.store import FileStore, Store
 from forestflow.service import Gateway
+from forestflow.errors import StoreUnavailable
 from forestflow.settings import Settings
+
+log = structlog.get_logger("forestflow")
 
 
 def make_store(settings: Settings) -> Store:
@@ -37,11 +42,32 @@ def make_gateway(settings: Settings) -> Gateway:
     )
 
 
+async def _start_until_reachable(gateway: Gateway, retry_s: float) -> None:
+    """Start the gateway; while the registry store cannot be reached, retry (readiness says so)."""
+    while True:
+        try:
+            await gateway.start()
+            return
+        except StoreUnavailable as error:
+            log.warning("store_unreachable_at_start", reason=error.message, retry_in_s=retry_s)
+            await asyncio.sleep(retry_s)
+        except Exception:
+            log.exception("gateway_start_failed")
+            raise
+
+
 async def _gateway_context(app: web.Application) -> AsyncIterator[None]:
-    gateway = make_gateway(app[SETTINGS])
-    await gateway.start()
+    """The gateway starts (restores and loads its servables) while the server already answers:
+    liveness passes, readiness fails until every servable is loaded."""
+    settings = app[SETTINGS]
+    gateway = make_gateway(settings)
     app[GATEWAY] = gateway
+    starting = asyncio.create_task(_start_until_reachable(gateway, min(2.0, settings.redis_sync_interval_s)), name="gateway-start")
+    app[STARTING] = starting
     yield
+    if not starting.done():
+        starting.cancel()
+    await asyncio.gather(starting, return_exceptions=True)
     await gateway.stop()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -14,6 +15,8 @@ from forestflow.settings import Settings
 
 GATEWAY = web.AppKey("gateway", Gateway)
 SETTINGS = web.AppKey("settings", Settings)
+#: The task that starts the gateway (restore and load) while the server already answers.
+STARTING = web.AppKey("starting", asyncio.Task)
 #: Per-request values the middleware and the access log read.
 REQUEST_ID = web.RequestKey("request_id", str)
 CONTRACT = web.RequestKey("contract", str)

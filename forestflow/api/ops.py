@@ -21,7 +21,9 @@ async def live(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     """200 when every registered servable is loaded and the gateway is not draining, else 503."""
-    details = request.app[GATEWAY].readiness()
+    gateway = request.app[GATEWAY]
+    details = gateway.readiness()
+    details["storeAvailable"] = bool(getattr(gateway.store, "available", True))
     return json_response(details, status=200 if details["ready"] else 503)
 
 
