@@ -23,8 +23,8 @@ from forestflow.core.policies import is_valid
 REQUEST_METRICS = web.AppKey("request_metrics", RequestMetrics)
 HISTORY = web.AppKey("dashboard_history", deque)
 PAGE = Path(__file__).resolve().parent / "static" / "ui.html"
-#: One sample a second at most, ten minutes of them.
-_SAMPLE_EVERY_MS = 1000
+#: About one sample a second (the page polls every second), ten minutes of them.
+_SAMPLE_EVERY_MS = 900
 _HISTORY_LEN = 600
 
 
