@@ -325,14 +325,16 @@ def metrics_cost(args: argparse.Namespace) -> int:
                 print(f"round {round_no} metrics {name:3s}: {result.rps:8.0f} req/s  {result.cpu_us:6.1f} CPU us/req  "
                       f"p50 {result.p50_ms:.2f} ms  errors {result.errors}", flush=True)
         metrics = requests.get(gateways["on"].url + "/metrics", timeout=10).text
-        assert "forestflow_http_requests_total" in metrics
+        assert "forestflow_requests_total" in metrics
     finally:
         for gw in gateways.values():
             gw.stop()
     on, off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
-    cost = (on - off) / off * 100
-    print(f"# 1-row /score c16: metrics on {on:.1f} CPU us/req, off {off:.1f}: cost {on - off:+.1f} us/req = {cost:+.1f}% "
-          f"(target <= 5%) {'HOLDS' if cost <= 5 else 'MISSED'}")
+    # Each round measures both gateways seconds apart: their paired difference drifts least.
+    paired = statistics.median(a - b for a, b in zip(cpu["on"], cpu["off"]))
+    cost = paired / off * 100
+    print(f"# 1-row /score c16: metrics on {on:.1f} CPU us/req, off {off:.1f} (medians); median paired difference "
+          f"{paired:+.1f} us/req = {cost:+.1f}% (target <= 5%) {'HOLDS' if cost <= 5 else 'MISSED'}")
     return 0
 
 

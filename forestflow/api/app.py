@@ -92,6 +92,7 @@ def build_app(settings: Settings) -> web.Application:
     if request_metrics is not None:
         request_metrics.classify_routes(app)
         app[ops.PROMETHEUS] = build_registry(request_metrics, lambda: app.get(GATEWAY))
+        app[v2_grpc.GRPC_METRICS] = request_metrics
     return app
 
 

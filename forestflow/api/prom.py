@@ -5,9 +5,9 @@ entry and puts two durations in histogram buckets (a bisect each). Everything el
 prediction log, phase-in, validity, the store) is read from the Gateway when Prometheus scrapes,
 by :class:`GatewayCollector`, which hands prometheus-client metric families to format.
 
-Label values are bounded: contract and fqrv come from the gateway's own registry (404s carry
-none), status is an HTTP code, protocol one of a fixed few; past ``max_series`` request series,
-new contract/fqrv pairs are counted under ``"other"``.
+Label values are bounded: contract and fqrv come from the gateway's own registry, status is an
+HTTP code or a gRPC status name, protocol one of a fixed few; past ``max_series`` request series,
+new contract/fqrv pairs are counted under ``"other"``. Refused requests (4xx) carry no names.
 """
 
 from __future__ import annotations
@@ -86,11 +86,15 @@ class RequestMetrics:
             self.protocols[resource] = protocol
 
     def record(self, resource: Any, contract: str | None, fqrv: str | None, status: int, server_s: float, scoring_s: float | None) -> None:
-        """Count one finished request (called by the middleware)."""
-        protocol = self.protocols.get(resource, OTHER)
-        if status == 404:  # names nobody registered must not become label values
+        """Count one finished HTTP request (called by the middleware)."""
+        # Names from refused requests (4xx) may be anything a client typed: they never become labels.
+        if 400 <= status < 500:
             contract = fqrv = None
-        key = (contract or "", fqrv or "", protocol, str(status))
+        self.count(self.protocols.get(resource, OTHER), contract, fqrv, str(status), server_s, scoring_s)
+
+    def count(self, protocol: str, contract: str | None, fqrv: str | None, status: str, server_s: float, scoring_s: float | None) -> None:
+        """Count one finished call of any protocol (gRPC calls report their status code name)."""
+        key = (contract or "", fqrv or "", protocol, status)
         requests = self.requests
         if key in requests:
             requests[key] += 1
@@ -130,13 +134,13 @@ class GatewayCollector:
         """Every metric family of the gateway."""
         rm = self.request_metrics
         family = CounterMetricFamily(
-            "forestflow_http_requests", "HTTP requests by contract, answering fqrv, protocol and status",
+            "forestflow_requests", "Requests (HTTP and gRPC) by contract, answering fqrv, protocol and status",
             labels=["contract", "fqrv", "protocol", "status"],
         )
         for labels, count in list(rm.requests.items()):
             family.add_metric(list(labels), count)
         yield family
-        yield _histograms("forestflow_http_request_duration_seconds", "Server time of HTTP requests", "protocol", rm.server_time)
+        yield _histograms("forestflow_request_duration_seconds", "Server time of requests (HTTP and gRPC)", "protocol", rm.server_time)
         yield _histograms(
             "forestflow_scoring_duration_seconds", "Scoring time (queue wait and predict) of answered requests", "fqrv", rm.scoring_time
         )

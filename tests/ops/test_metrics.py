@@ -1,11 +1,14 @@
-"""/metrics: Prometheus text from prometheus-client with the counters the issue lists."""
+"""/metrics: Prometheus text from prometheus-client with the counters the issue lists (HTTP and gRPC)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import grpc
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.api.test_v2_grpc import raw_request, v2  # noqa: F401 (v2 is a fixture)
 from tests.support import InProcessGateway, python_servable, score_body
 
 
@@ -43,14 +46,14 @@ async def test_metrics_count_requests_latency_servables_and_log(gw: InProcessGat
         assert r.status == 200, await r.text()
 
     text, parsed = await scrape(gw)
-    assert value(parsed, "forestflow_http_requests_total", contract="acme.demo.1", fqrv="acme.demo.1.v1", protocol="basic", status="200") == 3
-    assert value(parsed, "forestflow_http_requests_total", contract="acme.demo.1", fqrv="acme.demo.1.v1", protocol="v2", status="200") == 1
-    assert value(parsed, "forestflow_http_requests_total", contract="", fqrv="", protocol="basic", status="404") == 5
+    assert value(parsed, "forestflow_requests_total", contract="acme.demo.1", fqrv="acme.demo.1.v1", protocol="basic", status="200") == 3
+    assert value(parsed, "forestflow_requests_total", contract="acme.demo.1", fqrv="acme.demo.1.v1", protocol="v2", status="200") == 1
+    assert value(parsed, "forestflow_requests_total", contract="", fqrv="", protocol="basic", status="404") == 5
     assert "nobody" not in text
     # sub-millisecond buckets, and every scored request in the scoring histogram
     assert ("forestflow_scoring_duration_seconds_bucket", (("fqrv", "acme.demo.1.v1"), ("le", "0.0001"))) in parsed
     assert value(parsed, "forestflow_scoring_duration_seconds_count", fqrv="acme.demo.1.v1") == 4
-    assert value(parsed, "forestflow_http_request_duration_seconds_count", protocol="basic") == 8
+    assert value(parsed, "forestflow_request_duration_seconds_count", protocol="basic") == 8
     assert value(parsed, "forestflow_servable_phase_in_percent", fqrv="acme.demo.1.v1") == 100
     assert value(parsed, "forestflow_servable_valid", fqrv="acme.demo.1.v1") == 1
     assert value(parsed, "forestflow_servable_scores_total", fqrv="acme.demo.1.v1") == 4
@@ -80,5 +83,20 @@ async def test_deadline_and_failed_load_are_counted(gw: InProcessGateway) -> Non
         assert r.status >= 400
     _, parsed = await scrape(gw)
     assert value(parsed, "forestflow_deadline_exceeded_total", fqrv="acme.demo.1.v1") == 1
-    assert value(parsed, "forestflow_http_requests_total", contract="acme.demo.1", fqrv="", protocol="basic", status="504") == 1
+    assert value(parsed, "forestflow_requests_total", contract="acme.demo.1", fqrv="", protocol="basic", status="504") == 1
     assert value(parsed, "forestflow_servable_load_failures_total") == 1
+
+
+async def test_grpc_calls_are_counted(v2: tuple[Any, Any]) -> None:
+    gw, call = v2
+    for _ in range(2):
+        await call("ModelInfer", **raw_request([1.0], [b"a"]))
+    with pytest.raises(grpc.aio.AioRpcError):
+        await call("ModelInfer", **(raw_request([1.0], [b"a"]) | {"model_name": "no.such.1"}))
+    await call("ServerReady")
+    _, parsed = await scrape(gw.server)
+    assert value(parsed, "forestflow_requests_total", contract="acme.demo.1", fqrv="acme.demo.1.v1", protocol="v2-grpc", status="OK") == 2
+    assert value(parsed, "forestflow_requests_total", contract="", fqrv="", protocol="v2-grpc", status="NOT_FOUND") == 1
+    assert value(parsed, "forestflow_requests_total", contract="", fqrv="", protocol="v2-grpc", status="OK") == 1
+    assert value(parsed, "forestflow_scoring_duration_seconds_count", fqrv="acme.demo.1.v1") == 2
+    assert "no.such" not in (await scrape(gw.server))[0]
