@@ -116,19 +116,25 @@ _P_N = {"name": "n", "in": "path", "required": True, "schema": {"type": "integer
 _P_RELEASE = {"name": "release", "in": "path", "required": True, "schema": {"type": "string"}, "example": "r1"}
 _P_MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}, "description": "org.project.n", "example": "h2o.fuzz.1"}
 _P_VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}, "example": "r1"}
-_P_TIMEOUT = {"name": "X-Request-Timeout-Ms", "in": "header", "required": False, "schema": {"type": "integer", "minimum": 1, "maximum": 3600000}}
+_P_TIMEOUT = {"name": "X-Request-Timeout-Ms", "in": "header", "required": False, "schema": {"type": "integer", "minimum": 1, "maximum": 3600000}, "example": 30000}
 _CONTRACT_PARAMS = [_P_ORG, _P_PROJECT, _P_N]
 _RELEASE_PARAMS = [*_CONTRACT_PARAMS, _P_RELEASE]
 _BEARER = [{"bearer": []}, {}]
 
 
+#: One row for the H2O prostate GBM the examples' contract (h2o.fuzz.1) serves.
+_FEATURES = {"AGE": 65.0, "RACE": 1.0, "DPROS": 2.0, "DCAPS": 1.0, "PSA": 1.4, "VOL": 0.0, "GLEASON": 6.0}
+SCORE_EXAMPLE = {"schema": [{"type": "Float64", "fields": list(_FEATURES)}], "datum": [{"tensors": [{"Float64": {"data": list(_FEATURES.values())}}]}]}
+V2_EXAMPLE = {"inputs": [{"name": k, "datatype": "FP64", "shape": [1], "data": [v]} for k, v in _FEATURES.items()]}
+
+
 def _op(tag: str, summary: str, ok: dict[str, Any], params: list[dict[str, Any]] | None = None, body: dict[str, Any] | None = None,
-        error: dict[str, Any] = _ERROR, admin: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        error: dict[str, Any] = _ERROR, admin: bool = False, extra: dict[str, Any] | None = None, example: Any = None) -> dict[str, Any]:
     op: dict[str, Any] = {"tags": [tag], "summary": summary, "responses": {"200": ok, **(extra or {}), "default": error}}
     if params:
         op["parameters"] = params
     if body is not None:
-        op["requestBody"] = {"required": True, "content": {J: {"schema": body}}}
+        op["requestBody"] = {"required": True, "content": {J: {"schema": body} | ({"example": example} if example is not None else {})}}
     if admin:
         op["security"] = _BEARER
     return op
@@ -140,7 +146,7 @@ def _paths() -> dict[str, dict[str, Any]]:
     paths: dict[str, dict[str, Any]] = {
         # BASIC
         c + "/score": {"post": _op("BASIC", "Score a batch on the contract's routed release", _json(_ref("Prediction")), [*_CONTRACT_PARAMS, _P_TIMEOUT], _ref("InferenceRequest"),
-                                    extra={"503": _ERROR, "504": _ERROR})},
+                                    extra={"503": _ERROR, "504": _ERROR}, example=SCORE_EXAMPLE)},
         c + "/metadata": {"get": _op("BASIC", "Metadata of every release", _json({"type": "array", "items": {"type": "object", "properties": {"BasicMetaData": _ref("BasicMetaData")}}}), _CONTRACT_PARAMS)},
         r + "/metadata": {"get": _op("BASIC", "Metadata of one release", _json({"type": "object", "properties": {"BasicMetaData": _ref("BasicMetaData")}}), _RELEASE_PARAMS)},
         c + "/gp": {
@@ -180,7 +186,7 @@ def _paths() -> dict[str, dict[str, Any]]:
         paths[base] = {"get": _op("V2", "Model metadata", _json(_ref("V2ModelMetadata")), params, error=_V2_ERROR)}
         paths[base + "/ready"] = {"get": _op("V2", "Model readiness", _json({"type": "object", "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}}), params, error=_V2_ERROR)}
         paths[base + "/infer"] = {"post": _op("V2", "Inference (JSON tensors; binary extension also accepted)", _json(_ref("V2InferResponse")), [*params, _P_TIMEOUT], _ref("V2InferRequest"),
-                                              error=_V2_ERROR, extra={"503": _V2_ERROR, "504": _V2_ERROR})}
+                                              error=_V2_ERROR, extra={"503": _V2_ERROR, "504": _V2_ERROR}, example=V2_EXAMPLE)}
     for alias, target in (("/releases", "/list"), ("/servable-settings", "/s-settings"), ("/contract-settings", "/c-settings")):
         summary = {"/releases": "Releases of a contract", "/servable-settings": "Settings of every release", "/contract-settings": "Contract settings"}[alias]
         schema = _json(_OBJ) if alias == "/contract-settings" else _json(arr)
