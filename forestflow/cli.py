@@ -92,6 +92,10 @@ async def _serve(settings: Any) -> None:
     await _drain(app, runner, settings, stop, log)
 
 
+#: How long connections accepted right before the listener closed have to send their request.
+_LATE_REQUEST_S = 0.5
+
+
 async def _drain(app: Any, runner: Any, settings: Any, stop: asyncio.Event, log: Any) -> None:
     """Graceful stop: readiness fails at once; requests are still accepted for ``drain_grace_s``
     (load balancers take a moment to stop sending); then the listener closes, in-flight requests
@@ -108,6 +112,11 @@ async def _drain(app: Any, runner: Any, settings: Any, stop: asyncio.Event, log:
     except TimeoutError:
         pass
     log.info("stopping")
+    for site in list(runner.sites):
+        await site.stop()  # no new connections from here on
+    # A client that connected just before the listener closed sends its request a moment later:
+    # give it that moment, or aiohttp would close its connection as idle, unanswered.
+    await asyncio.sleep(_LATE_REQUEST_S)
     await runner.cleanup()
     stats = gateway.prediction_log.stats
     # written after (and with) every buffered access line

@@ -24,6 +24,7 @@ def one_request(port: int, x: float) -> tuple[str, object]:
     except ConnectionRefusedError:
         return "refused", None
     try:
+        time.sleep(0.1)  # a client takes a moment between connecting and sending: the listener may close meanwhile
         body = json.dumps(score_body([x], configs={"sleep": "0.05"}))
         conn.request("POST", "/acme/demo/1/score", body, {"Content-Type": "application/json", "Connection": "close"})
         response = conn.getresponse()
