@@ -117,7 +117,7 @@ def start_gateway(data_dir: Path, env: dict[str, str], log_dir: Path, name: str)
         env=full_env, cwd=ROOT, stdout=open(log_dir / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
     )
     server = Server(proc, f"http://127.0.0.1:{port}")
-    wait_http(server.url + "/health/live")
+    wait_http(server.url + "/health/ready")  # started: its registry restored
     return server
 
 
@@ -382,6 +382,46 @@ def check_targets(cells: list[Cell]) -> None:
     print(f"errors in all cells: {errors} {'HOLDS' if errors == 0 else 'MISSED'}")
 
 
+def metrics_cost(args: argparse.Namespace) -> int:
+    """CPU per request of the 1-row /score cell with /metrics counting on vs off, same run.
+
+    Two gateways (FORESTFLOW_METRICS=true/false), measured alternately round after round so the
+    machine's drift hits both alike; the cost is the median on/off difference of CPU us/request.
+    """
+    import statistics
+
+    work = Path(tempfile.mkdtemp(prefix="ff-bench-metrics-"))
+    path, body, ctype = endpoints(1, "bench.none.1")["score"]
+    gateways = {
+        "on": start_gateway(work / "data-on", {"FORESTFLOW_METRICS": "true"}, work, "gateway-metrics-on"),
+        "off": start_gateway(work / "data-off", {"FORESTFLOW_METRICS": "false"}, work, "gateway-metrics-off"),
+    }
+    cpu: dict[str, list[float]] = {"on": [], "off": []}
+    try:
+        for gw in gateways.values():
+            deploy(gw, ("bench", "none", 1), "NONE")
+            drive(gw.url + path, body, ctype, 16, 2.0)
+        for round_no in range(args.rounds):
+            order = ("on", "off") if round_no % 2 == 0 else ("off", "on")
+            for name in order:
+                result = measured(gateways[name], path, body, ctype, 16, args.duration)
+                cpu[name].append(result.cpu_us)
+                print(f"round {round_no} metrics {name:3s}: {result.rps:8.0f} req/s  {result.cpu_us:6.1f} CPU us/req  "
+                      f"p50 {result.p50_ms:.2f} ms  errors {result.errors}", flush=True)
+        metrics = requests.get(gateways["on"].url + "/metrics", timeout=10).text
+        assert "forestflow_requests_total" in metrics
+    finally:
+        for gw in gateways.values():
+            gw.stop()
+    on, off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
+    # Each round measures both gateways seconds apart: their paired difference drifts least.
+    paired = statistics.median(a - b for a, b in zip(cpu["on"], cpu["off"]))
+    cost = paired / off * 100
+    print(f"# 1-row /score c16: metrics on {on:.1f} CPU us/req, off {off:.1f} (medians); median paired difference "
+          f"{paired:+.1f} us/req = {cost:+.1f}% (target <= 5%) {'HOLDS' if cost <= 5 else 'MISSED'}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="one short cell; asserts nothing about speed")
@@ -391,7 +431,11 @@ def main() -> int:
     parser.add_argument("--no-kafka", action="store_true", help="skip the Kafka sink cells")
     parser.add_argument("--no-workers", action="store_true", help="skip the 1-vs-2 workers cells (bench/workers.py)")
     parser.add_argument("--h2o-scorers", action="store_true", help="only the H2O scorer cells and the RSS figures")
+    parser.add_argument("--metrics-cost", action="store_true", help="only the CPU cost of /metrics counting (1-row /score)")
+    parser.add_argument("--rounds", type=int, default=6, help="on/off rounds of --metrics-cost")
     args = parser.parse_args()
+    if args.metrics_cost:
+        return metrics_cost(args)
     started = time.monotonic()
     if args.h2o_scorers:
         work = Path(tempfile.mkdtemp(prefix="ff-bench-"))

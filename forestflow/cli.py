@@ -161,9 +161,38 @@ async def _serve(settings: Any, worker: Any = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    await _drain(app, runner, settings, stop, log)
+
+
+#: How long connections accepted right before the listener closed have to send their request.
+_LATE_REQUEST_S = 0.5
+
+
+async def _drain(app: Any, runner: Any, settings: Any, stop: asyncio.Event, log: Any) -> None:
+    """Graceful stop: readiness fails at once; requests are still accepted for ``drain_grace_s``
+    (load balancers take a moment to stop sending); then the listener closes, in-flight requests
+    finish (up to ``shutdown_timeout_s``), the prediction log is flushed, and the process exits 0.
+    A second signal cuts the grace period short."""
+    from forestflow.api.common import GATEWAY
+
+    gateway = app[GATEWAY]
+    gateway.draining = True
+    log.info("draining", grace_s=settings.drain_grace_s, shutdown_timeout_s=settings.shutdown_timeout_s)
+    stop.clear()
+    try:
+        await asyncio.wait_for(stop.wait(), settings.drain_grace_s)
+    except TimeoutError:
+        pass
     log.info("stopping")
+    for site in list(runner.sites):
+        await site.stop()  # no new connections from here on
+    # A client that connected just before the listener closed sends its request a moment later:
+    # give it that moment, or aiohttp would close its connection as idle, unanswered.
+    await asyncio.sleep(_LATE_REQUEST_S)
     await runner.cleanup()
-    log.info("stopped")  # written after (and with) every buffered access line
+    stats = gateway.prediction_log.stats
+    # written after (and with) every buffered access line
+    log.info("stopped", log_produced=stats.produced, log_delivered=stats.delivered, log_dropped=stats.dropped)
 
 
 # ---- client commands ------------------------------------------------------------------------------

@@ -171,12 +171,19 @@ class Gateway:
     @property
     def ready(self) -> bool:
         """Serving: started, not draining, every registered servable loaded."""
-        return self.started and not self.draining and not self.registry.failed and not self.registry.pending
+        registry = self.registry
+        return self.started and not self.draining and not registry.failed and not registry.pending and not self.unhealthy()
+
+    def unhealthy(self) -> dict[str, str]:
+        """Loaded servables that cannot score now (e.g. their JVM died), with the reason."""
+        return {str(f): p for f, loaded in self.registry.loaded.items() if (p := loaded.servable.health_problem())}
 
     def readiness(self) -> dict[str, Any]:
         """Details behind :attr:`ready`."""
         return {
             "ready": self.ready,
+            "started": self.started,
+            "unhealthy": self.unhealthy(),
             "servables": len(self.registry.loaded),
             "loading": sorted(str(f) for f in self.registry.pending),
             "failed": {str(f): r for f, r in self.registry.failed.items()},

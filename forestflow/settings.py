@@ -128,6 +128,12 @@ class Settings:
     git_ssh_scheme: str = _doc("git@host:org/project.git is fetched as <scheme>://host/org/project.git", default="https")
     git_ssl_verify: bool = _doc("verify TLS certificates of Git servers", default=True)
 
+    drain_grace_s: float = _doc(
+        "on SIGTERM, how long the gateway keeps accepting requests with readiness failing (so load balancers "
+        "stop sending) before it stops listening and finishes what is in flight", default=5.0,
+    )
+    metrics: bool = _doc("count requests for /metrics (Prometheus); off only to measure what counting costs", default=True)
+
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", self.port, "an integer 0..65535")
         _check(-1 <= self.grpc_port <= 65535, "grpc_port", self.grpc_port, "an integer -1..65535")
@@ -151,6 +157,7 @@ class Settings:
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")
         for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms", "workers", "log_linger_ms"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")
+        _check(self.drain_grace_s >= 0, "drain_grace_s", self.drain_grace_s, "zero or more seconds")
         for name in ("evaluation_interval_s", "metrics_flush_interval_s", "redis_sync_interval_s", "log_flush_timeout_s", "file_sync_interval_s"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number of seconds")
         _check(not self.repository or Path(self.repository).is_dir(), "repository", self.repository, "an existing directory")

@@ -27,4 +27,10 @@ if ! command -v java >/dev/null 2>&1; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 fi
 
+# Headless chromium and its driver for the /ui test (tests/ops/test_ui.py, through selenium).
+if ! command -v chromedriver >/dev/null 2>&1 || ! { command -v chromium >/dev/null 2>&1 || [ -x /usr/lib/chromium/chromium ]; }; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

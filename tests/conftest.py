@@ -25,9 +25,9 @@ def gateway_process(tmp_path: Path) -> Iterator[type[GatewayProcess]]:
     started: list[GatewayProcess] = []
 
     class Tracked(GatewayProcess):
-        def start(self, timeout_s: float = 30.0) -> GatewayProcess:
+        def start(self, timeout_s: float = 30.0, wait_started: bool = True) -> GatewayProcess:
             started.append(self)
-            return super().start(timeout_s)
+            return super().start(timeout_s, wait_started)
 
     yield Tracked
     for proc in started:

@@ -22,7 +22,7 @@ import requests
 from aiohttp import web
 
 from forestflow.api.app import build_app, make_runner
-from forestflow.api.common import GATEWAY
+from forestflow.api.common import GATEWAY, STARTING
 from forestflow.service import Gateway
 from forestflow.settings import Settings
 from forestflow.supervisor import WorkerIdentity
@@ -126,6 +126,8 @@ async def serve_in_process(data_dir: Path, worker: WorkerIdentity | None = None,
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    # The gateway restores and loads in the background while the server answers; tests start from a started one.
+    await asyncio.wait_for(asyncio.shield(app[STARTING]), 60)
     try:
         async with aiohttp.ClientSession() as session:
             yield InProcessGateway(f"http://127.0.0.1:{port}", app, session)
@@ -142,13 +144,18 @@ class GatewayProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         loop = {"FORESTFLOW_EVENT_LOOP": os.environ["FF_TEST_LOOP"]} if os.environ.get("FF_TEST_LOOP") else {}
         roots = {"FORESTFLOW_ARTIFACT_ROOTS": TEST_ARTIFACT_ROOTS}
-        self.env = {**os.environ, "FORESTFLOW_ALLOW_PYTHON": "1", "FORESTFLOW_GRPC_PORT": "-1", **roots, **loop, **(env or {})}
+        # No drain grace unless a test asks for one: a stop would otherwise wait it out every time.
+        self.env = {
+            **os.environ, "FORESTFLOW_ALLOW_PYTHON": "1", "FORESTFLOW_GRPC_PORT": "-1", "FORESTFLOW_DRAIN_GRACE_S": "0",
+            **roots, **loop, **(env or {}),
+        }
         self.args = args or []
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"gateway-{self.port}.log"
 
-    def start(self, timeout_s: float = 30.0) -> GatewayProcess:
-        """Start and wait until /health/live answers."""
+    def start(self, timeout_s: float = 30.0, wait_started: bool = True) -> GatewayProcess:
+        """Start and wait until /health/live answers and (``wait_started``) the gateway has restored its
+        registry: /health/ready says started, with nothing left loading."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -164,8 +171,12 @@ class GatewayProcess:
                 raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.log()}")
             try:
                 if requests.get(self.url + "/health/live", timeout=1).status_code == 200:
-                    return self
-            except requests.RequestException:
+                    if not wait_started:
+                        return self
+                    ready = requests.get(self.url + "/health/ready", timeout=1).json()
+                    if ready["started"] and not ready["loading"]:
+                        return self
+            except (requests.RequestException, ValueError, KeyError):
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"gateway did not start: {self.log()}")

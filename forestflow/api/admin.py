@@ -27,7 +27,7 @@ from forestflow.codecs.ff_settings import (
     servable_settings_to_json,
 )
 from forestflow.codecs.jsonread import Obj
-from forestflow.errors import Forbidden, InvalidInput, Unauthenticated
+from forestflow.errors import Forbidden, InvalidInput, StoreUnavailable, Unauthenticated
 
 audit = structlog.get_logger("forestflow.audit")
 
@@ -50,6 +50,8 @@ def admin(handler: Handler) -> Handler:
                 audit.warning("admin_refused", reason="wrong token", method=request.method, path=request.path,
                               peer=request.remote, request_id=request_id_of(request))
                 raise Forbidden("the admin token is wrong")
+        if not request.app[GATEWAY].started:
+            raise StoreUnavailable("the gateway is starting (restoring the registry); try again")
         # Shielded: a client that disconnects mid-deploy must not cut a write between the store
         # and the in-memory registry (the server cancels handlers of disconnected clients).
         response = await asyncio.shield(handler(request))

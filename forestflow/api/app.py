@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
+import structlog
 from aiohttp import web
 
-from forestflow.api import admin, basic, graphpipe, ops
+from forestflow.api import admin, basic, dashboard, graphpipe, ops
 from forestflow.api import v1_rest, v2_grpc, v2_repository, v2_rest
-from forestflow.api.common import GATEWAY, SETTINGS, WORKER
+from forestflow.api.common import AFTER_START, GATEWAY, SETTINGS, STARTING, WORKER
 from forestflow.api.middleware import build_middleware
+from forestflow.api.prom import RequestMetrics, build_registry
 from forestflow.predlog import make_prediction_log
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.file_store import FileStore
 from forestflow.registry.store import Store
 from forestflow.service import Gateway
+from forestflow.errors import StoreUnavailable
 from forestflow.settings import Settings
 from forestflow.supervisor import WorkerIdentity, write_worker_status
+
+log = structlog.get_logger("forestflow")
 
 
 def make_store(settings: Settings, worker: WorkerIdentity | None = None) -> Store:
@@ -39,19 +45,55 @@ def make_gateway(settings: Settings, worker: WorkerIdentity | None = None) -> Ga
     )
 
 
+async def _start_until_reachable(gateway: Gateway, retry_s: float) -> None:
+    """Start the gateway; while the registry store cannot be reached, retry (readiness says so)."""
+    while True:
+        try:
+            await gateway.start()
+            return
+        except StoreUnavailable as error:
+            log.warning("store_unreachable_at_start", reason=error.message, retry_in_s=retry_s)
+            await asyncio.sleep(retry_s)
+        except Exception:
+            log.exception("gateway_start_failed")
+            raise
+
+
 async def _gateway_context(app: web.Application) -> AsyncIterator[None]:
+    """The gateway is made here and started by :func:`_begin_start` once every context is set up."""
+    gateway = make_gateway(app[SETTINGS], app.get(WORKER))
+    app[GATEWAY] = gateway
+    app[AFTER_START] = []
+    yield
+    starting = app.get(STARTING)
+    if starting is not None:
+        if not starting.done():
+            starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+    worker = app.get(WORKER)
+    if worker is not None:
+        write_worker_status(app[SETTINGS].data_dir, worker, ready=False)
+    await gateway.stop()
+
+
+async def _begin_start(app: web.Application) -> None:
+    """Start the gateway (restore and load its servables) while the server already answers.
+
+    Liveness passes and readiness fails until it is done: the store reached, every servable loaded,
+    then what needs a started gateway (``AFTER_START``: the model repository, Kafka ingestion).
+    """
     settings, worker = app[SETTINGS], app.get(WORKER)
     if worker is not None:
         write_worker_status(settings.data_dir, worker, ready=False)
-    gateway = make_gateway(settings, worker)
-    await gateway.start()
-    app[GATEWAY] = gateway
-    if worker is not None:
-        write_worker_status(settings.data_dir, worker, ready=True)
-    yield
-    if worker is not None:
-        write_worker_status(settings.data_dir, worker, ready=False)
-    await gateway.stop()
+
+    async def start() -> None:
+        await _start_until_reachable(app[GATEWAY], min(2.0, settings.redis_sync_interval_s))
+        for after in app[AFTER_START]:
+            await after()
+        if worker is not None:
+            write_worker_status(settings.data_dir, worker, ready=True)
+
+    app[STARTING] = asyncio.create_task(start(), name="gateway-start")
 
 
 async def _tag_worker(request: web.Request, response: web.StreamResponse) -> None:
@@ -60,9 +102,10 @@ async def _tag_worker(request: web.Request, response: web.StreamResponse) -> Non
 
 def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.Application:
     """The HTTP application serving ForestFlow's admin and BASIC APIs and the health routes."""
+    request_metrics = RequestMetrics() if settings.metrics else None
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[build_middleware(settings.access_log)],
+        middlewares=[build_middleware(settings.access_log, request_metrics)],
     )
     app[SETTINGS] = settings
     if worker is not None:
@@ -82,7 +125,13 @@ def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.A
     graphpipe.add_routes(app)
     v1_rest.add_routes(app)
     ops.add_routes(app)
+    dashboard.add_routes(app, request_metrics)
     admin.add_routes(app)
+    app.on_startup.append(_begin_start)  # after every context above is set up
+    if request_metrics is not None:
+        request_metrics.classify_routes(app)
+        app[ops.PROMETHEUS] = build_registry(request_metrics, lambda: app.get(GATEWAY))
+        app[v2_grpc.GRPC_METRICS] = request_metrics
     return app
 
 

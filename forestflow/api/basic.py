@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from forestflow.api.common import (
-    FQRV_TAG, GATEWAY, contract_from, fqrv_from, input_headers, parse_json, request_id_of, timeout_from,
+    FQRV_TAG, GATEWAY, SCORING_S, contract_from, fqrv_from, input_headers, parse_json, request_id_of, timeout_from,
 )
 from forestflow.api.responses import JSON, dumps, json_response
 from forestflow.codecs.ff_settings import fqrv_to_json
@@ -40,6 +40,7 @@ async def score(request: web.Request) -> web.Response:
         timeout_s=timeout_from(request),
     )
     request[FQRV_TAG] = str(result.fqrv)
+    request[SCORING_S] = result.latency_ms / 1000
     return web.Response(body=payload, content_type=PROTOBUF if as_proto else JSON, headers=input_headers(result.frame) or None)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import quote
 
@@ -20,10 +21,16 @@ GATEWAY = web.AppKey("gateway", Gateway)
 SETTINGS = web.AppKey("settings", Settings)
 #: Which worker of ``forestflow serve --workers N`` this process is (absent: a single process).
 WORKER = web.AppKey("worker", WorkerIdentity)
+#: The task that starts the gateway (restore and load) while the server already answers.
+STARTING = web.AppKey("starting", asyncio.Task)
+#: What runs once the gateway has started, in order (model repository, Kafka ingestion).
+AFTER_START = web.AppKey("after_start", list)
 #: Per-request values the middleware and the access log read.
 REQUEST_ID = web.RequestKey("request_id", str)
 CONTRACT = web.RequestKey("contract", str)
 FQRV_TAG = web.RequestKey("fqrv", str)
+#: Seconds the answering servable took (queue wait and predict), for the scoring-time histogram.
+SCORING_S = web.RequestKey("scoring_s", float)
 
 #: Per-request deadline header (milliseconds), lowering or raising the configured default.
 DEADLINE_HEADER = "X-Request-Timeout-Ms"

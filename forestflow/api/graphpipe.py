@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from forestflow.api.common import FQRV_TAG, GATEWAY, SETTINGS, contract_from, request_id_of, timeout_from
+from forestflow.api.common import SCORING_S, FQRV_TAG, GATEWAY, SETTINGS, contract_from, request_id_of, timeout_from
 from forestflow.api.responses import json_response
 from forestflow.codecs.graphpipe import (
     GP_TYPE_NAMES,
@@ -87,6 +87,7 @@ async def _infer(request: web.Request, gateway: Gateway, contract: Contract, par
         encode_raw_response=encode_logged,
     )
     request[FQRV_TAG] = str(result.fqrv)
+    request[SCORING_S] = result.latency_ms / 1000
     return encode_logged.reply(result.fqrv, result.frame)
 
 

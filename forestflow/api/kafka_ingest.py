@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from forestflow.api.common import GATEWAY, SETTINGS
+from forestflow.api.common import AFTER_START, GATEWAY, SETTINGS
 from forestflow.api.kafka_messages import Reply, Request, answer, read_request
 from forestflow.api.kafka_replies import ReplyWriter
 from forestflow.api.kafka_state import IngestStats, PartitionState
@@ -406,7 +406,11 @@ async def _ingest_context(app: web.Application) -> AsyncIterator[None]:
         return
     ingest = KafkaIngest(app[GATEWAY], settings)
     app[KAFKA_INGEST] = ingest
-    ingest.start()
+
+    async def start() -> None:  # consumed only once the gateway has its contracts
+        ingest.start()
+
+    app[AFTER_START].append(start)
     yield
     await ingest.stop()
 

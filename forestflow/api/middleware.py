@@ -12,7 +12,8 @@ import structlog
 from aiohttp import web
 
 from forestflow import logs
-from forestflow.api.common import CONTRACT, FQRV_TAG, REQUEST_ID, SETTINGS
+from forestflow.api.common import CONTRACT, FQRV_TAG, REQUEST_ID, SCORING_S, SETTINGS
+from forestflow.api.prom import RequestMetrics
 from forestflow.api.responses import error_response
 from forestflow.errors import GatewayError, InvalidInput, MethodNotAllowed, NotFound, PayloadTooLarge, ScoringError
 
@@ -43,8 +44,10 @@ def _http_error(exc: web.HTTPException, request: web.Request) -> GatewayError:
     return InvalidInput(exc.reason or f"HTTP {exc.status}")
 
 
-def build_middleware(enable_access_log: bool) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """The middleware that gives every request an id, maps errors to JSON, and logs it."""
+def build_middleware(
+    enable_access_log: bool, metrics: RequestMetrics | None = None
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """The middleware that gives every request an id, maps errors to JSON, logs and counts it."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -77,6 +80,17 @@ def build_middleware(enable_access_log: bool) -> Callable[[web.Request, Handler]
             status = 500
             return error_response(ScoringError(request.get(FQRV_TAG), "internal error; see the gateway log with this request_id"), request_id)
         finally:
+            if metrics is not None:
+                metrics.record(
+                    request.match_info.route.resource,
+                    request.get(CONTRACT),
+                    request.get(FQRV_TAG),
+                    status,
+                    time.perf_counter() - started,
+                    request.get(SCORING_S),
+                )
+                if status >= 400:
+                    metrics.errors.append((time.time(), request.method, request.path[:200], status, request_id))
             if enable_access_log:
                 logs.access(
                     request_id,

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from forestflow.api.common import GATEWAY, SETTINGS, WORKER
+from prometheus_client import CollectorRegistry
+
+from forestflow.api.common import GATEWAY, SETTINGS, STARTING, WORKER
+from forestflow.api.prom import exposition
 from forestflow.api.responses import json_response
 from forestflow.runtime.scheduler import Priority
 from forestflow.supervisor import workers_status
+
+PROMETHEUS = web.AppKey("prometheus", CollectorRegistry)
 
 
 async def live(request: web.Request) -> web.Response:
@@ -18,9 +23,14 @@ async def live(request: web.Request) -> web.Response:
 async def ready(request: web.Request) -> web.Response:
     """200 when every registered servable is loaded and the gateway is not draining, else 503.
 
-    Under ``--workers N`` every worker must also be up and done loading.
+    Also 503 until start-up has finished (the store reached, servables and the model repository
+    loaded) and, under ``--workers N``, until every worker is up and done loading.
     """
-    details = request.app[GATEWAY].readiness()
+    gateway = request.app[GATEWAY]
+    details = gateway.readiness()
+    details["storeAvailable"] = bool(getattr(gateway.store, "available", True))
+    starting = request.app.get(STARTING)
+    details["ready"] = details["ready"] and starting is not None and starting.done() and not starting.cancelled() and starting.exception() is None
     worker = request.app.get(WORKER)
     if worker is not None:
         workers = workers_status(request.app[SETTINGS].data_dir, worker.count)
@@ -80,8 +90,20 @@ def _kafka_ingest(app: web.Application) -> dict[str, object]:
     return {"kafkaIngest": ingest.snapshot()} if ingest is not None else {}
 
 
+async def prometheus(request: web.Request) -> web.Response:
+    """Every metric in the Prometheus text format (404 when the ``metrics`` setting is off)."""
+    registry = request.app.get(PROMETHEUS)
+    if registry is None:
+        raise web.HTTPNotFound()
+    body, content_type = exposition(registry)
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = content_type
+    return response
+
+
 def add_routes(app: web.Application) -> None:
     """Register the health and metrics routes."""
+    app.router.add_get("/metrics", prometheus)
     app.router.add_get("/health/live", live)
     app.router.add_get("/health/ready", ready)
     app.router.add_get("/metrics/json", metrics)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from forestflow.api import v2_common
-from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, read_json, request_id_of, timeout_from
+from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, read_json, request_id_of, timeout_from
 from forestflow.api.responses import json_response
 from forestflow.api.v2_rest import v2_errors
 from forestflow.codecs.v1 import columnar_outputs, frame_from_columnar, frame_from_instances, predictions
@@ -62,6 +62,7 @@ async def predict(request: web.Request) -> web.Response:
         timeout_s=timeout_from(request),
     )
     request[FQRV_TAG] = str(result.fqrv)
+    request[SCORING_S] = result.latency_ms / 1000
     if columnar:
         return json_response({"outputs": columnar_outputs(result.frame)})
     return json_response({"predictions": predictions(result.frame)})

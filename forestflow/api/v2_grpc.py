@@ -13,6 +13,8 @@ nothing else, and kserve and TrustyAI read it too. Gateway errors map once, by k
 
 from __future__ import annotations
 
+import contextvars
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -24,6 +26,7 @@ from aiohttp import web
 from forestflow._proto.grpc_predict_v2 import SERVICE, messages
 from forestflow.api import v2_common
 from forestflow.api.common import GATEWAY, SETTINGS, WORKER
+from forestflow.api.prom import RequestMetrics
 from forestflow.codecs.v2 import Layout, encode_outputs
 from forestflow.codecs.v2_tensor import Tensor, array_from_contents, array_from_raw, raw_bytes
 from forestflow.core.frame import Frame
@@ -36,6 +39,10 @@ log = structlog.get_logger("forestflow.grpc")
 
 #: The port the gRPC server listens on (None when disabled); tests read it when grpc_port = 0.
 GRPC_PORT = web.AppKey("grpc_port", object)
+#: Set by the app when /metrics counts requests; gRPC calls are counted there too.
+GRPC_METRICS = web.AppKey("grpc_metrics", RequestMetrics)
+#: Per call (each runs in its own task): which servable answered and its scoring time, for metrics.
+_answered: contextvars.ContextVar[tuple[str, float] | None] = contextvars.ContextVar("answered", default=None)
 
 STATUS: dict[Kind, grpc.StatusCode] = {
     Kind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
@@ -153,6 +160,7 @@ class InferenceService:
             timeout_s=remaining, classification=ks, wire_request=WireBody.of(wire), encode_response=answer,
         )
         assert result.response_json is not None
+        _answered.set((str(result.fqrv), result.latency_ms / 1000))
         return result.response_json
 
 
@@ -185,7 +193,12 @@ def _lenient(parse: Callable[[bytes], Any], message_type: str) -> Callable[[byte
     return deserialize
 
 
-def _guard(call: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+def _guard(
+    call: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], metrics: RequestMetrics | None = None
+) -> Callable[..., Awaitable[Any]]:
+    if metrics is not None:
+        return _counted(_guard(call), metrics)
+
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, _Undecodable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {request.message_type} protobuf")
@@ -202,21 +215,50 @@ def _guard(call: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> C
     return handler
 
 
-def generic_handler(gateway: Gateway) -> grpc.GenericRpcHandler:
+_REFUSED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS,
+            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
+
+
+def _counted(handler: Callable[..., Awaitable[Any]], metrics: RequestMetrics) -> Callable[..., Awaitable[Any]]:
+    """Count each call in /metrics (protocol v2-grpc, status the gRPC code name)."""
+
+    async def counted(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        started = time.perf_counter()
+        status = grpc.StatusCode.OK
+        _answered.set(None)
+        try:
+            return await handler(request, context)
+        except grpc.aio.AbortError:
+            status = context.code() or grpc.StatusCode.UNKNOWN
+            raise
+        except BaseException:
+            status = grpc.StatusCode.CANCELLED
+            raise
+        finally:
+            answered = _answered.get()
+            message = request[1] if isinstance(request, tuple) else request  # ModelInfer: (wire bytes, message)
+            model = None if status in _REFUSED else (getattr(message, "model_name", "") or getattr(message, "name", "") or None)
+            metrics.count("v2-grpc", model, answered[0] if answered else None, status.name, time.perf_counter() - started,
+                          answered[1] if answered else None)
+
+    return counted
+
+
+def generic_handler(gateway: Gateway, metrics: RequestMetrics | None = None) -> grpc.GenericRpcHandler:
     """The service's method handlers, (de)serializing with the private-pool classes."""
     service = InferenceService(gateway)
     m = service.m
     handlers = {}
     for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata"):
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            _guard(getattr(service, name)),
+            _guard(getattr(service, name), metrics),
             request_deserializer=_lenient(m[f"{name}Request"].FromString, f"inference.{name}Request"),
             response_serializer=m[f"{name}Response"].SerializeToString,
         )
     # ModelInfer keeps the request's bytes and answers bytes it serialized itself (for the log).
     parse_infer = m["ModelInferRequest"].FromString
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        _guard(service.ModelInfer),
+        _guard(service.ModelInfer, metrics),
         request_deserializer=_lenient(lambda wire: (wire, parse_infer(wire)), "inference.ModelInferRequest"),
         response_serializer=bytes,
     )
@@ -241,7 +283,7 @@ async def grpc_context(app: web.Application) -> AsyncIterator[None]:
             ("grpc.so_reuseport", 1 if app.get(WORKER) is not None else 0),
         ]
     )
-    server.add_generic_rpc_handlers((generic_handler(app[GATEWAY]),))
+    server.add_generic_rpc_handlers((generic_handler(app[GATEWAY], app.get(GRPC_METRICS)),))
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     port = server.add_insecure_port(f"{host}:{settings.grpc_port}")
     if not port:

@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 
 from forestflow.api.admin import admin
-from forestflow.api.common import GATEWAY, SETTINGS, WORKER
+from forestflow.api.common import AFTER_START, GATEWAY, SETTINGS, WORKER
 from forestflow.api.responses import json_response
 from forestflow.api.v2_rest import v2_errors
 from forestflow.errors import InvalidInput
@@ -28,13 +28,13 @@ REPOSITORY = web.AppKey("repository", ModelRepository)
 
 
 async def repository_context(app: web.Application) -> AsyncIterator[None]:
-    """After the gateway started: deploy the configured repository's entries (idempotently)."""
+    """Once the gateway has started: deploy the configured repository's entries (idempotently)."""
     settings = app[SETTINGS]
     repository = ModelRepository(app[GATEWAY], Path(settings.repository) if settings.repository else None)
     app[REPOSITORY] = repository
     worker = app.get(WORKER)
     if settings.repository and (worker is None or worker.index == 0):  # one worker deploys; the others follow the store
-        await repository.deploy_all()
+        app[AFTER_START].append(repository.deploy_all)
     yield
 
 

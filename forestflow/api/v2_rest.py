@@ -18,7 +18,7 @@ import orjson
 from aiohttp import hdrs, web
 
 from forestflow.api import v2_common
-from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SETTINGS, input_headers, request_id_of, timeout_from
+from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, SETTINGS, input_headers, request_id_of, timeout_from
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
 from forestflow.codecs.v2 import Layout, encode_outputs
 from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, json_data, json_safe, raw_bytes
@@ -212,6 +212,7 @@ async def infer(request: web.Request) -> web.Response:
         request_id=request_id_of(request), protocol="v2", timeout_s=timeout_from(request),
     )
     request[FQRV_TAG] = str(answer.result.fqrv)
+    request[SCORING_S] = answer.result.latency_ms / 1000
     headers = input_headers(answer.result.frame)
     if answer.json_length is None:
         response = web.Response(body=answer.body, content_type=JSON, headers=headers)

@@ -101,7 +101,10 @@ class ContractState:
     def route(self) -> str | None:
         """Count the request and pick the release that answers it (None: nothing is active)."""
         self.request_count += 1
-        return self.picker.next()
+        picked = self.picker.next()
+        # A router restored from the store can name a release whose servable is not loaded yet
+        # (while the gateway starts): nothing answers for it then.
+        return picked if picked in self.servables else None
 
     def shadow_targets(self, answered: str | None, sample_every: int) -> list[str]:
         """Releases that get a shadow copy of the current request.
@@ -122,7 +125,7 @@ class ContractState:
 
     def latest_valid(self) -> str | None:
         """The most recently valid release with routing weight (for metadata of 'the contract')."""
-        keys = self.picker.keys()
+        keys = [k for k in self.picker.keys() if k in self.servables]
         if not keys:
             return None
         return max(keys, key=lambda r: recency_key(self.servables[r].metrics))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from pathlib import Path
 
 import structlog
@@ -32,6 +33,8 @@ class ServableLoader:
     def __init__(self, settings: Settings, artifacts: ArtifactCache) -> None:
         self.settings = settings
         self.artifacts = artifacts
+        #: Loads that failed since start (``/metrics``).
+        self.load_failures = 0
 
     async def load(self, defn: ServableDefinition) -> Loaded:
         """Fetch, create, verify and load; a failure is a GatewayError (422 with the reason)."""
@@ -45,8 +48,12 @@ class ServableLoader:
             servable.gateway_settings = self.settings  # gates of composed flavors (pipeline steps)
             if defn.sha256:
                 await asyncio.to_thread(_verify_sha256, servable, defn.sha256)
+            started = time.perf_counter()
             await self._load(defn, servable)
-        except BaseException:
+            load_seconds = time.perf_counter() - started
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                self.load_failures += 1
             await self.artifacts.release(claim)  # a failed deploy leaves nothing in the cache
             raise
         settings = self.settings
@@ -60,7 +67,7 @@ class ServableLoader:
             max_threads=settings.scoring_threads,
             coalesce_rows=settings.max_batch_rows,
         )
-        return Loaded(defn, servable, scheduler, claim)
+        return Loaded(defn, servable, scheduler, claim, load_seconds)
 
     async def _load(self, defn: ServableDefinition, servable: Servable) -> None:
         try:

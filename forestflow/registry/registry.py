@@ -33,6 +33,8 @@ class Loaded:
     scheduler: ServableScheduler
     #: The cached artifact it was loaded from (released when it is unloaded for good).
     artifact: ArtifactClaim | None = None
+    #: How long ``load`` took (``/metrics``).
+    load_seconds: float = 0.0
 
 
 @dataclass(slots=True)

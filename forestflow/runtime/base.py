@@ -67,6 +67,10 @@ class Servable(abc.ABC):
         """Release what ``load`` acquired."""
         self.ready = False
 
+    def health_problem(self) -> str | None:
+        """Why this loaded servable cannot score now (None: it can); readiness reports it."""
+        return None
+
 
 FlavorFactory = Callable[[FQRV, Path, dict[str, Any]], Servable]
 

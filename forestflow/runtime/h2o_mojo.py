@@ -296,6 +296,12 @@ class H2OMojoServable(Servable):
             start = (7 * i) % (_WARM_ROWS - size)
             self._score(X[start : start + size], None if offsets is None else offsets[start : start + size])
 
+    def health_problem(self) -> str | None:
+        """The MOJO lives in the JVM: once that JVM is gone, nothing can be scored."""
+        if self.ready and not jvm.is_started():
+            return "the JVM that scores this H2O MOJO is not running"
+        return None
+
     def unload(self) -> None:
         """Drop the model (the Java one can then be collected)."""
         self._model = self._wrapper = self._native = None

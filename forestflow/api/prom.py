@@ -1,0 +1,222 @@
+"""Prometheus metrics at ``/metrics``, exposed through prometheus-client.
+
+The request path does plain-Python work only: :meth:`RequestMetrics.record` adds one to a dict
+entry and puts two durations in histogram buckets (a bisect each). Everything else (queues, the
+prediction log, phase-in, validity, the store) is read from the Gateway when Prometheus scrapes,
+by :class:`GatewayCollector`, which hands prometheus-client metric families to format.
+
+Label values are bounded: contract and fqrv come from the gateway's own registry, status is an
+HTTP code or a gRPC status name, protocol one of a fixed few; past ``max_series`` request series,
+new contract/fqrv pairs are counted under ``"other"``. Refused requests (4xx) carry no names.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from forestflow.core.policies import is_valid
+from forestflow.runtime.scheduler import Priority
+
+#: Seconds; scoring a row of a tree model takes tens of microseconds, so the low end is fine.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+OTHER = "other"
+
+
+class Histogram:
+    """Bucket counts and a sum, filled on the request path, read at scrape time."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """Count one duration."""
+        self.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.total += seconds
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """Prometheus buckets: (upper bound, count at or below it), ending with +Inf."""
+        out, running = [], 0
+        for bound, count in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.counts):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+class RequestMetrics:
+    """Counters of HTTP requests: by contract, fqrv, protocol and status; server and scoring time."""
+
+    def __init__(self, max_series: int = 1000) -> None:
+        self.max_series = max_series
+        self.requests: dict[tuple[str, str, str, str], int] = {}
+        self.server_time: dict[str, Histogram] = {}
+        self.scoring_time: dict[str, Histogram] = {}
+        #: The latest failed requests (wall time, method, path, status, request id) for /ui.
+        self.errors: deque[tuple[float, str, str, int, str]] = deque(maxlen=50)
+        #: aiohttp resource -> protocol label, filled by :meth:`classify_routes`.
+        self.protocols: dict[Any, str] = {}
+
+    def classify_routes(self, app: web.Application) -> None:
+        """Give each registered route its protocol label (a fixed, small set)."""
+        for resource in app.router.resources():
+            path = resource.canonical
+            if path.startswith("/v2"):
+                protocol = "v2"
+            elif path.startswith("/v1"):
+                protocol = "v1"
+            elif path.endswith("/score") or path.endswith("/metadata"):
+                protocol = "basic"
+            elif path.endswith("/gp"):
+                protocol = "graphpipe"
+            elif path.startswith(("/health", "/metrics", "/openapi", "/ui", "/ops")) or path == "/":
+                protocol = "ops"
+            else:
+                protocol = "admin"
+            self.protocols[resource] = protocol
+
+    def record(self, resource: Any, contract: str | None, fqrv: str | None, status: int, server_s: float, scoring_s: float | None) -> None:
+        """Count one finished HTTP request (called by the middleware)."""
+        # Names from refused requests (4xx) may be anything a client typed: they never become labels.
+        if 400 <= status < 500:
+            contract = fqrv = None
+        self.count(self.protocols.get(resource, OTHER), contract, fqrv, str(status), server_s, scoring_s)
+
+    def count(self, protocol: str, contract: str | None, fqrv: str | None, status: str, server_s: float, scoring_s: float | None) -> None:
+        """Count one finished call of any protocol (gRPC calls report their status code name)."""
+        key = (contract or "", fqrv or "", protocol, status)
+        requests = self.requests
+        if key in requests:
+            requests[key] += 1
+        elif len(requests) < self.max_series:
+            requests[key] = 1
+        else:
+            key = (OTHER, OTHER, protocol, str(status))
+            requests[key] = requests.get(key, 0) + 1
+        hist = self.server_time.get(protocol)
+        if hist is None:
+            hist = self.server_time[protocol] = Histogram()
+        hist.observe(server_s)
+        if scoring_s is not None and fqrv:
+            hist = self.scoring_time.get(fqrv)
+            if hist is None:
+                if len(self.scoring_time) >= self.max_series:
+                    return
+                hist = self.scoring_time[fqrv] = Histogram()
+            hist.observe(scoring_s)
+
+
+def _histograms(name: str, doc: str, label: str, hists: dict[str, Histogram]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=[label])
+    for value, hist in list(hists.items()):
+        family.add_metric([value], hist.cumulative(), hist.total)
+    return family
+
+
+class GatewayCollector:
+    """Reads the gateway's state when Prometheus scrapes (nothing of this runs per request)."""
+
+    def __init__(self, requests: RequestMetrics, gateway: Callable[[], Any]) -> None:
+        self.request_metrics = requests
+        self.gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        """Every metric family of the gateway."""
+        rm = self.request_metrics
+        family = CounterMetricFamily(
+            "forestflow_requests", "Requests (HTTP and gRPC) by contract, answering fqrv, protocol and status",
+            labels=["contract", "fqrv", "protocol", "status"],
+        )
+        for labels, count in list(rm.requests.items()):
+            family.add_metric(list(labels), count)
+        yield family
+        yield _histograms("forestflow_request_duration_seconds", "Server time of requests (HTTP and gRPC)", "protocol", rm.server_time)
+        yield _histograms(
+            "forestflow_scoring_duration_seconds", "Scoring time (queue wait and predict) of answered requests", "fqrv", rm.scoring_time
+        )
+        gateway = self.gateway()
+        if gateway is None:
+            return
+        yield from self._servables(gateway)
+        yield from self._prediction_log(gateway)
+        yield from self._health(gateway)
+
+    def _servables(self, gateway: Any) -> Iterator[Metric]:
+        now = gateway.clock()
+        phase = GaugeMetricFamily("forestflow_servable_phase_in_percent", "Current phase-in percentage", labels=["fqrv"])
+        valid = GaugeMetricFamily("forestflow_servable_valid", "1 when every validity rule holds", labels=["fqrv"])
+        scored = CounterMetricFamily("forestflow_servable_scores", "Requests a servable answered", labels=["fqrv"])
+        shaded = CounterMetricFamily("forestflow_servable_shades", "Shadow copies a servable received", labels=["fqrv"])
+        for state in list(gateway.contracts.values()):
+            for entry in list(state.servables.values()):
+                label = [str(entry.fqrv)]
+                phase.add_metric(label, entry.metrics.current_phase_in_pct)
+                valid.add_metric(label, 1.0 if is_valid(entry.settings.policy, entry.metrics, now) else 0.0)
+                scored.add_metric(label, entry.metrics.score_count)
+                shaded.add_metric(label, entry.metrics.shade_count)
+        queue = GaugeMetricFamily("forestflow_queue_depth", "Jobs waiting per servable and priority", labels=["fqrv", "priority"])
+        running = GaugeMetricFamily("forestflow_scoring_running", "predict calls running per servable", labels=["fqrv"])
+        dropped = CounterMetricFamily("forestflow_shadow_dropped", "Shadow copies dropped on a full queue", labels=["fqrv"])
+        rejected = CounterMetricFamily("forestflow_live_rejected", "Live requests refused with 503 (queue full)", labels=["fqrv"])
+        deadline = CounterMetricFamily("forestflow_deadline_exceeded", "Jobs failed with 504 (deadline passed)", labels=["fqrv"])
+        load = GaugeMetricFamily("forestflow_servable_load_seconds", "Time the servable took to load", labels=["fqrv"])
+        for fqrv, loaded in list(gateway.loaded.items()):
+            label, scheduler = str(fqrv), loaded.scheduler
+            queue.add_metric([label, "live"], scheduler.queued(Priority.LIVE))
+            queue.add_metric([label, "shadow"], scheduler.queued(Priority.SHADOW))
+            running.add_metric([label], scheduler.running)
+            dropped.add_metric([label], scheduler.stats.shadow_dropped)
+            rejected.add_metric([label], scheduler.stats.live_rejected)
+            deadline.add_metric([label], scheduler.stats.deadline_exceeded)
+            load.add_metric([label], loaded.load_seconds)
+        yield from (phase, valid, scored, shaded, queue, running, dropped, rejected, deadline, load)
+        yield CounterMetricFamily(
+            "forestflow_servable_load_failures", "Servable loads that failed", value=gateway.loader.load_failures
+        )
+        yield GaugeMetricFamily("forestflow_servables_failed", "Registered servables that failed to load", value=len(gateway.failed))
+        yield GaugeMetricFamily("forestflow_servables_loaded", "Servables loaded", value=len(gateway.loaded))
+
+    def _prediction_log(self, gateway: Any) -> Iterator[Metric]:
+        stats = gateway.prediction_log.stats
+        yield GaugeMetricFamily("forestflow_prediction_log_buffer_bytes", "Bytes of events waiting for the sink", value=stats.buffered_bytes)
+        yield GaugeMetricFamily("forestflow_prediction_log_buffer_events", "Events waiting for the sink", value=stats.buffered)
+        yield CounterMetricFamily("forestflow_prediction_log_produced", "Events produced", value=stats.produced)
+        yield CounterMetricFamily("forestflow_prediction_log_delivered", "Events the sink took", value=stats.delivered)
+        dropped = CounterMetricFamily("forestflow_prediction_log_dropped", "Events that will never be delivered", labels=["reason"])
+        dropped.add_metric(["overflow"], stats.dropped_overflow)
+        dropped.add_metric(["shutdown"], stats.dropped_shutdown)
+        dropped.add_metric(["rejected"], stats.dropped_rejected)
+        dropped.add_metric(["encode_error"], stats.encode_errors)
+        yield dropped
+        yield CounterMetricFamily("forestflow_prediction_log_send_failures", "Failed sends to the sink", value=stats.send_failures)
+        yield GaugeMetricFamily("forestflow_prediction_log_connected", "1 when the sink is connected", value=1.0 if stats.connected else 0.0)
+
+    def _health(self, gateway: Any) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "forestflow_registry_store_available", "1 when the registry store answers (Redis; the file store always does)",
+            value=1.0 if getattr(gateway.store, "available", True) else 0.0,
+        )
+        yield GaugeMetricFamily("forestflow_ready", "1 when the readiness probe passes", value=1.0 if gateway.ready else 0.0)
+        yield GaugeMetricFamily("forestflow_draining", "1 while shutting down", value=1.0 if gateway.draining else 0.0)
+
+
+def build_registry(requests: RequestMetrics, gateway: Callable[[], Any]) -> CollectorRegistry:
+    """A registry of this app's own (tests run several gateways in one process)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GatewayCollector(requests, gateway))
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """The text exposition of ``registry`` and its content type."""
+    return generate_latest(registry), CONTENT_TYPE_LATEST
