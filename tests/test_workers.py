@@ -121,6 +121,23 @@ def test_stats_are_the_sum_of_every_workers_counts_and_the_shared_log_stays_one_
             return len(recent) == 12 and {w for w, _ in recent} == {"w0", "w1"} and all(c == 300 for _, c in recent)
 
         wait_until(settled, 5, "both workers' /stats to sum the 300 requests")
+
+        def scored_in_metrics() -> tuple[str, float]:  # /metrics: this gateway's /score requests, all workers
+            response = fresh("GET", gw.url + "/metrics")
+            total = sum(
+                float(line.rsplit(" ", 1)[1]) for line in response.text.splitlines()
+                if line.startswith("forestflow_requests_total{") and 'protocol="basic"' in line and 'status="200"' in line
+            )
+            return response.headers["X-Forestflow-Worker"], total
+
+        metrics_seen: list[tuple[str, float]] = []
+
+        def metrics_settled() -> bool:  # each worker writes its snapshot every second
+            metrics_seen.append(scored_in_metrics())
+            recent = metrics_seen[-8:]
+            return len(recent) == 8 and {w for w, _ in recent} == {"w0", "w1"} and all(t == 300 for _, t in recent)
+
+        wait_until(metrics_settled, 5, "both workers' /metrics to total the 300 requests")
     finally:
         assert gw.stop() == 0, gw.log()
     lines = (tmp_path / "data" / "predictions.jsonl").read_bytes().split(b"\n")

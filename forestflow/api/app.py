@@ -9,7 +9,7 @@ import structlog
 from aiohttp import web
 
 from forestflow.api import admin, basic, dashboard, graphpipe, ops
-from forestflow.api import v1_rest, v2_grpc, v2_repository, v2_rest
+from forestflow.api import v1_rest, v2_grpc, v2_repository, v2_rest, worker_metrics
 from forestflow.api.common import AFTER_START, GATEWAY, SETTINGS, STARTING, WORKER
 from forestflow.api.middleware import build_middleware
 from forestflow.api.prom import RequestMetrics, build_registry
@@ -130,7 +130,11 @@ def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.A
     app.on_startup.append(_begin_start)  # after every context above is set up
     if request_metrics is not None:
         request_metrics.classify_routes(app)
-        app[ops.PROMETHEUS] = build_registry(request_metrics, lambda: app.get(GATEWAY))
+        registry = build_registry(request_metrics, lambda: app.get(GATEWAY))
+        app[ops.PROMETHEUS] = registry
+        if worker is not None:  # /metrics gives the totals of every worker of the gateway
+            app[ops.PROMETHEUS] = worker_metrics.workers_registry(registry, settings.data_dir, worker)
+            app.cleanup_ctx.append(worker_metrics.snapshot_context(registry, settings.data_dir, worker))
         app[v2_grpc.GRPC_METRICS] = request_metrics
     return app
 

@@ -114,6 +114,7 @@ _P_ORG = {"name": "org", "in": "path", "required": True, "schema": {"type": "str
 _P_PROJECT = {"name": "project", "in": "path", "required": True, "schema": {"type": "string"}, "example": "fuzz"}
 _P_N = {"name": "n", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}, "example": 1}
 _P_RELEASE = {"name": "release", "in": "path", "required": True, "schema": {"type": "string"}, "example": "r1"}
+_P_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}, "description": "org.project.n", "example": "h2o.fuzz.1"}
 _P_MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}, "description": "org.project.n", "example": "h2o.fuzz.1"}
 _P_VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}, "example": "r1"}
 _P_TIMEOUT = {"name": "X-Request-Timeout-Ms", "in": "header", "required": False, "schema": {"type": "integer", "minimum": 1, "maximum": 3600000}, "example": 30000}
@@ -180,6 +181,18 @@ def _paths() -> dict[str, dict[str, Any]]:
         "/v2/": {"get": _op("V2", "Server metadata", _json({"type": "object", "required": ["name", "version", "extensions"]}), error=_V2_ERROR)},
         "/v2/health/live": {"get": _op("V2", "Server liveness", _json({"type": "object"}), error=_V2_ERROR)},
         "/v2/health/ready": {"get": _op("V2", "Server readiness (503 when not ready)", _json(_ref("Readiness")), error=_V2_ERROR, extra={"503": _json(_ref("Readiness"), "Not ready")})},
+        # V2 model repository extension (model names are contracts; load/unload deploy or remove every release)
+        "/v2/models": {"get": _op("V2", "Every model (contract) with its versions and readiness", _json({
+            "type": "object", "required": ["models"],
+            "properties": {"models": {"type": "array", "items": {"type": "object", "required": ["name", "versions", "ready"]}}},
+        }), error=_V2_ERROR)},
+        "/v2/repository/index": {"post": _op("V2", "The model repository's entries", _json({
+            "type": "array", "items": {"type": "object", "required": ["name", "version", "state"]},
+        }), body={"type": "object", "properties": {"ready": {"type": "boolean"}}}, error=_V2_ERROR, admin=True)},
+        "/v2/repository/models/{name}/load": {"post": _op("V2", "Deploy a model's repository entries", _json(_OBJ), [_P_NAME],
+                                                          body=_OBJ, error=_V2_ERROR, admin=True)},
+        "/v2/repository/models/{name}/unload": {"post": _op("V2", "Remove every release of a model", _json(_OBJ), [_P_NAME],
+                                                            body=_OBJ, error=_V2_ERROR, admin=True)},
         "/ops/dashboard": {"get": _op("ops", "Everything /ui shows, as JSON", _json({"type": "object", "required": ["contracts", "predictionLog", "errors", "ready"]}))},
     }
     for base, params in (("/v2/models/{model}", [_P_MODEL]), ("/v2/models/{model}/versions/{version}", [_P_MODEL, _P_VERSION])):

@@ -297,8 +297,11 @@ class H2OMojoServable(Servable):
             self._score(X[start : start + size], None if offsets is None else offsets[start : start + size])
 
     def health_problem(self) -> str | None:
-        """The MOJO lives in the JVM: once that JVM is gone, nothing can be scored."""
-        if self.ready and not jvm.is_started():
+        """A MOJO scored by genmodel lives in the JVM: once that JVM is gone, nothing can be scored.
+
+        A natively scored model needs no JVM (none is started for it).
+        """
+        if self.ready and self._native is None and not jvm.is_started():
             return "the JVM that scores this H2O MOJO is not running"
         return None
 

@@ -75,7 +75,9 @@ def test_not_ready_while_the_registry_store_is_unreachable_at_start(tmp_path: Pa
 
 
 async def test_not_ready_when_the_jvm_of_an_h2o_servable_is_gone(gw: InProcessGateway, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with gw.session.post(gw.url + "/servable", json=definition("prostate_gbm_binomial")) as r:
+    body = definition("prostate_gbm_binomial")
+    body["flavor"]["H2OMojo"]["scorer"] = "jvm"  # genmodel in the JVM (a GBM is scored natively by default)
+    async with gw.session.post(gw.url + "/servable", json=body) as r:
         assert r.status == 200, await r.text()
     async with gw.session.get(gw.url + "/health/ready") as r:
         assert r.status == 200
@@ -92,3 +94,12 @@ async def test_not_ready_when_the_jvm_of_an_h2o_servable_is_gone(gw: InProcessGa
     async with gw.session.get(gw.url + "/health/ready") as r:
         assert r.status == 200
         assert (await r.json())["unhealthy"] == {}
+
+
+async def test_a_natively_scored_h2o_servable_needs_no_jvm_to_be_ready(gw: InProcessGateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with gw.session.post(gw.url + "/servable", json=definition("prostate_gbm_binomial")) as r:  # GBM: native
+        assert r.status == 200, await r.text()
+    monkeypatch.setattr(jpype, "isJVMStarted", lambda: False)
+    async with gw.session.get(gw.url + "/health/ready") as r:
+        body = await r.json()
+        assert r.status == 200 and body["unhealthy"] == {}, body
