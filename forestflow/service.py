@@ -132,7 +132,7 @@ class Gateway:
             asyncio.create_task(self._every(self.settings.metrics_flush_interval_s, self.admin.flush_metrics), name="flush"),
         ]
         watch = getattr(self.store, "watch", None)
-        if watch is not None:  # a shared store (Redis): follow the other replicas' changes
+        if watch is not None:  # follow the changes of other processes sharing the store (replicas, workers)
             watch(self.replica_sync.sync_from_store)
         self.started = True
 
