@@ -103,10 +103,9 @@ class FileStore:
     async def check(self) -> None:
         """One look at the file: refresh the peers' counters; call back if the registry moved."""
         try:
-            st = os.stat(self.path)
+            stat = _stat(self.path)
         except FileNotFoundError:
             return
-        stat = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stat == self._seen_stat:
             return
         self._seen_stat = stat
@@ -155,12 +154,14 @@ class FileStore:
                 option=orjson.OPT_SORT_KEYS,
             )
             _atomic_write(self.path, payload, f".{self.path.name}.{self.replica_id}.tmp")
+            written = _stat(self.path)  # under the lock: exactly the file this process wrote
         self._known = dict(contents.documents)
         self._count_peers(contents)
         # Claim the new version only when nothing else happened in between; otherwise the next
         # check sees a version this process has not loaded, and reloads.
         if loaded_version == self.version:
             self.version = contents.version
+            self._seen_stat = written  # nothing in it to follow: the next check need not read it back
 
     def _merge(self, contents: _Contents, changes: dict[str, Any | None]) -> bool:
         """Apply ``changes`` to ``contents``; whether registry documents changed."""
@@ -235,6 +236,12 @@ def _from_single_process_format(documents: dict[str, Any]) -> _Contents:
         else:
             contents.documents[key] = doc
     return contents
+
+
+def _stat(path: Path) -> tuple[int, int, int]:
+    """What tells one version of the file from the next (it is replaced, never written in place)."""
+    st = os.stat(path)
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def _atomic_write(path: Path, payload: bytes, tmp_name: str) -> None:
