@@ -6,15 +6,19 @@ import socket
 from typing import Any
 
 
+def address_family(host: str) -> socket.AddressFamily:
+    """IPv6 for an IPv6 literal, else IPv4."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 class PortInUse(Exception):
     """A port the gateway needs cannot be bound; the message is the one line to print."""
 
 
 def bind_http(settings: Any) -> socket.socket:
     """The HTTP listening socket, bound before anything starts (a taken port fails fast)."""
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     try:
-        return socket.create_server((settings.host, settings.port), family=family, backlog=1024)
+        return socket.create_server((settings.host, settings.port), family=address_family(settings.host), backlog=1024)
     except OSError as exc:
         raise PortInUse(f"cannot serve HTTP on {settings.host}:{settings.port}: {exc.strerror or exc}") from None
 
@@ -27,9 +31,8 @@ def check_grpc_port(settings: Any) -> None:
     """
     if settings.grpc_port <= 0:
         return
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     try:
-        probe = socket.create_server((settings.host, settings.grpc_port), family=family)
+        probe = socket.create_server((settings.host, settings.grpc_port), family=address_family(settings.host))
     except OSError as exc:
         raise PortInUse(
             f"cannot serve gRPC on {settings.host}:{settings.grpc_port}: {exc.strerror or exc} "

@@ -25,6 +25,8 @@ from typing import Any
 import orjson
 import structlog
 
+from forestflow.ports import address_family, bind_http, check_grpc_port
+
 log = structlog.get_logger("forestflow.supervisor")
 
 #: Restart delays of a worker that keeps failing: doubled per failure, reset after a healthy run.
@@ -63,10 +65,14 @@ def _status_path(data_dir: Path, index: int) -> Path:
 
 def write_worker_status(data_dir: Path, worker: WorkerIdentity, ready: bool) -> None:
     """Record whether this worker serves (read by every worker's readiness route)."""
-    path = _status_path(data_dir, worker.index)
+    replace_file(_status_path(data_dir, worker.index), orjson.dumps({"pid": os.getpid(), "ready": ready}))
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write a small state file whole (a temporary file renamed over it): readers never see half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(orjson.dumps({"pid": os.getpid(), "ready": ready}))
+    tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
@@ -106,7 +112,6 @@ class Supervisor:
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT; raises OSError when a port is taken."""
-        from forestflow.ports import bind_http, check_grpc_port
 
         settings = self.settings
         http = bind_http(settings)
@@ -142,7 +147,7 @@ class Supervisor:
         settings = self.settings
         if settings.grpc_port < 0:
             return None, -1
-        hold = socket.socket(_family(settings.host), socket.SOCK_STREAM)
+        hold = socket.socket(address_family(settings.host), socket.SOCK_STREAM)
         hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         hold.bind((settings.host, settings.grpc_port))  # bound, never listening: it receives no connections
         return hold, hold.getsockname()[1]
@@ -184,6 +189,3 @@ class Supervisor:
                 process.kill()
                 process.wait()
 
-
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
-from forestflow.supervisor import WorkerIdentity, workers_status
+from forestflow.supervisor import WorkerIdentity, replace_file, workers_status
 
 log = structlog.get_logger("forestflow.metrics")
 
@@ -133,10 +132,7 @@ def snapshot_context(own: CollectorRegistry, data_dir: Path, worker: WorkerIdent
     path = _snapshot_path(data_dir, worker.index)
 
     def write() -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(snapshot(own))
-        os.replace(tmp, path)
+        replace_file(path, snapshot(own))
 
     async def loop() -> None:
         while True:
