@@ -20,11 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import requests  # noqa: E402
-
-from bench import payloads  # noqa: E402
 from bench.driver import Result, drive  # noqa: E402
-from bench.run import PYTHON, endpoints, free_port, wait_http  # noqa: E402
+from bench.run import PYTHON, Server, deploy, endpoints, free_port, wait_http  # noqa: E402
 
 
 @dataclass
@@ -69,11 +66,12 @@ def measure(workers: int, work: Path, duration: float, concurrencies: list[int])
     env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1"}
     argv = [PYTHON, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(work / f"data-w{workers}"), "--workers", str(workers)]
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=open(work / f"workers-{workers}.log", "wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    server = Server(proc, f"http://127.0.0.1:{port}")
+    url = server.url
     cells = []
     try:
         wait_http(url + "/health/live")
-        requests.post(url + "/servable", json=payloads.definition(("bench", "none", 1), "NONE"), timeout=120).raise_for_status()
+        deploy(server, ("bench", "none", 1), "NONE")
         wait_http(url + "/health/ready")
         path, body, ctype = endpoints(1, "bench.none.1")["score"]
         drive(url + path, body, ctype, 16, 2.0)  # warm-up (every worker's JIT and caches)
@@ -85,11 +83,7 @@ def measure(workers: int, work: Path, duration: float, concurrencies: list[int])
             print(f"workers {workers} score 1-row c{conc:<3} {result.rps:>8.0f} req/s  p50 {result.p50_ms:6.2f} ms  "
                   f"p99 {result.p99_ms:6.2f} ms  cpu {result.cpu_us:6.0f} us/req  errors {result.errors}", flush=True)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
     return cells
 
 
