@@ -1,5 +1,16 @@
 # The forestflow gateway: Python 3.11 and a Java 17 runtime (H2O MOJOs are scored in an in-process JVM).
 # bookworm pinned: it is the Debian release of python:3.11-slim that still ships openjdk-17.
+
+# The C extensions (setup.py) are compiled here; the image itself carries no compiler.
+FROM python:3.11-slim-bookworm AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY forestflow ./forestflow
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
 FROM python:3.11-slim-bookworm
 
 RUN apt-get update \
@@ -7,9 +18,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY forestflow ./forestflow
-RUN pip install --no-cache-dir . && rm -rf build
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 COPY servables ./servables
 COPY config ./config
 

@@ -5,7 +5,7 @@ cycled), for batches of 1, 10, 100 and 1,000 rows:
 
 * **native** / **jvm**: ``predict(frame)`` on a Frame as the codecs build it (float64 arrays for
   numeric columns, object arrays of strings for categoricals), input mapping and output columns
-  included; scored by the numba kernel (``h2o_native``) or by one Java call per batch (JPype).
+  included; scored by the C kernel (``h2o_native``, ``_h2o_trees.c``) or by one Java call per batch (JPype).
 * **score0 native** / **score0 jvm**: the two scorers alone on the already encoded matrix.
 * **easypredict**: what ForestFlow did, driven from Python through JPype: per row a ``RowData``
   (strings for categoricals, Doubles for numbers), ``wrapper.predict``, then the label and class
@@ -151,7 +151,7 @@ def main() -> None:
     for name, dataset in MODELS.items():
         native, native_load = load(name, "native")
         servable, jvm_load = load(name, "jvm")
-        loads.append(f"{name}: native {native_load * 1000:.0f} ms (compile/cache {native.metadata().extra['compileSeconds'] * 1000:.0f} ms), "
+        loads.append(f"{name}: native {native_load * 1000:.0f} ms, "
                      f"jvm {jvm_load * 1000:.0f} ms")
         source = data_rows(dataset)
         easy = easypredict_scorer(servable)
@@ -175,7 +175,7 @@ def main() -> None:
             print(f"{name:<24} {n:>5} {flavor['native']:>14,.0f} {flavor['jvm']:>11,.0f} {flavor['easy']:>12,.0f} "
                   f"{flavor['native'] / flavor['jvm']:>9.1f}x {raw['native']:>14,.0f} {raw['jvm']:>11,.0f} "
                   f"{raw['native'] / raw['jvm']:>5.1f}x")
-    print("# load (read + warm-up) per model, first load of the process pays numba's cache load:")
+    print("# load (read + warm-up) per model:")
     for line in loads:
         print("#   " + line)
 

@@ -31,7 +31,7 @@ from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.h2o_inputs import NA, UNSEEN, ModelColumn, build_matrix, missing_columns
 from forestflow.runtime.h2o_tree_reader import NativeUnsupported, parse_model_ini
 
-if TYPE_CHECKING:  # imported at load only: numba costs ~0.2 s, paid only when a model is scored natively
+if TYPE_CHECKING:
     from forestflow.runtime.h2o_native import NativeTreeScorer
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ class H2OMojoServable(Servable):
         self._batch = True
         self._native = scorer
         try:
-            compile_seconds = scorer.warm()
+            scorer.warm()
             self._warm()
         except Exception as exc:
             self._native = None
@@ -189,7 +189,6 @@ class H2OMojoServable(Servable):
             "categoricalEncoding": "AUTO", "response": self._response, "offsetColumn": self._offset,
             "scoring": "batch", "scorer": "native",
             "trees": int(len(model.trees.roots)), "loadSeconds": round(time.perf_counter() - started, 3),
-            "compileSeconds": round(compile_seconds, 3),
         }
         self._meta = self._build_metadata(facts)
         self.ready = True

@@ -1,16 +1,18 @@
-"""Native scoring of H2O GBM and DRF MOJOs: genmodel's ``score0``, compiled with numba, no Java.
+"""Native scoring of H2O GBM and DRF MOJOs: genmodel's ``score0`` in C, no Java.
 
-:class:`NativeTreeScorer` takes the model :mod:`h2o_tree_reader` parsed and scores a batch of
-encoded rows (the same matrix the JVM path builds: categoricals as level indices, NA as NaN)
-in one compiled call: every tree walked for every row, then genmodel's ``unifyPreds`` (link
-functions, DRF averaging, class rescaling, balance-classes correction, the label). The result
-is exactly ``score0``'s ``(n, preds_size)`` array: the trees are summed in genmodel's order,
-float32 leaves widened to double as Java does, so the sums match bit for bit; link functions
-use the C library's ``exp`` where Java uses ``Math.exp`` (within an ulp).
+:class:`NativeTreeScorer` takes the model :mod:`h2o_tree_reader` parsed, flattens its trees into
+arrays once, and scores a batch of encoded rows (the same matrix the JVM path builds:
+categoricals as level indices, NA as NaN) in one call to the C kernel (``_h2o_trees.c``): every
+tree walked for every row, then genmodel's ``unifyPreds`` (link functions, DRF averaging, class
+rescaling, balance-classes correction, the label). The result is exactly ``score0``'s
+``(n, preds_size)`` array: the trees are summed in genmodel's order, float32 leaves widened to
+double as Java does, so the sums match bit for bit; link functions use the C library's ``exp``
+where Java uses ``Math.exp`` (within an ulp). Multinomial ties are broken here, as genmodel does.
 
-Why numba: it compiles these loops to machine code with no C toolchain at install time, caches
-the machine code on disk (``cache=True``) and releases the GIL (``nogil=True``), so two scoring
-threads run at once as they did through JPype.
+Why a C extension of our own rather than numba: numba and llvmlite cost ~100 MiB of memory in
+every gateway process that imports them (the issue's budget for five models was 100 MB in all)
+and up to seconds to load or compile the kernel; this kernel is ~20 KiB, built with the package
+(setup.py), and releases the GIL while it scores, so two scoring threads run at once.
 """
 
 from __future__ import annotations
@@ -19,159 +21,13 @@ import math
 import time
 
 import numpy as np
-from numba import njit
 
-from forestflow.runtime.h2o_tree_reader import LEAF, LINKS, NA_VS_REST, NUMERIC, TreeModel
+from forestflow.runtime import _h2o_trees
+from forestflow.runtime.h2o_tree_reader import LINKS, TreeModel
 
-# Columns of the packed integer node table.
-_KIND, _COL, _NA_LEFT, _LEFT, _RIGHT, _BSTART, _BOFF, _BCOUNT = range(8)
-# Slots of the packed parameters.
-_P_ALGO, _P_FAMILY, _P_LINK, _P_INIT_F, _P_NCLASSES, _P_GROUPS, _P_BDT, _P_BALANCE, _P_THRESHOLD, _P_VERSION = range(10)
+# Slots of the packed parameters (_h2o_trees.c reads them in this order).
 _GBM, _DRF = 0, 1
 _FAMILY_BINOMIAL, _FAMILY_MULTINOMIAL, _FAMILY_REGRESSION = 0, 1, 2
-_INT_MAX, _INT_MIN = 2147483647, -2147483648
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _java_int(d: float) -> int:
-    """Java's ``(int) d`` for a non-NaN double: truncation, saturated to the int range."""
-    if d >= _INT_MAX:
-        return _INT_MAX
-    if d <= _INT_MIN:
-        return _INT_MIN
-    return int(d)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _tree_value(x, node, nodes, values, bits, dom_len, version):  # type: ignore[no-untyped-def]
-    """One tree's leaf value for one row, following genmodel's ``scoreTree`` decisions."""
-    while True:
-        kind = nodes[node, _KIND]
-        if kind == LEAF:
-            return values[node]
-        col = nodes[node, _COL]
-        d = x[col]
-        n_levels = dom_len[col]
-        if math.isnan(d):
-            right = nodes[node, _NA_LEFT] == 0
-        elif kind == NUMERIC and (n_levels < 0 or version < 2):  # the common case: a number against a threshold
-            right = d >= values[node]
-        else:
-            di = _java_int(d)
-            outside = False
-            start = nodes[node, _BSTART]
-            if version >= 1 and start >= 0:  # a level outside the bitset in effect counts as NA
-                rel = di - nodes[node, _BOFF]
-                outside = rel < 0 or rel >= nodes[node, _BCOUNT]
-            if version >= 2 and n_levels >= 0 and n_levels <= di:  # so does a level past the column's domain
-                outside = True
-            if outside:
-                right = nodes[node, _NA_LEFT] == 0
-            elif kind == NA_VS_REST:
-                right = False
-            elif kind == NUMERIC:
-                right = d >= values[node]
-            else:  # BITSET: levels in the set go right
-                rel = di - nodes[node, _BOFF]
-                if rel < 0 or rel >= nodes[node, _BCOUNT]:
-                    right = False  # MOJO 1.00 (contains0): outside the set
-                else:
-                    right = (bits[start + (rel >> 3)] & (1 << (rel & 7))) != 0
-        node = nodes[node, _RIGHT] if right else nodes[node, _LEFT]
-
-
-@njit(cache=True, nogil=True)
-def _sexp(x):  # type: ignore[no-untyped-def]
-    """genmodel's sanitized ``exp``: capped at 1e19."""
-    return min(1e19, math.exp(x))
-
-
-@njit(cache=True, nogil=True)
-def _link_inv(link, f):  # type: ignore[no-untyped-def]
-    if link == 1:  # log
-        return _sexp(f)
-    if link == 2:  # logit
-        return 1.0 / (1.0 + _sexp(-f))
-    if link == 3:  # inverse (genmodel clamps with -1e-5 on both sides)
-        xx = min(-1e-5, f) if f < 0 else max(-1e-5, f)
-        return 1.0 / xx
-    return f  # identity
-
-
-@njit(cache=True, nogil=True)
-def _score(X, offsets, nodes, values, bits, roots, target, dom_len, params, prior, model_distrib, preds, ties):  # type: ignore[no-untyped-def]
-    """``score0`` of every row of ``X`` into ``preds`` (zeroed); ``ties[i]`` = 1 where a tie needs breaking."""
-    algo = int(params[_P_ALGO])
-    family = int(params[_P_FAMILY])
-    link = int(params[_P_LINK])
-    init_f = params[_P_INIT_F]
-    nclasses = int(params[_P_NCLASSES])
-    groups = params[_P_GROUPS]
-    bdt = params[_P_BDT] != 0
-    balance = params[_P_BALANCE] != 0
-    threshold = params[_P_THRESHOLD]
-    version = int(params[_P_VERSION])
-    width = preds.shape[1]
-    for i in range(X.shape[0]):
-        x = X[i]
-        p = preds[i]
-        for t in range(roots.shape[0]):  # genmodel's order: class by class, groups in order
-            p[target[t]] += _tree_value(x, roots[t], nodes, values, bits, dom_len, version)
-        offset = offsets[i]
-        if algo == _GBM:
-            if family == _FAMILY_BINOMIAL:
-                p[2] = _link_inv(link, p[1] + init_f + offset)
-                p[1] = 1.0 - p[2]
-            elif family == _FAMILY_MULTINOMIAL:
-                if nclasses == 2:
-                    p[1] += init_f + offset
-                    p[2] = -p[1]
-                maxval = -np.inf
-                for k in range(1, width):
-                    maxval = max(maxval, p[k])
-                dsum = 0.0
-                for k in range(1, width):
-                    p[k] = math.exp(p[k] - maxval)
-                    dsum += p[k]
-                for k in range(1, width):
-                    p[k] /= dsum
-            else:
-                p[0] = _link_inv(link, p[0] + init_f + offset)
-                continue
-        else:
-            if nclasses == 1:
-                p[0] /= groups
-                continue
-            if nclasses == 2 and not bdt:
-                p[1] /= groups
-                p[2] = 1.0 - p[1]
-            else:
-                total = 0.0
-                for k in range(1, nclasses + 1):
-                    total += p[k]
-                if total > 0:
-                    for k in range(1, nclasses + 1):
-                        p[k] /= total
-        if balance:
-            probsum = 0.0
-            for c in range(1, width):
-                if prior[c - 1] != 0 and model_distrib[c - 1] != 0:
-                    p[c] *= prior[c - 1] / model_distrib[c - 1]
-                probsum += p[c]
-            if probsum > 0:
-                for c in range(1, width):
-                    p[c] /= probsum
-        if width == 3:
-            p[0] = 1.0 if p[2] >= threshold else 0.0
-        else:
-            best, tied = 1, False
-            for c in range(2, width):
-                if p[best] < p[c]:
-                    best, tied = c, False
-                elif p[best] == p[c]:
-                    tied = True
-            p[0] = best - 1
-            ties[i] = 1 if tied else 0
 
 
 class _JavaRandom:
@@ -261,7 +117,7 @@ class NativeTreeScorer:
         self._model_distrib = np.array(model.model_class_distrib or [0.0] * max(width - 1, 1), dtype=np.float64)
         self.preds_size = width
         self.n_features = model.n_features
-        self.load_seconds = 0.0
+        _h2o_trees.check_tables(self._nodes, self._values, self._bits, self._roots, self._target, self.n_features, width)
 
     def score(self, X: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray:
         """``score0`` of every row of ``X`` (``n x n_features``, NaN = NA): ``(n, preds_size)``."""
@@ -272,8 +128,8 @@ class NativeTreeScorer:
         offs = np.zeros(n) if offsets is None else np.ascontiguousarray(offsets, dtype=np.float64)
         preds = np.zeros((n, self.preds_size))
         ties = np.zeros(n, dtype=np.uint8)
-        _score(X, offs, self._nodes, self._values, self._bits, self._roots, self._target, self._dom_len,
-               self._params, self._prior, self._model_distrib, preds, ties)
+        _h2o_trees.score(X, offs, self._nodes, self._values, self._bits, self._roots, self._target, self._dom_len,
+                         self._params, self._prior, self._model_distrib, preds, ties)
         if self.preds_size > 3 and ties.any():
             prior = self.model.prior_class_distrib
             for i in np.flatnonzero(ties).tolist():
@@ -281,7 +137,7 @@ class NativeTreeScorer:
         return preds
 
     def warm(self) -> float:
-        """Compile (or load from numba's cache) and run the kernel once; returns the seconds it took."""
+        """Score two rows (numbers and NAs) once, touching every table; returns the seconds it took."""
         start = time.perf_counter()
         X = np.full((2, self.n_features), np.nan)
         X[0] = 0.0

@@ -1,0 +1,366 @@
+/*
+ * forestflow.runtime._h2o_trees: genmodel's score0 for H2O GBM and DRF MOJOs, over a whole batch.
+ *
+ * h2o_native.py flattens the trees h2o_tree_reader.py parsed into arrays and calls score() once
+ * per batch: every tree walked for every row (SharedTreeMojoModel.scoreTree's decisions), then
+ * genmodel's unifyPreds (link functions, DRF averaging, class rescaling, balance-classes
+ * correction, the label). Trees are summed in genmodel's order and leaves are doubles (the
+ * float32 leaves widened at load, as Java widens them), so the sums match genmodel's bit for bit;
+ * exp is the C library's where Java has Math.exp (within an ulp). The GIL is released while the
+ * rows are scored, so two scoring threads run at once.
+ *
+ * Arrays come in through the buffer protocol (no numpy headers); their types and shapes are
+ * checked against the layout below before anything is read.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Node kinds (h2o_tree_reader: LEAF, NUMERIC, BITSET, NA_VS_REST). */
+enum { LEAF = 0, NUMERIC = 1, BITSET = 2, NA_VS_REST = 3 };
+/* Columns of the int32 node table. */
+enum { N_KIND, N_COL, N_NA_LEFT, N_LEFT, N_RIGHT, N_BSTART, N_BOFF, N_BCOUNT, N_WIDTH };
+/* Slots of the float64 parameters. */
+enum { P_ALGO, P_FAMILY, P_LINK, P_INIT_F, P_NCLASSES, P_GROUPS, P_BDT, P_BALANCE, P_THRESHOLD, P_VERSION, P_COUNT };
+enum { ALGO_GBM = 0, ALGO_DRF = 1 };
+enum { FAMILY_BINOMIAL = 0, FAMILY_MULTINOMIAL = 1, FAMILY_REGRESSION = 2 };
+enum { LINK_IDENTITY = 0, LINK_LOG = 1, LINK_LOGIT = 2, LINK_INVERSE = 3 };
+
+typedef struct {
+    const double *X;
+    Py_ssize_t n_rows, n_features;
+    const double *offsets;
+    const int32_t *nodes;
+    Py_ssize_t n_nodes;
+    const double *values;
+    const uint8_t *bits;
+    Py_ssize_t n_bits;
+    const int32_t *roots, *target;
+    Py_ssize_t n_trees;
+    const int64_t *dom_len;
+    const double *params, *prior, *model_distrib;
+    Py_ssize_t n_prior;
+    double *preds;
+    Py_ssize_t width;
+    uint8_t *ties;
+} Model;
+
+/* Java's (int) d for a non-NaN double: truncation, saturated to the int range. */
+static int32_t java_int(double d) {
+    if (d >= 2147483647.0)
+        return 2147483647;
+    if (d <= -2147483648.0)
+        return -2147483647 - 1;
+    return (int32_t)d;
+}
+
+/* One tree's leaf value for one row, following genmodel's scoreTree decisions. */
+static double tree_value(const Model *m, const double *x, int32_t node, int version) {
+    for (;;) {
+        const int32_t *nd = m->nodes + (Py_ssize_t)node * N_WIDTH;
+        int kind = nd[N_KIND], right;
+        double d;
+        int64_t n_levels;
+        if (kind == LEAF)
+            return m->values[node];
+        d = x[nd[N_COL]];
+        n_levels = m->dom_len[nd[N_COL]];
+        if (isnan(d)) {
+            right = nd[N_NA_LEFT] == 0;
+        } else if (kind == NUMERIC && (n_levels < 0 || version < 2)) { /* the common case: a number against a threshold */
+            right = d >= m->values[node];
+        } else {
+            int32_t di = java_int(d), start = nd[N_BSTART];
+            int64_t rel; /* in 64 bits: a level near INT_MIN minus the offset must not wrap */
+            int outside = 0;
+            if (version >= 1 && start >= 0) { /* a level outside the bitset in effect counts as NA */
+                rel = (int64_t)di - nd[N_BOFF];
+                outside = rel < 0 || rel >= nd[N_BCOUNT];
+            }
+            if (version >= 2 && n_levels >= 0 && n_levels <= di) /* so does a level past the column's domain */
+                outside = 1;
+            if (outside) {
+                right = nd[N_NA_LEFT] == 0;
+            } else if (kind == NA_VS_REST) {
+                right = 0;
+            } else if (kind == NUMERIC) {
+                right = d >= m->values[node];
+            } else { /* BITSET: levels in the set go right */
+                rel = (int64_t)di - nd[N_BOFF];
+                if (rel < 0 || rel >= nd[N_BCOUNT])
+                    right = 0; /* MOJO 1.00 (contains0): outside the set */
+                else
+                    right = (m->bits[start + (rel >> 3)] & (1 << (rel & 7))) != 0;
+            }
+        }
+        node = right ? nd[N_RIGHT] : nd[N_LEFT];
+    }
+}
+
+/* genmodel's sanitized exp: capped at 1e19. */
+static double sexp(double x) {
+    double e = exp(x);
+    return e < 1e19 ? e : 1e19;
+}
+
+static double link_inv(int link, double f) {
+    switch (link) {
+    case LINK_LOG:
+        return sexp(f);
+    case LINK_LOGIT:
+        return 1.0 / (1.0 + sexp(-f));
+    case LINK_INVERSE: { /* genmodel clamps with -1e-5 on both sides */
+        double xx = f < 0 ? (f < -1e-5 ? f : -1e-5) : (f > -1e-5 ? f : -1e-5);
+        return 1.0 / xx;
+    }
+    default:
+        return f;
+    }
+}
+
+static void score_rows(const Model *m) {
+    const double *pr = m->params;
+    int algo = (int)pr[P_ALGO], family = (int)pr[P_FAMILY], link = (int)pr[P_LINK], version = (int)pr[P_VERSION];
+    int nclasses = (int)pr[P_NCLASSES], bdt = pr[P_BDT] != 0, balance = pr[P_BALANCE] != 0;
+    double init_f = pr[P_INIT_F], groups = pr[P_GROUPS], threshold = pr[P_THRESHOLD];
+    Py_ssize_t width = m->width, i, t, k;
+    for (i = 0; i < m->n_rows; i++) {
+        const double *x = m->X + i * m->n_features;
+        double *p = m->preds + i * width, offset = m->offsets[i];
+        for (t = 0; t < m->n_trees; t++) /* genmodel's order: class by class, groups in order */
+            p[m->target[t]] += tree_value(m, x, m->roots[t], version);
+        if (algo == ALGO_GBM) {
+            if (family == FAMILY_BINOMIAL) {
+                p[2] = link_inv(link, p[1] + init_f + offset);
+                p[1] = 1.0 - p[2];
+            } else if (family == FAMILY_MULTINOMIAL) {
+                double maxval = -INFINITY, dsum = 0.0;
+                if (nclasses == 2) {
+                    p[1] += init_f + offset;
+                    p[2] = -p[1];
+                }
+                for (k = 1; k < width; k++)
+                    maxval = p[k] > maxval ? p[k] : maxval;
+                for (k = 1; k < width; k++) {
+                    p[k] = exp(p[k] - maxval);
+                    dsum += p[k];
+                }
+                for (k = 1; k < width; k++)
+                    p[k] /= dsum;
+            } else {
+                p[0] = link_inv(link, p[0] + init_f + offset);
+                continue;
+            }
+        } else {
+            if (nclasses == 1) {
+                p[0] /= groups;
+                continue;
+            }
+            if (nclasses == 2 && !bdt) {
+                p[1] /= groups;
+                p[2] = 1.0 - p[1];
+            } else {
+                double total = 0.0;
+                for (k = 1; k <= nclasses; k++)
+                    total += p[k];
+                if (total > 0)
+                    for (k = 1; k <= nclasses; k++)
+                        p[k] /= total;
+            }
+        }
+        if (balance) {
+            double probsum = 0.0;
+            for (k = 1; k < width; k++) {
+                if (m->prior[k - 1] != 0 && m->model_distrib[k - 1] != 0)
+                    p[k] *= m->prior[k - 1] / m->model_distrib[k - 1];
+                probsum += p[k];
+            }
+            if (probsum > 0)
+                for (k = 1; k < width; k++)
+                    p[k] /= probsum;
+        }
+        if (width == 3) {
+            p[0] = p[2] >= threshold ? 1.0 : 0.0;
+        } else {
+            Py_ssize_t best = 1;
+            int tied = 0;
+            for (k = 2; k < width; k++) {
+                if (p[best] < p[k]) {
+                    best = k;
+                    tied = 0;
+                } else if (p[best] == p[k]) {
+                    tied = 1;
+                }
+            }
+            p[0] = (double)(best - 1);
+            m->ties[i] = (uint8_t)tied;
+        }
+    }
+}
+
+/* A C-contiguous buffer of ``ndim`` dimensions whose items have this struct format letter and size. */
+static int get_array(PyObject *obj, Py_buffer *view, const char *name, char code, Py_ssize_t itemsize, int ndim, int writable) {
+    const char *fmt;
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous%s array", name, writable ? " writable" : "");
+        return -1;
+    }
+    fmt = view->format ? view->format : "B";
+    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@' || fmt[0] == '|')
+        fmt++;
+    /* int32 is 'i'; int64 is 'l' on LP64 hosts and 'q' elsewhere. */
+    if (view->itemsize != itemsize || !(fmt[0] == code || (code == 'q' && fmt[0] == 'l')) || fmt[1] != '\0' || view->ndim != ndim) {
+        PyErr_Format(PyExc_TypeError, "%s must be a %d-D array of '%c' items of %zd bytes, got %d-D '%s'", name, ndim, code, itemsize,
+                     view->ndim, view->format ? view->format : "B");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static Py_ssize_t dim(const Py_buffer *v, int i) { return v->shape ? v->shape[i] : v->len / v->itemsize; }
+
+PyDoc_STRVAR(score_doc,
+"score(X, offsets, nodes, values, bits, roots, target, dom_len, params, prior, model_distrib, preds, ties)\n\n"
+"score0 of every row of X (float64, rows x features, NaN = NA) into preds (float64, rows x width,\n"
+"zeroed); ties[i] (uint8) is set to 1 where a multinomial label needs genmodel's tie-breaking.\n"
+"The tables must have passed check_tables() (the walk does not check bounds).\n"
+"nodes is int32 (nodes x 8), values float64 (nodes), bits uint8, roots and target int32 (trees),\n"
+"dom_len int64 (features), params float64 (10), prior and model_distrib float64 (classes).");
+
+static PyObject *score(PyObject *self, PyObject *args) {
+    enum { A_X, A_OFFSETS, A_NODES, A_VALUES, A_BITS, A_ROOTS, A_TARGET, A_DOM_LEN, A_PARAMS, A_PRIOR, A_DISTRIB, A_PREDS, A_TIES, A_COUNT };
+    static const struct { const char *name; char code; Py_ssize_t size; int ndim, writable; } spec[A_COUNT] = {
+        {"X", 'd', 8, 2, 0},       {"offsets", 'd', 8, 1, 0}, {"nodes", 'i', 4, 2, 0},  {"values", 'd', 8, 1, 0},
+        {"bits", 'B', 1, 1, 0},    {"roots", 'i', 4, 1, 0},   {"target", 'i', 4, 1, 0}, {"dom_len", 'q', 8, 1, 0},
+        {"params", 'd', 8, 1, 0},  {"prior", 'd', 8, 1, 0},   {"model_distrib", 'd', 8, 1, 0},
+        {"preds", 'd', 8, 2, 1},   {"ties", 'B', 1, 1, 1},
+    };
+    PyObject *objs[A_COUNT];
+    Py_buffer views[A_COUNT];
+    int got = 0, ok = 0;
+    Model m;
+
+    if (!PyArg_UnpackTuple(args, "score", A_COUNT, A_COUNT, &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6],
+                           &objs[7], &objs[8], &objs[9], &objs[10], &objs[11], &objs[12]))
+        return NULL;
+    for (; got < A_COUNT; got++)
+        if (get_array(objs[got], &views[got], spec[got].name, spec[got].code, spec[got].size, spec[got].ndim, spec[got].writable) < 0)
+            goto done;
+
+    m.X = views[A_X].buf;
+    m.n_rows = dim(&views[A_X], 0);
+    m.n_features = dim(&views[A_X], 1);
+    m.offsets = views[A_OFFSETS].buf;
+    m.nodes = views[A_NODES].buf;
+    m.n_nodes = dim(&views[A_NODES], 0);
+    m.values = views[A_VALUES].buf;
+    m.bits = views[A_BITS].buf;
+    m.n_bits = dim(&views[A_BITS], 0);
+    m.roots = views[A_ROOTS].buf;
+    m.target = views[A_TARGET].buf;
+    m.n_trees = dim(&views[A_ROOTS], 0);
+    m.dom_len = views[A_DOM_LEN].buf;
+    m.params = views[A_PARAMS].buf;
+    m.prior = views[A_PRIOR].buf;
+    m.model_distrib = views[A_DISTRIB].buf;
+    m.n_prior = dim(&views[A_PRIOR], 0);
+    m.preds = views[A_PREDS].buf;
+    m.width = dim(&views[A_PREDS], 1);
+    m.ties = views[A_TIES].buf;
+
+    /* Shapes that would let the walk read out of bounds are refused; the tables' contents were
+     * checked once by check_tables(). */
+    if (dim(&views[A_NODES], 1) != N_WIDTH || dim(&views[A_VALUES], 0) != m.n_nodes || dim(&views[A_TARGET], 0) != m.n_trees ||
+        dim(&views[A_OFFSETS], 0) != m.n_rows || dim(&views[A_PREDS], 0) != m.n_rows || dim(&views[A_TIES], 0) != m.n_rows ||
+        dim(&views[A_DOM_LEN], 0) != m.n_features || dim(&views[A_PARAMS], 0) != P_COUNT || m.width < 1 ||
+        dim(&views[A_DISTRIB], 0) != m.n_prior || (m.params[P_BALANCE] != 0 && m.n_prior < m.width - 1)) {
+        PyErr_SetString(PyExc_ValueError, "score(): array shapes do not fit one another");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    score_rows(&m);
+    Py_END_ALLOW_THREADS
+    ok = 1;
+
+done:
+    while (got-- > 0)
+        PyBuffer_Release(&views[got]);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(check_tables_doc,
+"check_tables(nodes, values, bits, roots, target, n_features, width)\n\n"
+"Raises ValueError unless every root, child, column, target and bitset of the tables is in range:\n"
+"score() walks them without bounds checks, so a scorer checks its tables once, when it is built.");
+
+static PyObject *check_tables(PyObject *self, PyObject *args) {
+    PyObject *o_nodes, *o_values, *o_bits, *o_roots, *o_target;
+    Py_ssize_t n_features, width, n_nodes, n_bits, n_trees, t, k;
+    Py_buffer nodes_v, values_v, bits_v, roots_v, target_v;
+    const int32_t *nodes, *roots, *target;
+    const char *error = NULL;
+    if (!PyArg_ParseTuple(args, "OOOOOnn:check_tables", &o_nodes, &o_values, &o_bits, &o_roots, &o_target, &n_features, &width))
+        return NULL;
+    if (get_array(o_nodes, &nodes_v, "nodes", 'i', 4, 2, 0) < 0)
+        return NULL;
+    if (get_array(o_values, &values_v, "values", 'd', 8, 1, 0) < 0)
+        goto release_nodes;
+    if (get_array(o_bits, &bits_v, "bits", 'B', 1, 1, 0) < 0)
+        goto release_values;
+    if (get_array(o_roots, &roots_v, "roots", 'i', 4, 1, 0) < 0)
+        goto release_bits;
+    if (get_array(o_target, &target_v, "target", 'i', 4, 1, 0) < 0)
+        goto release_roots;
+    nodes = nodes_v.buf;
+    roots = roots_v.buf;
+    target = target_v.buf;
+    n_nodes = dim(&nodes_v, 0);
+    n_bits = dim(&bits_v, 0);
+    n_trees = dim(&roots_v, 0);
+    if (dim(&nodes_v, 1) != N_WIDTH || dim(&values_v, 0) != n_nodes || dim(&target_v, 0) != n_trees)
+        error = "the node, value, root and target tables do not fit one another";
+    for (t = 0; error == NULL && t < n_trees; t++)
+        if (roots[t] < 0 || roots[t] >= n_nodes || target[t] < 0 || target[t] >= width)
+            error = "a tree's root or target is out of range";
+    for (k = 0; error == NULL && k < n_nodes; k++) {
+        const int32_t *nd = nodes + k * N_WIDTH;
+        if (nd[N_KIND] == LEAF)
+            continue;
+        if (nd[N_KIND] < LEAF || nd[N_KIND] > NA_VS_REST || nd[N_COL] < 0 || nd[N_COL] >= n_features || nd[N_LEFT] < 0 ||
+            nd[N_LEFT] >= n_nodes || nd[N_RIGHT] < 0 || nd[N_RIGHT] >= n_nodes || nd[N_BCOUNT] < 0 ||
+            (nd[N_BSTART] >= 0 && (Py_ssize_t)nd[N_BSTART] + ((Py_ssize_t)nd[N_BCOUNT] + 7) / 8 > n_bits))
+            error = "a node refers outside the tables";
+    }
+    if (error != NULL)
+        PyErr_Format(PyExc_ValueError, "check_tables(): %s", error);
+    PyBuffer_Release(&target_v);
+release_roots:
+    PyBuffer_Release(&roots_v);
+release_bits:
+    PyBuffer_Release(&bits_v);
+release_values:
+    PyBuffer_Release(&values_v);
+release_nodes:
+    PyBuffer_Release(&nodes_v);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"score", score, METH_VARARGS, score_doc},
+    {"check_tables", check_tables, METH_VARARGS, check_tables_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_h2o_trees", "genmodel's score0 for H2O GBM and DRF MOJOs, in C.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__h2o_trees(void) { return PyModule_Create(&module); }

@@ -1,0 +1,15 @@
+"""C extensions of forestflow (everything else is in pyproject.toml).
+
+Plain CPython C API, no numpy headers: built by ``pip install`` wherever gcc and the Python
+headers are (the README's install commands, CI, the Dockerfile's build stage).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        # The native H2O tree scorer (runtime/h2o_native.py): plain IEEE doubles (no fused multiply-add,
+        # no -ffast-math), so the results equal genmodel's.
+        Extension("forestflow.runtime._h2o_trees", ["forestflow/runtime/_h2o_trees.c"], extra_compile_args=["-O2", "-ffp-contract=off"], libraries=["m"]),
+    ],
+)
