@@ -21,13 +21,15 @@ from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs.ff_settings import fqrv_to_json, logging_to_json
 from forestflow.codecs.ff_protobuf import embedded, fqrv_bytes, inference_request_bytes, key, prediction_bytes, varint
 from forestflow.codecs.schema_datum import prediction_json, request_json
+from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
 from forestflow.predlog.record import PredictionRecord, WireBody
 
 
 _LATENCY = struct.Struct("<d")
 _SERVED = {True: key(2, 0) + b"\x01", False: key(2, 0) + b"\x00"}
-_EVENT_TIME, _LATENCY_MS, _STATUS = key(10, 0), key(13, 1), key(14, 0)
+_EVENT_TIME, _REQUEST_ID, _LATENCY_MS, _STATUS = key(10, 0), key(11, 2), key(13, 1), key(14, 0)
+_PREDICTION, _INFERENCE_REQUEST = key(1, 2), key(3, 2)
 _WIRE_REQUEST_JSON_LENGTH, _WIRE_RESPONSE_JSON_LENGTH = key(20, 0), key(21, 0)
 #: CR and LF as spaces: in valid JSON they can only be whitespace between tokens (a string holds
 #: them escaped, as a backslash and a letter), so the swap keeps the document's meaning.
@@ -53,20 +55,39 @@ def _logging_field(logging: LoggingSettings) -> bytes:
     return embedded(4, body + embedded(3, logging.key_features_separator.encode()))
 
 
+#: A servable's (loggingSettings, fqrv) fields by the identity of its settings and fqrv objects: the
+#: service hands the same two objects on every event of a servable, and hashing them (frozen
+#: dataclasses) per event costs more than building the rest of the header.
+_SERVABLE_FIELDS: dict[tuple[int, int], tuple[LoggingSettings, FQRV, bytes, bytes]] = {}
+
+
+def _servable_fields(logging: LoggingSettings, fqrv: FQRV) -> tuple[bytes, bytes]:
+    ids = (id(logging), id(fqrv))
+    hit = _SERVABLE_FIELDS.get(ids)
+    if hit is None or hit[0] is not logging or hit[1] is not fqrv:  # new, or an id reused by another object
+        if len(_SERVABLE_FIELDS) >= 1024:
+            _SERVABLE_FIELDS.clear()
+        hit = _SERVABLE_FIELDS[ids] = (logging, fqrv, _logging_field(logging), embedded(12, fqrv_bytes(fqrv)))
+    return hit[2], hit[3]
+
+
+@functools.lru_cache(maxsize=64)
+def _protocol_field(protocol: str) -> bytes:
+    return embedded(17, protocol.encode())
+
+
 def _common_fields(record: PredictionRecord) -> bytes:
     """The fields PredictionEvent and PredictionEventGP share (servedRequest, loggingSettings, 10-17)."""
+    logging_field, fqrv_field = _servable_fields(record.logging, record.fqrv)
+    request_id = record.request_id.encode()
     out = [
-        _SERVED[record.served],
-        _logging_field(record.logging),
-        _EVENT_TIME + varint(record.event_time_ms),
-        embedded(11, record.request_id.encode()),
-        embedded(12, fqrv_bytes(record.fqrv)),
-        _LATENCY_MS + _LATENCY.pack(record.latency_ms),
-        _STATUS + varint(record.status),
+        _SERVED[record.served], logging_field, _EVENT_TIME, varint(record.event_time_ms),
+        _REQUEST_ID, varint(len(request_id)), request_id, fqrv_field,
+        _LATENCY_MS, _LATENCY.pack(record.latency_ms), _STATUS, varint(record.status),
     ]
     if record.error:
         out += (embedded(15, record.error.encode()), embedded(16, record.error_code.encode()))
-    out.append(embedded(17, record.protocol.encode()))
+    out.append(_protocol_field(record.protocol))
     return b"".join(out)
 
 
@@ -85,10 +106,12 @@ def encode_event(record: PredictionRecord) -> bytes:
         return payload
     if record.is_wire:
         return payload + _wire_fields(record)
-    payload += embedded(3, inference_request_bytes(record.request, record.configs))
+    request = inference_request_bytes(record.request, record.configs)
+    parts = [payload, _INFERENCE_REQUEST, varint(len(request)), request]
     if record.response is not None:
-        payload += embedded(1, prediction_bytes(record.fqrv, record.response))
-    return payload
+        prediction = prediction_bytes(record.fqrv, record.response)
+        parts += (_PREDICTION, varint(len(prediction)), prediction)
+    return b"".join(parts)
 
 
 def _wire_fields(record: PredictionRecord) -> bytes:

@@ -99,3 +99,107 @@ def test_varint_matches_protobuf(value: int) -> None:
     message = pb.Int64Data()
     message.data.append(value)
     assert message.SerializeToString() == b"\x08" + varint(value)
+
+
+# ---- the C writer (codecs/_ffwire.c) on every layout the frames of the gateway can take ------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from forestflow.codecs import _ffwire  # noqa: E402
+
+_NUMERIC = ["<f8", "<f4", "<f2", "i1", "<i2", "<i4", "<i8", "u1", "<u2", "<u4", "<u8", "?", ">f8", ">i4", ">u2"]
+
+
+def _numbers(dtype: np.dtype, size: int, draw: Any) -> np.ndarray:
+    if dtype.kind == "f":
+        values = draw(st.lists(st.floats(width=min(64, dtype.itemsize * 8), allow_nan=True), min_size=size, max_size=size))
+    elif dtype.kind == "b":
+        values = draw(st.lists(st.booleans(), min_size=size, max_size=size))
+    else:
+        info = np.iinfo(dtype)
+        top = min(int(info.max), 2**63 - 1)  # the oracle writes Int64 fields: values past 2**63 are tested apart
+        values = draw(st.lists(st.integers(int(info.min), top), min_size=size, max_size=size))
+    return np.array(values, dtype=dtype)
+
+
+@st.composite
+def any_frame(draw: Any) -> Frame:
+    rows = draw(st.integers(1, 5))
+    columns: dict[str, np.ndarray] = {}
+    for i in range(draw(st.integers(1, 6))):
+        shape = draw(st.sampled_from(["flat", "vector", "strided", "reversed", "matrix-view"]))
+        width = 2 if shape in ("vector", "matrix-view") else 1
+        kind = draw(st.sampled_from(["str", "bytes", "unicode-fixed", "bytes-fixed", "number"]))
+        size = rows * (3 if shape == "strided" else width)
+        if kind == "str":
+            col = np.array(draw(st.lists(st.text(max_size=8), min_size=size, max_size=size)) + [""], dtype=object)[:size]
+        elif kind == "bytes":
+            col = np.array(draw(st.lists(st.binary(max_size=8), min_size=size, max_size=size)) + [b""], dtype=object)[:size]
+        elif kind == "unicode-fixed":
+            col = np.array(draw(st.lists(st.text(alphabet="abcé", min_size=1, max_size=4), min_size=size, max_size=size)), dtype="U4")
+        elif kind == "bytes-fixed":
+            col = np.array(draw(st.lists(st.binary(min_size=1, max_size=4).filter(lambda b: not b.endswith(b"\x00")), min_size=size, max_size=size)), dtype="S4")
+        else:
+            col = _numbers(np.dtype(draw(st.sampled_from(_NUMERIC))), size, draw)
+        if shape == "vector":
+            col = col.reshape(rows, width)
+        elif shape == "strided":
+            col = col[::3]
+        elif shape == "reversed":
+            col = col[::-1]
+        elif shape == "matrix-view":  # a 2-D view that is not C-contiguous: the slow path
+            col = np.stack([col.reshape(rows, width)] * 2, axis=2)[:, :, 0]
+        columns[f"c{i}"] = col
+    return Frame(columns, {})
+
+
+def _same(fast: bytes, oracle: Any) -> None:
+    parsed = type(oracle).FromString(fast)
+    assert parsed.SerializeToString(deterministic=True) == oracle.SerializeToString(deterministic=True)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(any_frame(), st.dictionaries(st.text(max_size=5), st.text(max_size=200), max_size=3))
+def test_c_writer_matches_protobuf_api_on_any_layout(frame: Frame, configs: dict[str, str]) -> None:
+    _same(inference_request_bytes(frame, configs), request_to_proto(frame, configs))
+    _same(prediction_bytes(FQ, frame), prediction_to_proto(FQ, frame))
+
+
+def test_a_frame_without_records_is_its_schema_alone() -> None:
+    frame = Frame({"s": np.array([], dtype=object), "x": np.zeros((0, 3))}, {})
+    _same(inference_request_bytes(frame, {}), request_to_proto(Frame({"s": frame.columns["s"], "x": np.zeros(0)}, {}), {}))
+    assert list(pb.Prediction.FromString(prediction_bytes(FQ, frame)).datum) == []
+
+
+def test_unsigned_64_bit_values_keep_their_bits() -> None:
+    frame = Frame({"u": np.array([2**64 - 1, 2**63], dtype=np.uint64)}, {})
+    message = pb.InferenceRequest.FromString(inference_request_bytes(frame, {}))
+    assert [list(d.tensors[0].Int64.data) for d in message.datum] == [[-1], [-(2**63)]]
+
+
+def test_text_columns_of_the_wrong_kind_are_refused_clearly() -> None:
+    with pytest.raises(TypeError, match="a String column holds a int"):
+        inference_request_bytes(Frame({"s": np.array(["a", 3], dtype=object)}, {}), {})
+    with pytest.raises(TypeError, match="a Bytes column holds a str"):
+        inference_request_bytes(Frame({"b": np.array([b"a", "b"], dtype=object)}, {}), {})
+
+
+def test_c_writer_checks_its_arguments() -> None:
+    tag = b"\x5a"
+    with pytest.raises(TypeError, match="a group is"):
+        _ffwire.datums(b"\x12", 1, [np.zeros(1)], ((tag, (0,)),))
+    with pytest.raises(IndexError, match="column index 1 out of range"):
+        _ffwire.datums(b"\x12", 1, [np.zeros(1)], ((tag, 0, (1,)),))
+    with pytest.raises(ValueError, match="does not split into 2 records"):
+        _ffwire.datums(b"\x12", 2, [np.zeros(3)], ((tag, 0, (0,)),))
+    with pytest.raises(TypeError, match="unsupported column format"):
+        _ffwire.datums(b"\x12", 1, [np.zeros(1, dtype=np.complex128)], ((tag, 0, (0,)),))
+    with pytest.raises(TypeError):
+        _ffwire.datums(b"\x12", 1, ["not a buffer"], ((tag, 0, (0,)),))
+    with pytest.raises(ValueError, match="rows must not be negative"):
+        _ffwire.datums(b"\x12", -1, [], ())
+    with pytest.raises(TypeError, match="dict of str to str"):
+        _ffwire.string_map(b"\x1a", {"k": 1})
+    assert _ffwire.kinds([np.zeros(2, dtype=np.complex64), np.zeros((2, 2))[:, :1], np.zeros(2)]) == bytes([255, 255, 2])
+    with pytest.raises(OverflowError):
+        varint(2**64)
