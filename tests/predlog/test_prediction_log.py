@@ -13,7 +13,7 @@ import pytest
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.predlog.encode import encode_event
 from forestflow.predlog.file_sink import FileSink
-from forestflow.predlog.log import PredictionLog
+from forestflow.predlog.log import LogEntry, PredictionLog
 from forestflow.predlog.record import PredictionRecord
 from tests.kafka_broker import KafkaBroker
 from tests.predlog import FQ, columns_of, kafka_sink, make_record, read_topic, wait_for
@@ -285,3 +285,18 @@ async def test_file_sink_protobuf_length_delimited(tmp_path: Path) -> None:
     assert gp_values == [encode_event(r) for r in gp]
     assert [pb.PredictionEvent.FromString(v).requestId for v in values] == [r.request_id for r in basic]
     assert pb.PredictionEventGP.FromString(gp_values[0]).inferBytes == gp[0].raw_request
+
+
+@pytest.mark.parametrize("events, pad", [(600, 10), (120, 40_000)], ids=["over-IOV_MAX-pieces", "thread-sized-batch"])
+async def test_file_sink_batches_of_any_size_land_whole_and_in_order(tmp_path: Path, events: int, pad: int) -> None:
+    """600 events are 1200 writev() pieces (more than one call); 120 padded ones are ~5 MB (the thread path)."""
+    from forestflow.predlog.file_sink import INLINE_WRITE_BYTES, FileSink
+
+    sink = FileSink(tmp_path / "p.jsonl")
+    await sink.start()
+    entries = [LogEntry(False, None, json.dumps({"i": i, "pad": "x" * pad}).encode()) for i in range(events)]
+    assert (sum(len(e.value) for e in entries) > INLINE_WRITE_BYTES) == (pad > 10_000)
+    assert await sink.send(entries) == []
+    await sink.close()
+    lines = (tmp_path / "p.jsonl").read_text().splitlines()
+    assert [json.loads(line)["i"] for line in lines] == list(range(events))
