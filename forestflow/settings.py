@@ -66,7 +66,9 @@ class Settings:
     kafka_gp_topic: str = _doc("topic for GraphPipe prediction events", default="forestflow.predictions.gp")
     kafka_compression: str = _doc("none, gzip, lz4 or zstd", default="zstd")
     kafka_acks: str = _doc("0, 1 or all", default="all")
-    kafka_linger_ms: int = _doc("producer batching delay", default=5)
+    kafka_linger_ms: int = _doc(
+        "batching delay of the Kafka ingest replies' producer (the prediction log batches by log_linger_ms)", default=5
+    )
     kafka_enable_idempotence: bool = _doc("idempotent producer (off for brokers that lack it)", default=True)
     kafka_request_timeout_ms: int = _doc("per produce request", default=10000)
     kafka_ingest_topics: str = _doc(
@@ -92,7 +94,11 @@ class Settings:
     log_file: str = _doc("local prediction log (relative to data_dir) used without Kafka", default="predictions.jsonl")
     log_file_format: str = _doc("jsonl or protobuf (length-delimited)", default="jsonl")
     log_buffer_bytes: int = _doc("bytes of prediction events held while the sink is slow or away", default=64 * 1024 * 1024)
-    log_linger_ms: int = _doc("how long the prediction log gathers events into one write/produce batch", default=2)
+    log_linger_ms: int = _doc(
+        "how long the prediction log gathers events into one write/produce batch (each Kafka produce costs "
+        "~0.4 ms of CPU however few events it carries)",
+        default=50,
+    )
     log_sample_every: int = _doc("SAMPLE logging shadows one request in this many", default=100)
     log_flush_timeout_s: float = _doc("how long shutdown waits to flush the prediction log", default=10.0)
 

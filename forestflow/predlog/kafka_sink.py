@@ -42,6 +42,9 @@ _PARTITIONER = DefaultPartitioner()
 _BATCH_BYTES = 512 * 1024
 #: Compression codecs of the producer (lz4 and zstd come from cramjam, a runtime dependency).
 COMPRESSIONS = ("none", "gzip", "lz4", "zstd")
+#: Keys whose partition is remembered per topic (murmur2 in Python costs ~3 us a key, and the
+#: keys of a prediction log repeat: the same customer, model or region values).
+_PARTITION_CACHE_KEYS = 4096
 #: Upper bound for stopping a producer (it holds nothing we still want at that point).
 _CLOSE_TIMEOUT_S = 5.0
 
@@ -65,7 +68,6 @@ class KafkaSink:
         *,
         compression: str = "zstd",
         acks: str = "all",
-        linger_ms: int = 5,
         enable_idempotence: bool = True,
         request_timeout_ms: int = 10000,
         max_request_size: int = 1024 * 1024,
@@ -82,7 +84,6 @@ class KafkaSink:
         self.gp_topic = gp_topic
         self.compression = compression
         self.acks = acks
-        self.linger_ms = linger_ms
         self.enable_idempotence = enable_idempotence
         self.request_timeout_ms = request_timeout_ms
         self.max_request_size = max_request_size
@@ -94,6 +95,8 @@ class KafkaSink:
         self.rejected = 0
         self._producer: AIOKafkaProducer | None = None
         self._broken = False
+        #: topic -> (its partitions, key -> partition) while that partition list holds.
+        self._partition_of: dict[str, tuple[list[int], dict[bytes, int]]] = {}
 
     @classmethod
     def from_settings(cls, settings: Any) -> KafkaSink:
@@ -104,7 +107,6 @@ class KafkaSink:
             settings.kafka_gp_topic,
             compression=settings.kafka_compression,
             acks=settings.kafka_acks,
-            linger_ms=settings.kafka_linger_ms,
             enable_idempotence=settings.kafka_enable_idempotence,
             request_timeout_ms=settings.kafka_request_timeout_ms,
         )
@@ -121,7 +123,9 @@ class KafkaSink:
             client_id=self.client_id,
             acks=acks,
             compression_type=None if self.compression == "none" else self.compression,
-            linger_ms=self.linger_ms,
+            # The prediction log gathers events for log_linger_ms and hands over whole record
+            # batches: a producer linger on top would only hold each one back.
+            linger_ms=0,
             enable_idempotence=self.enable_idempotence,
             request_timeout_ms=self.request_timeout_ms,
             max_request_size=self.max_request_size,
@@ -198,25 +202,52 @@ class KafkaSink:
     ) -> tuple[list[tuple[tuple[str, int], Any, list[LogEntry]]], set[int]]:
         """Record batches ((topic, partition), batch, its entries in order) and the ids of entries too large to send."""
         refused: set[int] = set()
-        partitions: dict[str, list[int]] = {}
+        partitions: dict[str, tuple[list[int], dict[bytes, int]]] = {}
         out: dict[tuple[str, int], list[tuple[Any, list[LogEntry]]]] = {}
+        # Events well under the limit skip the exact estimate (a one-record batch adds under 128 bytes
+        # to key and value: 61 of batch header, the rest varints).
+        surely_fits = self.max_request_size - 128
         for entry in entries:
             topic = self.gp_topic if entry.graphpipe else self.topic
-            if DefaultRecordBatchBuilder.estimate_size_in_bytes(entry.key, entry.value, []) > self.max_request_size:
+            if (
+                len(entry.value) + (len(entry.key) if entry.key else 0) > surely_fits
+                and DefaultRecordBatchBuilder.estimate_size_in_bytes(entry.key, entry.value, []) > self.max_request_size
+            ):
                 self.rejected += 1
                 refused.add(id(entry))
                 log.error("prediction_log_event_too_large", topic=topic, bytes=len(entry.value), max_request_size=self.max_request_size)
                 continue
             known = partitions.get(topic)
             if known is None:
-                known = partitions[topic] = sorted(await producer.partitions_for(topic))
-            batches = out.setdefault((topic, _PARTITIONER(entry.key, known, known)), [])
+                known = partitions[topic] = await self._partitions(producer, topic)
+            batches = out.setdefault((topic, self._partition(entry.key, known)), [])
             if not batches or batches[-1][0].append(timestamp=None, key=entry.key, value=entry.value, headers=[]) is None:
                 builder = producer.create_batch()
                 builder.append(timestamp=None, key=entry.key, value=entry.value, headers=[])  # a first record always fits
                 batches.append((builder, []))
             batches[-1][1].append(entry)
         return [(tp, builder, members) for tp, batches in out.items() for builder, members in batches], refused
+
+    async def _partitions(self, producer: AIOKafkaProducer, topic: str) -> tuple[list[int], dict[bytes, int]]:
+        """The topic's partitions and its key cache, emptied when the partitions change."""
+        current = sorted(await producer.partitions_for(topic))
+        cached = self._partition_of.get(topic)
+        if cached is None or cached[0] != current:
+            cached = self._partition_of[topic] = (current, {})
+        return cached
+
+    @staticmethod
+    def _partition(key: bytes | None, known: tuple[list[int], dict[bytes, int]]) -> int:
+        """The partition aiokafka's default partitioner picks for ``key`` (random when None)."""
+        partitions, by_key = known
+        if key is None:
+            return _PARTITIONER(key, partitions, partitions)
+        partition = by_key.get(key)
+        if partition is None:
+            if len(by_key) >= _PARTITION_CACHE_KEYS:
+                by_key.clear()
+            partition = by_key[key] = _PARTITIONER(key, partitions, partitions)
+        return partition
 
     async def close(self) -> None:
         """Stop the producer within a bounded time, discarding anything it still holds."""

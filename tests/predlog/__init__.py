@@ -72,7 +72,6 @@ def columns_of(schema: Any, datum: Any) -> dict[str, list[Any]]:
 def kafka_sink(bootstrap: str, topic: str, gp_topic: str | None = None, **kw: Any) -> KafkaSink:
     """A sink for the test broker (tansu has no idempotent producer); short timeouts for speed."""
     kw.setdefault("request_timeout_ms", 2000)
-    kw.setdefault("linger_ms", 2)
     return KafkaSink(bootstrap, topic, gp_topic or topic + ".gp", enable_idempotence=False, **kw)
 
 

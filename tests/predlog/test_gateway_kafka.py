@@ -49,6 +49,10 @@ async def test_n_batches_give_n_served_events_keyed_by_configs(broker: KafkaBrok
             async with gw.session.post(gw.url + "/acme/demo/1/score", json=score_body(xs, configs=configs)) as r:
                 assert r.status == 200
                 sent[r.headers["X-Request-Id"]] = (configs, xs)
+        # Read once the log has them (the test broker's consumer can miss a multi-record batch
+        # that lands while it waits on a partition: tansu reports such a batch's end offset wrong).
+        log = gw.gateway.prediction_log
+        await wait_for(lambda: log.stats.delivered == 12, 30, "all 12 events delivered")
         records = await read_topic(broker.bootstrap, topic, expect=12)
     assert len(records) == 12
     for record in records:

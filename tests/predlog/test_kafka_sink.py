@@ -209,13 +209,12 @@ def test_from_settings_and_validation() -> None:
         kafka_gp_topic="a.gp",
         kafka_compression="none",
         kafka_acks="1",
-        kafka_linger_ms=7,
         kafka_enable_idempotence=False,
         kafka_request_timeout_ms=1234,
     )
     sink = KafkaSink.from_settings(settings)
     assert (sink.bootstrap_servers, sink.topic, sink.gp_topic) == ("127.0.0.1:1", "a", "a.gp")
-    assert (sink.compression, sink.acks, sink.linger_ms) == ("none", "1", 7)
+    assert (sink.compression, sink.acks) == ("none", "1")
     assert (sink.enable_idempotence, sink.request_timeout_ms) == (False, 1234)
     with pytest.raises(ValueError, match="acks=all"):
         KafkaSink("x:1", "a", "b", acks="1", enable_idempotence=True)
@@ -316,3 +315,23 @@ def test_run_tail_cli_arguments(broker: KafkaBroker, topic: str, capsys: pytest.
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(line["requestId"], line["key"]) for line in lines] == [("req-2", "b")]
     assert run_tail(parser.parse_args(["--bootstrap", f"127.0.0.1:{free_port()}", "--topic", topic])) == 1
+
+
+async def test_partition_cache_follows_the_topics_partitions() -> None:
+    class Partitions:  # stands in for the producer's metadata: only partitions_for() is read
+        def __init__(self) -> None:
+            self.current = {0, 1}
+
+        async def partitions_for(self, topic: str) -> set[int]:
+            return self.current
+
+    sink, producer = KafkaSink("x:1", "a", "b", enable_idempotence=False), Partitions()
+    keys = [f"customer-{i}".encode() for i in range(50)]
+    known = await sink._partitions(producer, "a")  # type: ignore[arg-type]
+    assert [sink._partition(k, known) for k in keys] == [DefaultPartitioner()(k, [0, 1], [0, 1]) for k in keys]
+    assert len(known[1]) == 50 and await sink._partitions(producer, "a") is known  # type: ignore[arg-type]
+    producer.current = {0, 1, 2, 3}  # partitions added: no key keeps a cached answer
+    grown = await sink._partitions(producer, "a")  # type: ignore[arg-type]
+    assert grown[1] == {} and grown[0] == [0, 1, 2, 3]
+    assert [sink._partition(k, grown) for k in keys] == [DefaultPartitioner()(k, [0, 1, 2, 3], [0, 1, 2, 3]) for k in keys]
+    assert sink._partition(None, grown) in (0, 1, 2, 3)

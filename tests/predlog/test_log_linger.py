@@ -45,6 +45,6 @@ async def test_linger_gathers_events_of_separate_requests_into_one_batch(tmp_pat
 
 def test_linger_setting() -> None:
     assert make_prediction_log(Settings(log_linger_ms=7)).linger_s == 0.007
-    assert Settings().log_linger_ms == 2
+    assert Settings().log_linger_ms == 50
     with pytest.raises(Exception, match="log_linger_ms"):
         Settings(log_linger_ms=-1)
