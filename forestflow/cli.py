@@ -161,19 +161,25 @@ async def _serve(settings: Any, worker: Any = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await _drain(app, runner, settings, stop, log)
+    # A worker shares its listener with the supervisor and the other workers: it must not change it.
+    await _drain(app, runner, settings, stop, log, sock, owns_listener=worker is None or worker.listen_fd is None)
 
 
 #: How long connections accepted right before the listener closed have to send their request.
 _LATE_REQUEST_S = 0.5
 
 
-async def _drain(app: Any, runner: Any, settings: Any, stop: asyncio.Event, log: Any) -> None:
+async def _drain(
+    app: Any, runner: Any, settings: Any, stop: asyncio.Event, log: Any, sock: socket.socket, *, owns_listener: bool
+) -> None:
     """Graceful stop: readiness fails at once; requests are still accepted for ``drain_grace_s``
     (load balancers take a moment to stop sending); then the listener closes, in-flight requests
     finish (up to ``shutdown_timeout_s``), the prediction log is flushed, and the process exits 0.
-    A second signal cuts the grace period short."""
+    A second signal cuts the grace period short. No connection that was accepted is reset: new
+    handshakes are refused first, and what the kernel's accept queue still holds when the listener
+    closes is accepted and served."""
     from forestflow.api.common import GATEWAY
+    from forestflow.ports import accept_pending, refuse_new_handshakes
 
     gateway = app[GATEWAY]
     gateway.draining = True
@@ -183,12 +189,20 @@ async def _drain(app: Any, runner: Any, settings: Any, stop: asyncio.Event, log:
         await asyncio.wait_for(stop.wait(), settings.drain_grace_s)
     except TimeoutError:
         pass
-    log.info("stopping")
-    for site in list(runner.sites):
-        await site.stop()  # no new connections from here on
-    # A client that connected just before the listener closed sends its request a moment later:
-    # give it that moment, or aiohttp would close its connection as idle, unanswered.
+    refusing = owns_listener and refuse_new_handshakes(sock)
+    log.info("stopping", refusing_new_connections=refusing)
+    # A client that connected a moment ago sends its request a moment later: give it that moment
+    # (the loop still accepts what is queued), or aiohttp would close its connection as idle.
     await asyncio.sleep(_LATE_REQUEST_S)
+    late = accept_pending(sock)  # with no await before the close: nothing can queue in between
+    for site in list(runner.sites):
+        await site.stop()  # the listener closes here
+    if late:
+        loop = asyncio.get_running_loop()
+        for conn in late:
+            await loop.connect_accepted_socket(runner.server, conn)
+        log.info("late_connections_adopted", count=len(late))
+        await asyncio.sleep(_LATE_REQUEST_S)
     await runner.cleanup()
     stats = gateway.prediction_log.stats
     # written after (and with) every buffered access line

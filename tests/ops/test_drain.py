@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from tests.support import GatewayProcess, python_servable, score_body
@@ -98,3 +99,37 @@ def test_sigterm_mid_stream_answers_every_accepted_request(tmp_path: Path, gatew
     assert len(events) == len(answers)
     stopped = [json.loads(line) for line in gw.log_path.read_text().splitlines() if '"event":"stopped"' in line]
     assert stopped and stopped[0]["log_dropped"] == 0 and stopped[0]["log_delivered"] == len(answers)
+
+
+def test_refused_handshakes_leave_accepted_connections_working() -> None:
+    """After refuse_new_handshakes a new client never completes a handshake (and is refused once the
+    listener closes), while a connection already established keeps talking."""
+    import socket
+
+    from forestflow.ports import accept_pending, refuse_new_handshakes
+
+    listener = socket.create_server(("127.0.0.1", 0), backlog=16)
+    port = listener.getsockname()[1]
+    early = socket.create_connection(("127.0.0.1", port), timeout=2)
+    queued = [socket.create_connection(("127.0.0.1", port), timeout=2) for _ in range(3)]
+    assert refuse_new_handshakes(listener)
+    late = socket.socket()
+    late.settimeout(0.3)
+    try:
+        late.connect(("127.0.0.1", port))
+        connected = True
+    except TimeoutError:
+        connected = False
+    finally:
+        late.close()
+    assert not connected, "a new handshake completed after refuse_new_handshakes"
+    # everything that was queued before is still there to accept, and nothing more
+    accepted = accept_pending(listener)
+    assert len(accepted) == 4 and accept_pending(listener) == []
+    early.sendall(b"ping")
+    assert accepted[0].recv(4) == b"ping"
+    listener.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+    for s in [early, *queued, *accepted]:
+        s.close()
