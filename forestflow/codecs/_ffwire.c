@@ -6,8 +6,8 @@
  * each element a field of its own (unpacked repeated fields). Assembled in Python this costs a
  * few function calls per record and element, several times the cost of the request itself;
  * here one call writes every Datum of a frame, reading the numpy columns through the buffer
- * protocol (no numpy headers needed). The Python side (ff_protobuf.py) keeps what is about
- * layout (type groups, schema entries) and caches it per layout.
+ * protocol (no numpy headers needed), with its schema (one entry per type group) and, for an
+ * InferenceRequest, its configs: one call per message, nothing cached between calls.
  *
  * Elements by the column's buffer format:
  *   'd'                      tag 0x09 + 8 bytes little-endian (Float64)
@@ -243,215 +243,70 @@ static int ff_type_of(const Py_buffer *view, int kind) { /* view: a readable one
     }
 }
 
-static int load_column(PyObject *array, Column *c, Py_ssize_t rows, int text) {
-    if (PyObject_GetBuffer(array, &c->view, PyBUF_RECORDS_RO) < 0)
-        return -1;
-    c->has_view = 1;
-    c->itemsize = c->view.itemsize;
-    c->stride = element_stride(&c->view);
-    if (c->stride < 0) {
-        PyErr_SetString(PyExc_TypeError, "a column of more than one dimension must be C-contiguous");
-        return -1;
-    }
-    c->kind = kind_of_format(c->view.format, c->itemsize);
-    c->text = text;
-    if (c->kind < 0) {
-        PyErr_Format(PyExc_TypeError, "unsupported column format '%s'", c->view.format ? c->view.format : "?");
-        return -1;
-    }
-    if (c->itemsize <= 0 || c->view.len % c->itemsize != 0 || (rows > 0 && (c->view.len / c->itemsize) % rows != 0) ||
-        (rows == 0 && c->view.len != 0)) {
-        PyErr_Format(PyExc_ValueError, "a column of %zd values does not split into %zd records", c->view.len / c->itemsize, rows);
-        return -1;
-    }
-    c->width = rows > 0 ? c->view.len / c->itemsize / rows : 0;
-    return 0;
-}
+/* Per ForestFlow type code: the TensorType enum number and the key of its Tensor oneof field
+ * (set once by set_types() from the generated protobuf module, so no field number lives here). */
+static uint64_t type_number[FF_BYTES + 1];
+static char tensor_key[FF_BYTES + 1][4];
+static Py_ssize_t tensor_key_len[FF_BYTES + 1];
+static int types_set = 0;
 
-PyDoc_STRVAR(kinds_doc,
-"kinds(columns) -> bytes\n\n"
-"The ForestFlow type of each column as an index into schema_datum.FF_DTYPES, 255 for a column\n"
-"datums() cannot read as it is (a strided matrix, text of fixed width, another byte order, ...).");
+PyDoc_STRVAR(set_types_doc,
+"set_types(table)\n\n"
+"``table``: per ForestFlow type code (schema_datum.FF_DTYPES order), a (TensorType number, Tensor\n"
+"oneof field key bytes) pair. message() needs it.");
 
-static PyObject *kinds(PyObject *self, PyObject *columns) {
-    Py_ssize_t i, n;
-    PyObject *result, *seq = PySequence_Fast(columns, "kinds() takes a sequence of arrays");
-    if (seq == NULL)
-        return NULL;
-    n = PySequence_Fast_GET_SIZE(seq);
-    result = PyBytes_FromStringAndSize(NULL, n);
-    if (result != NULL) {
-        for (i = 0; i < n; i++) {
-            Py_buffer view;
-            int code = FF_UNKNOWN, kind;
-            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &view, PyBUF_RECORDS_RO) < 0) {
-                PyErr_Clear();
-            } else {
-                kind = kind_of_format(view.format, view.itemsize);
-                if (kind >= 0 && element_stride(&view) >= 0)
-                    code = ff_type_of(&view, kind);
-                PyBuffer_Release(&view);
-            }
-            PyBytes_AS_STRING(result)[i] = (char)code;
-        }
-    }
-    Py_DECREF(seq);
-    return result;
-}
-
-PyDoc_STRVAR(datums_doc,
-"datums(datum_tag, rows, columns, groups) -> bytes\n\n"
-"Every record of a frame as field ``datum_tag`` (one byte) holding a Datum: per group, a\n"
-"``tensors`` entry holding the group's Tensor field (``tag``) with the record's elements.\n"
-"``columns`` is a list of 1-D arrays (any stride) or C-contiguous ones; ``groups`` a tuple of\n"
-"(tag, text, indices): ``text`` 1 for a String group (str elements), 2 for Bytes (bytes elements),\n"
-"0 otherwise, ``indices`` a tuple of the group's positions in ``columns``.");
-
-static PyObject *datums(PyObject *self, PyObject *args) {
-    const char *datum_tag;
-    Py_ssize_t datum_tag_len, rows, n_groups, n_cols = 0, all_cols = 0, g, k, r;
-    PyObject *column_list, *group_list, *result = NULL;
-    Group *groups = NULL;
-    Column *cols = NULL;
-    size_t *data_len = NULL, total = 0;
-    char *out;
-
-    if (!PyArg_ParseTuple(args, "y#nO!O!:datums", &datum_tag, &datum_tag_len, &rows, &PyList_Type, &column_list,
-                          &PyTuple_Type, &group_list))
-        return NULL;
-    if (rows < 0) {
-        PyErr_SetString(PyExc_ValueError, "rows must not be negative");
+static PyObject *set_types(PyObject *self, PyObject *table) {
+    Py_ssize_t i;
+    if (!PyTuple_Check(table) || PyTuple_GET_SIZE(table) != FF_BYTES + 1) {
+        PyErr_SetString(PyExc_TypeError, "set_types() takes a tuple of 10 (number, key) pairs");
         return NULL;
     }
-    n_groups = PyTuple_GET_SIZE(group_list);
-    for (g = 0; g < n_groups; g++) {
-        PyObject *spec = PyTuple_GET_ITEM(group_list, g);
-        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3 || !PyBytes_Check(PyTuple_GET_ITEM(spec, 0)) ||
-            !PyLong_Check(PyTuple_GET_ITEM(spec, 1)) || !PyTuple_Check(PyTuple_GET_ITEM(spec, 2))) {
-            PyErr_SetString(PyExc_TypeError, "a group is a (tag bytes, text int, tuple of column indices) tuple");
+    for (i = 0; i <= FF_BYTES; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(table, i);
+        unsigned long long number;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyLong_Check(PyTuple_GET_ITEM(pair, 0)) ||
+            !PyBytes_Check(PyTuple_GET_ITEM(pair, 1)) || PyBytes_GET_SIZE(PyTuple_GET_ITEM(pair, 1)) < 1 ||
+            PyBytes_GET_SIZE(PyTuple_GET_ITEM(pair, 1)) > 3) {
+            PyErr_SetString(PyExc_TypeError, "set_types() takes (int, bytes of 1-3) pairs");
             return NULL;
         }
-        n_cols += PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2));
+        number = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(pair, 0));
+        if (PyErr_Occurred())
+            return NULL;
+        type_number[i] = number;
+        tensor_key_len[i] = PyBytes_GET_SIZE(PyTuple_GET_ITEM(pair, 1));
+        memcpy(tensor_key[i], PyBytes_AS_STRING(PyTuple_GET_ITEM(pair, 1)), (size_t)tensor_key_len[i]);
     }
-    all_cols = n_cols;
-    groups = PyMem_Calloc((size_t)n_groups + 1, sizeof(Group));
-    cols = PyMem_Calloc((size_t)n_cols + 1, sizeof(Column));
-    data_len = PyMem_Calloc((size_t)(rows * n_groups) + 1, sizeof(size_t));
-    if (groups == NULL || cols == NULL || data_len == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    n_cols = 0;
-    for (g = 0; g < n_groups; g++) {
-        PyObject *spec = PyTuple_GET_ITEM(group_list, g), *indices = PyTuple_GET_ITEM(spec, 2);
-        int text = (int)PyLong_AsLong(PyTuple_GET_ITEM(spec, 1));
-        groups[g].tag = PyBytes_AS_STRING(PyTuple_GET_ITEM(spec, 0));
-        groups[g].tag_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(spec, 0));
-        groups[g].first = n_cols;
-        groups[g].count = PyTuple_GET_SIZE(indices);
-        for (k = 0; k < groups[g].count; k++, n_cols++) {
-            Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(indices, k));
-            if (at == -1 && PyErr_Occurred())
-                goto done;
-            if (at < 0 || at >= PyList_GET_SIZE(column_list)) {
-                PyErr_Format(PyExc_IndexError, "column index %zd out of range", at);
-                goto done;
-            }
-            if (load_column(PyList_GET_ITEM(column_list, at), &cols[n_cols], rows, text) < 0)
-                goto done;
-        }
-    }
-
-    /* Sizing pass: every length prefix is known before anything is written. */
-    for (r = 0; r < rows; r++) {
-        size_t datum = 0;
-        for (g = 0; g < n_groups; g++) {
-            size_t data = 0, one, tensor;
-            for (k = 0; k < groups[g].count; k++) {
-                if (column_row_size(&cols[groups[g].first + k], r, &one) < 0)
-                    goto done;
-                data += one;
-            }
-            data_len[r * n_groups + g] = data;
-            tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
-            datum += 1 + varint_len(tensor) + tensor;
-        }
-        total += (size_t)datum_tag_len + varint_len(datum) + datum;
-    }
-
-    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
-    if (result == NULL)
-        goto done;
-    out = PyBytes_AS_STRING(result);
-    for (r = 0; r < rows; r++) {
-        size_t datum = 0;
-        for (g = 0; g < n_groups; g++) {
-            size_t data = data_len[r * n_groups + g], tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
-            datum += 1 + varint_len(tensor) + tensor;
-        }
-        memcpy(out, datum_tag, (size_t)datum_tag_len);
-        out = put_varint(out + datum_tag_len, datum);
-        for (g = 0; g < n_groups; g++) {
-            size_t data = data_len[r * n_groups + g], tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
-            *out++ = 0x0A; /* Datum.tensors */
-            out = put_varint(out, tensor);
-            memcpy(out, groups[g].tag, (size_t)groups[g].tag_len);
-            out = put_varint(out + groups[g].tag_len, data);
-            for (k = 0; k < groups[g].count; k++)
-                out = put_column_row(out, &cols[groups[g].first + k], r);
-        }
-    }
-
-done:
-    if (cols != NULL)
-        for (k = 0; k < all_cols; k++)  /* a column that failed its checks may hold a view too */
-            if (cols[k].has_view)
-                PyBuffer_Release(&cols[k].view);
-    PyMem_Free(groups);
-    PyMem_Free(cols);
-    PyMem_Free(data_len);
-    if (PyErr_Occurred()) {
-        Py_CLEAR(result);
-    }
-    return result;
+    types_set = 1;
+    Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(string_map_doc,
-"string_map(tag, mapping) -> bytes\n\n"
-"Every entry of a dict of str as field ``tag`` (one byte) holding key (1) and value (2): a protobuf\n"
-"map<string, string> (InferenceRequest.configs).");
-
-static PyObject *string_map(PyObject *self, PyObject *args) {
-    const char *tag;
-    Py_ssize_t tag_len, pos = 0, klen, vlen;
-    PyObject *mapping, *k, *v, *result;
+/* Size of a map<string, string> written as repeated entries (InferenceRequest.configs). */
+static int map_size(PyObject *mapping, size_t *size) {
+    Py_ssize_t pos = 0, klen, vlen;
+    PyObject *k, *v;
     size_t total = 0, entry;
-    char *out;
-    if (!PyArg_ParseTuple(args, "y#O!:string_map", &tag, &tag_len, &PyDict_Type, &mapping))
-        return NULL;
-    if (tag_len != 1) {
-        PyErr_SetString(PyExc_ValueError, "string_map() takes a one-byte tag");
-        return NULL;
-    }
     while (PyDict_Next(mapping, &pos, &k, &v)) {
         if (!PyUnicode_Check(k) || !PyUnicode_Check(v)) {
-            PyErr_SetString(PyExc_TypeError, "string_map() takes a dict of str to str");
-            return NULL;
+            PyErr_SetString(PyExc_TypeError, "configs must be a dict of str to str");
+            return -1;
         }
         if (PyUnicode_AsUTF8AndSize(k, &klen) == NULL || PyUnicode_AsUTF8AndSize(v, &vlen) == NULL)
-            return NULL;
+            return -1;
         entry = 2 + varint_len((uint64_t)klen) + (size_t)klen + varint_len((uint64_t)vlen) + (size_t)vlen;
         total += 1 + varint_len(entry) + entry;
     }
-    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
-    if (result == NULL)
-        return NULL;
-    out = PyBytes_AS_STRING(result);
-    pos = 0;
+    *size = total;
+    return 0;
+}
+
+static char *put_map(char *out, char tag, PyObject *mapping) { /* after map_size() succeeded */
+    Py_ssize_t pos = 0, klen, vlen;
+    PyObject *k, *v;
     while (PyDict_Next(mapping, &pos, &k, &v)) {
         const char *kd = PyUnicode_AsUTF8AndSize(k, &klen), *vd = PyUnicode_AsUTF8AndSize(v, &vlen);
-        entry = 2 + varint_len((uint64_t)klen) + (size_t)klen + varint_len((uint64_t)vlen) + (size_t)vlen;
-        *out++ = tag[0];
+        size_t entry = 2 + varint_len((uint64_t)klen) + (size_t)klen + varint_len((uint64_t)vlen) + (size_t)vlen;
+        *out++ = tag;
         out = put_varint(out, entry);
         *out++ = 0x0A;
         out = put_varint(out, (uint64_t)klen);
@@ -462,6 +317,228 @@ static PyObject *string_map(PyObject *self, PyObject *args) {
         memcpy(out, vd, (size_t)vlen);
         out += vlen;
     }
+    return out;
+}
+
+/* Reads a column's buffer; 1 when it can be written as it is, 0 when it cannot (the caller converts
+ * it and calls again), -1 on error. */
+static int open_column(PyObject *array, Column *c, Py_ssize_t rows, int *code) {
+    if (PyObject_GetBuffer(array, &c->view, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    c->has_view = 1;
+    c->itemsize = c->view.itemsize;
+    c->stride = element_stride(&c->view);
+    c->kind = kind_of_format(c->view.format, c->itemsize);
+    if (c->kind < 0 || c->stride < 0)
+        return 0;
+    *code = ff_type_of(&c->view, c->kind);
+    c->text = *code == FF_STRING ? TEXT_STR : *code == FF_BYTES ? TEXT_BYTES : TEXT_ANY;
+    if (c->itemsize <= 0 || c->view.len % c->itemsize != 0 || (rows > 0 && (c->view.len / c->itemsize) % rows != 0) ||
+        (rows == 0 && c->view.len != 0)) {
+        PyErr_Format(PyExc_ValueError, "a column of %zd values does not split into %zd records", c->view.len / c->itemsize, rows);
+        return -1;
+    }
+    c->width = rows > 0 ? c->view.len / c->itemsize / rows : 0;
+    return 1;
+}
+
+PyDoc_STRVAR(message_doc,
+"message(outer, prefix, schema_tag, datum_tag, rows, names, columns, configs) -> bytes or None\n\n"
+"A ForestFlow message holding a frame (InferenceRequest or Prediction): ``prefix`` (fields written\n"
+"first, e.g. a Prediction's fqrv), one TensorSchema entry per type group of the columns (groups in\n"
+"order of first appearance) as field ``schema_tag``, every record as a Datum in field ``datum_tag``\n"
+"(per group a Tensor of the record's elements, columns in order) and, unless ``configs`` is None,\n"
+"that dict of str as map entries in field 3. With a non-empty ``outer`` (a field key) the message is\n"
+"returned as that length-delimited field. ``names`` is a tuple of str and ``columns`` a list of\n"
+"arrays of ``rows`` records each. None when a column cannot be read as it is (strided matrix, text of\n"
+"fixed width, another byte order): convert it (contiguous, native, text as objects) and call again.");
+
+static PyObject *message(PyObject *self, PyObject *args) {
+    const char *outer, *prefix, *name_data[256], **names_utf8 = NULL;
+    Py_ssize_t outer_len, prefix_len, rows, n, i, k, r, g, n_groups = 0, *name_len = NULL;
+    int schema_tag, datum_tag, status = 1, group_of_code[FF_BYTES + 1], group_code[FF_BYTES + 1];
+    PyObject *names, *columns, *configs, *result = NULL;
+    Column *cols = NULL, **ordered = NULL;
+    Group groups[FF_BYTES + 1];
+    size_t *data_len = NULL, fixed[FF_BYTES + 1], schema_total = 0, datums_total = 0, map_total = 0, body, total;
+    int *codes = NULL, variable[FF_BYTES + 1];
+    char *out;
+
+    if (!PyArg_ParseTuple(args, "y#y#iinO!O!O:message", &outer, &outer_len, &prefix, &prefix_len, &schema_tag, &datum_tag,
+                          &rows, &PyTuple_Type, &names, &PyList_Type, &columns, &configs))
+        return NULL;
+    if (!types_set) {
+        PyErr_SetString(PyExc_RuntimeError, "message() needs set_types() first");
+        return NULL;
+    }
+    n = PyList_GET_SIZE(columns);
+    if (PyTuple_GET_SIZE(names) != n) {
+        PyErr_Format(PyExc_ValueError, "%zd names for %zd columns", PyTuple_GET_SIZE(names), n);
+        return NULL;
+    }
+    if (rows < 0) {
+        PyErr_SetString(PyExc_ValueError, "rows must not be negative");
+        return NULL;
+    }
+    if (configs != Py_None && !PyDict_Check(configs)) {
+        PyErr_SetString(PyExc_TypeError, "configs must be a dict of str to str or None");
+        return NULL;
+    }
+    if (outer_len > 3 || schema_tag < 1 || schema_tag > 127 || datum_tag < 1 || datum_tag > 127) {
+        PyErr_SetString(PyExc_ValueError, "field keys are single bytes, the outer one up to 3");
+        return NULL;
+    }
+    names_utf8 = n <= 256 ? name_data : PyMem_Calloc((size_t)n, sizeof(char *));
+    name_len = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    cols = PyMem_Calloc((size_t)n + 1, sizeof(Column));
+    ordered = PyMem_Calloc((size_t)n + 1, sizeof(Column *));
+    codes = PyMem_Calloc((size_t)n + 1, sizeof(int));
+    data_len = PyMem_Calloc((size_t)rows * (FF_BYTES + 1) + 1, sizeof(size_t));
+    if (names_utf8 == NULL || name_len == NULL || cols == NULL || ordered == NULL || codes == NULL || data_len == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *name = PyTuple_GET_ITEM(names, i);
+        if (!PyUnicode_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "column names must be str");
+            goto done;
+        }
+        if ((names_utf8[i] = PyUnicode_AsUTF8AndSize(name, &name_len[i])) == NULL)
+            goto done;
+        status = open_column(PyList_GET_ITEM(columns, i), &cols[i], rows, &codes[i]);
+        if (status <= 0)
+            goto done;
+    }
+
+    /* Type groups in order of first appearance; columns in group order. */
+    for (g = 0; g <= FF_BYTES; g++)
+        group_of_code[g] = -1;
+    for (i = 0; i < n; i++) {
+        if (group_of_code[codes[i]] < 0) {
+            group_of_code[codes[i]] = (int)n_groups;
+            group_code[n_groups] = codes[i];
+            groups[n_groups].count = 0;
+            n_groups++;
+        }
+        groups[group_of_code[codes[i]]].count++;
+    }
+    for (g = 0, k = 0; g < n_groups; g++) {
+        size_t entry = 1 + varint_len(type_number[group_code[g]]);
+        groups[g].first = k;
+        groups[g].tag = tensor_key[group_code[g]];
+        groups[g].tag_len = tensor_key_len[group_code[g]];
+        fixed[g] = 0;
+        variable[g] = 0;
+        for (i = 0; i < n; i++) {
+            if (codes[i] != group_code[g])
+                continue;
+            ordered[k++] = &cols[i];
+            entry += 1 + varint_len((uint64_t)name_len[i]) + (size_t)name_len[i];
+            if (cols[i].kind == KIND_F64)
+                fixed[g] += (size_t)cols[i].width * 9;
+            else if (cols[i].kind == KIND_F32 || cols[i].kind == KIND_F16)
+                fixed[g] += (size_t)cols[i].width * 5;
+            else
+                variable[g] = 1;
+        }
+        schema_total += 1 + varint_len(entry) + entry;
+    }
+
+    /* Sizing pass: every length prefix is known before anything is written. */
+    for (r = 0; r < rows && n_groups > 0; r++) {
+        size_t datum = 0;
+        for (g = 0; g < n_groups; g++) {
+            size_t data = fixed[g], one, tensor;
+            if (variable[g])
+                for (k = 0; k < groups[g].count; k++) {
+                    Column *c = ordered[groups[g].first + k];
+                    if (c->kind == KIND_F64 || c->kind == KIND_F32 || c->kind == KIND_F16)
+                        continue;
+                    if (column_row_size(c, r, &one) < 0)
+                        goto done;
+                    data += one;
+                }
+            data_len[r * n_groups + g] = data;
+            tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
+            datum += 1 + varint_len(tensor) + tensor;
+        }
+        datums_total += 1 + varint_len(datum) + datum;
+    }
+    if (configs != Py_None && map_size(configs, &map_total) < 0)
+        goto done;
+
+    body = (size_t)prefix_len + schema_total + datums_total + map_total;
+    total = body + (outer_len ? (size_t)outer_len + varint_len(body) : 0);
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (result == NULL)
+        goto done;
+    out = PyBytes_AS_STRING(result);
+    if (outer_len) {
+        memcpy(out, outer, (size_t)outer_len);
+        out = put_varint(out + outer_len, body);
+    }
+    memcpy(out, prefix, (size_t)prefix_len);
+    out += prefix_len;
+    for (g = 0; g < n_groups; g++) {
+        size_t entry = 1 + varint_len(type_number[group_code[g]]);
+        for (k = 0; k < groups[g].count; k++) {
+            Py_ssize_t at = ordered[groups[g].first + k] - cols;
+            entry += 1 + varint_len((uint64_t)name_len[at]) + (size_t)name_len[at];
+        }
+        *out++ = (char)schema_tag;
+        out = put_varint(out, entry);
+        *out++ = 0x08; /* TensorSchema.type */
+        out = put_varint(out, type_number[group_code[g]]);
+        for (k = 0; k < groups[g].count; k++) {
+            Py_ssize_t at = ordered[groups[g].first + k] - cols;
+            *out++ = 0x12; /* TensorSchema.fields */
+            out = put_varint(out, (uint64_t)name_len[at]);
+            memcpy(out, names_utf8[at], (size_t)name_len[at]);
+            out += name_len[at];
+        }
+    }
+    for (r = 0; r < rows && n_groups > 0; r++) {
+        size_t datum = 0;
+        for (g = 0; g < n_groups; g++) {
+            size_t data = data_len[r * n_groups + g], tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
+            datum += 1 + varint_len(tensor) + tensor;
+        }
+        *out++ = (char)datum_tag;
+        out = put_varint(out, datum);
+        for (g = 0; g < n_groups; g++) {
+            size_t data = data_len[r * n_groups + g], tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
+            *out++ = 0x0A; /* Datum.tensors */
+            out = put_varint(out, tensor);
+            memcpy(out, groups[g].tag, (size_t)groups[g].tag_len);
+            out = put_varint(out + groups[g].tag_len, data);
+            for (k = 0; k < groups[g].count; k++)
+                out = put_column_row(out, ordered[groups[g].first + k], r);
+        }
+    }
+    if (configs != Py_None)
+        out = put_map(out, 0x1A, configs); /* InferenceRequest.configs */
+
+done:
+    if (cols != NULL)
+        for (i = 0; i < n; i++)
+            if (cols[i].has_view)
+                PyBuffer_Release(&cols[i].view);
+    if (names_utf8 != name_data)
+        PyMem_Free((void *)names_utf8);
+    PyMem_Free(name_len);
+    PyMem_Free(cols);
+    PyMem_Free(ordered);
+    PyMem_Free(codes);
+    PyMem_Free(data_len);
+    if (PyErr_Occurred()) {
+        Py_CLEAR(result);
+        return NULL;
+    }
+    if (status == 0 && result == NULL)
+        Py_RETURN_NONE;
     return result;
 }
 
@@ -490,15 +567,14 @@ static PyObject *varint(PyObject *self, PyObject *value) {
 }
 
 static PyMethodDef methods[] = {
-    {"datums", datums, METH_VARARGS, datums_doc},
-    {"kinds", kinds, METH_O, kinds_doc},
+    {"message", message, METH_VARARGS, message_doc},
+    {"set_types", set_types, METH_O, set_types_doc},
     {"varint", varint, METH_O, varint_doc},
-    {"string_map", string_map, METH_VARARGS, string_map_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_ffwire", "ForestFlow protobuf Datum records of a frame, written in C.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_ffwire", "ForestFlow protobuf messages of a frame (schema, Datum records, configs), written in C.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__ffwire(void) {

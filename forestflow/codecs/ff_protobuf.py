@@ -1,11 +1,10 @@
 """Frames straight to ForestFlow's protobuf wire format (InferenceRequest, Prediction).
 
 Building these messages through the protobuf API costs a Python call per record and tensor,
-and even assembled in Python the records cost several times the request they log. Here what
-depends only on the frame's layout (type groups, the schema entries) is built in Python and
-cached per layout, and every record's Datum is written by one C call (``_ffwire.datums``) that
-reads the numpy columns as they are. The output parses to exactly the message the protobuf API
-builds (tested)."""
+and even assembled in Python the records cost several times the request they log. Here one C
+call (``_ffwire.message``) writes a whole message: its schema (one entry per type group), one
+Datum per record read from the numpy columns as they are, and an InferenceRequest's configs.
+The output parses to exactly the message the protobuf API builds (tested)."""
 
 from __future__ import annotations
 
@@ -19,16 +18,8 @@ from forestflow.codecs.schema_datum import FF_DTYPES, TENSOR_KEY, _ff_type
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 
-#: The Tensor oneof field number of each ForestFlow type.
-_TENSOR_FIELD = {name: pb.Tensor.DESCRIPTOR.fields_by_name[key].number for name, key in TENSOR_KEY.items()}
-#: TensorType enum value of each type name.
-_TYPE_NUMBER = {name: pb.TensorType.Value(name) for name in TENSOR_KEY}
-#: The ForestFlow types in the order of the C writer's type codes (``_ffwire.kinds``).
+#: The ForestFlow types in the order of the C writer's type codes.
 _FF_TYPES = tuple(FF_DTYPES)
-#: What the C writer requires of a text group's elements: str (String) or bytes (Bytes).
-_TEXT = {"String": 1, "Bytes": 2}
-#: The dtype a column the C writer cannot read as it is gets converted to, per ForestFlow type.
-_READABLE = {"Float64": np.float64, "Float32": np.float32, "Float16": np.float32, "String": object, "Bytes": object}
 
 _SMALL = [bytes((i,)) for i in range(128)]
 #: Protobuf base-128 varint of an int (negative numbers as 64-bit two's complement), in C.
@@ -45,55 +36,28 @@ def key(number: int, wire_type: int) -> bytes:
     return varint((number << 3) | wire_type)
 
 
-@functools.cache
-def _tensor_tag(ff_type: str) -> bytes:
-    return key(_TENSOR_FIELD[ff_type], 2)
+_ffwire.set_types(
+    tuple((pb.TensorType.Value(name), key(pb.Tensor.DESCRIPTOR.fields_by_name[TENSOR_KEY[name]].number, 2)) for name in _FF_TYPES)
+)
 
 
-@functools.lru_cache(maxsize=1024)
-def _schema(entry_tag: bytes, groups: tuple[tuple[str, tuple[str, ...]], ...]) -> bytes:
-    """Every TensorSchema entry of a layout, each as field ``entry_tag``."""
-    return b"".join(
-        _field(entry_tag, b"\x08" + varint(_TYPE_NUMBER[ff_type]) + b"".join(_field(b"\x12", f.encode()) for f in names))
-        for ff_type, names in groups
-    )
+def _readable(columns: list[np.ndarray]) -> list[np.ndarray]:
+    """Columns converted to what the C writer reads: contiguous, native order, text as objects (each
+    to the dtype of its ForestFlow type, so it keeps that type)."""
+    return [np.ascontiguousarray(c, dtype=FF_DTYPES[_ff_type(c)]) for c in columns]
 
 
-@functools.lru_cache(maxsize=1024)
-def _plan(names: tuple[str, ...], codes: bytes) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[tuple[bytes, int, tuple[int, ...]], ...]]:
-    """A layout's type groups (for its schema) and, per group, its Tensor tag, text flag and column indices."""
-    groups: dict[str, list[int]] = {}
-    for i, code in enumerate(codes):
-        groups.setdefault(_FF_TYPES[code], []).append(i)
-    layout = tuple((ff_type, tuple(names[i] for i in indices)) for ff_type, indices in groups.items())
-    return layout, tuple((_tensor_tag(ff_type), _TEXT.get(ff_type, 0), tuple(indices)) for ff_type, indices in groups.items())
+def _message(outer: bytes, prefix: bytes, schema_tag: int, datum_tag: int, frame: Frame, configs: dict[str, str] | None) -> bytes:
+    names, columns = tuple(frame.columns), list(frame.columns.values())
+    out = _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, names, columns, configs)
+    if out is None:  # e.g. a column sliced with a step, fixed-width text, another byte order
+        out = _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, names, _readable(columns), configs)
+    return out
 
 
-def _readable(columns: list[np.ndarray]) -> tuple[list[np.ndarray], bytes]:
-    """Columns converted to what the C writer reads (contiguous, native order, text as objects), and their type codes."""
-    types = [_ff_type(c) for c in columns]
-    converted = [np.ascontiguousarray(c, dtype=_READABLE.get(t, np.int64 if t != "Bool" else np.bool_)) for c, t in zip(columns, types)]
-    return converted, bytes(_FF_TYPES.index(t) for t in types)
-
-
-def _schema_and_datums(frame: Frame, schema_tag: bytes, datum_tag: bytes) -> bytes:
-    """The schema entries and one Datum per record of a frame, as fields ``schema_tag`` and ``datum_tag``."""
-    columns = list(frame.columns.values())
-    codes = _ffwire.kinds(columns)
-    if 255 in codes:  # e.g. a column sliced with a step, fixed-width text, another byte order
-        columns, codes = _readable(columns)
-    layout, groups = _plan(tuple(frame.columns), codes)
-    schema = _schema(schema_tag, layout)
-    rows = frame.num_rows
-    if not layout or rows == 0:
-        return schema
-    return schema + _ffwire.datums(datum_tag, rows, columns, groups)
-
-
-def inference_request_bytes(frame: Frame, configs: dict[str, str]) -> bytes:
-    """A serialized InferenceRequest of an input frame and its configs."""
-    out = _schema_and_datums(frame, b"\x0a", b"\x12")
-    return out + _ffwire.string_map(b"\x1a", configs) if configs else out
+def inference_request_bytes(frame: Frame, configs: dict[str, str], field: bytes = b"") -> bytes:
+    """A serialized InferenceRequest of an input frame and its configs (as field key ``field`` when given)."""
+    return _message(field, b"", 0x0A, 0x12, frame, configs)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -104,9 +68,14 @@ def fqrv_bytes(fqrv: FQRV) -> bytes:
     return _field(b"\x0a", contract) + _field(b"\x12", fqrv.release.encode())
 
 
-def prediction_bytes(fqrv: FQRV, frame: Frame) -> bytes:
-    """A serialized Prediction of an output frame."""
-    return _field(b"\x0a", fqrv_bytes(fqrv)) + _schema_and_datums(frame, b"\x12", b"\x1a")
+@functools.lru_cache(maxsize=1024)
+def _prediction_fqrv(fqrv: FQRV) -> bytes:
+    return _field(b"\x0a", fqrv_bytes(fqrv))
+
+
+def prediction_bytes(fqrv: FQRV, frame: Frame, field: bytes = b"") -> bytes:
+    """A serialized Prediction of an output frame (as field key ``field`` when given)."""
+    return _message(field, _prediction_fqrv(fqrv), 0x12, 0x1A, frame, None)
 
 
 def embedded(number: int, payload: bytes) -> bytes:

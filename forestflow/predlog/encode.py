@@ -106,12 +106,10 @@ def encode_event(record: PredictionRecord) -> bytes:
         return payload
     if record.is_wire:
         return payload + _wire_fields(record)
-    request = inference_request_bytes(record.request, record.configs)
-    parts = [payload, _INFERENCE_REQUEST, varint(len(request)), request]
-    if record.response is not None:
-        prediction = prediction_bytes(record.fqrv, record.response)
-        parts += (_PREDICTION, varint(len(prediction)), prediction)
-    return b"".join(parts)
+    request = inference_request_bytes(record.request, record.configs, _INFERENCE_REQUEST)
+    if record.response is None:
+        return payload + request
+    return b"".join((payload, request, prediction_bytes(record.fqrv, record.response, _PREDICTION)))
 
 
 def _wire_fields(record: PredictionRecord) -> bytes:
