@@ -33,11 +33,12 @@ class LogEntry:
     graphpipe: bool
     key: bytes | None
     value: bytes
+    #: Bytes this entry holds against the buffer budget (computed once: the drain sums it per batch).
+    size: int = -1
 
-    @property
-    def size(self) -> int:
-        """Bytes this entry holds against the buffer budget."""
-        return len(self.value) + (len(self.key) if self.key else 0) + EVENT_OVERHEAD_BYTES
+    def __post_init__(self) -> None:
+        if self.size < 0:
+            self.size = len(self.value) + (len(self.key) if self.key else 0) + EVENT_OVERHEAD_BYTES
 
 
 class Sink(Protocol):
@@ -105,6 +106,8 @@ class PredictionLog:
         self._encode = encode_event_json if getattr(sink, "encoding", "protobuf") == "jsonl" else encode_event
         self._queue: deque[LogEntry] = deque()
         self._wakeup = asyncio.Event()
+        #: Whether the wakeup is already set (emit skips the Event's method call then).
+        self._waking = False
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._last_warned_drops = 0
@@ -121,16 +124,23 @@ class PredictionLog:
             self.stats.encode_errors += 1
             log.exception("prediction_log_encode_failed", fqrv=str(record.fqrv), request_id=record.request_id)
             return False
-        key = record.key
-        entry = LogEntry(record.is_graphpipe, key.encode() if key is not None else None, value)
-        if self._closing or self.stats.buffered_bytes + entry.size > self.capacity_bytes:
-            self.stats.dropped_overflow += 1
+        key = record.logging.key_for(record.configs)
+        if key is None:
+            size = len(value) + EVENT_OVERHEAD_BYTES
+        else:
+            key = key.encode()
+            size = len(value) + len(key) + EVENT_OVERHEAD_BYTES
+        stats = self.stats
+        if self._closing or stats.buffered_bytes + size > self.capacity_bytes:
+            stats.dropped_overflow += 1
             self._maybe_warn()
             return False
-        self._queue.append(entry)
-        self.stats.buffered += 1
-        self.stats.buffered_bytes += entry.size
-        self._wakeup.set()
+        self._queue.append(LogEntry(record.raw_request is not None, key, value, size))
+        stats.buffered += 1
+        stats.buffered_bytes += size
+        if not self._waking:
+            self._waking = True
+            self._wakeup.set()
         return True
 
     def _maybe_warn(self) -> None:
@@ -186,6 +196,7 @@ class PredictionLog:
                 if self._closing:
                     return
                 self._wakeup.clear()
+                self._waking = False
                 await self._wakeup.wait()
                 continue
             if not self.stats.connected:
