@@ -29,6 +29,7 @@ from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from forestflow.predlog.kafka_batch import RecordBatch
 from forestflow.predlog.log import LogEntry
 
 log = structlog.get_logger("forestflow.predlog.kafka")
@@ -40,6 +41,9 @@ _PARTITIONER = DefaultPartitioner()
 #: Record batches of up to this many bytes (aiokafka's default is 16 KiB); below Kafka's default
 #: message.max.bytes of 1 MiB.
 _BATCH_BYTES = 512 * 1024
+#: Bytes of a record batch's header, and the most a record adds to its key and value (attributes,
+#: timestamp and offset deltas, three length varints, the header count).
+_BATCH_HEADER, _RECORD_OVERHEAD = 61, 24
 #: Compression codecs of the producer (lz4 and zstd come from cramjam, a runtime dependency).
 COMPRESSIONS = ("none", "gzip", "lz4", "zstd")
 #: Keys whose partition is remembered per topic (murmur2 in Python costs ~3 us a key, and the
@@ -97,6 +101,8 @@ class KafkaSink:
         self._broken = False
         #: topic -> (its partitions, key -> partition) while that partition list holds.
         self._partition_of: dict[str, tuple[list[int], dict[bytes, int]]] = {}
+        #: The most bytes of one record batch before compression (aiokafka's max_batch_size).
+        self._batch_bytes = min(_BATCH_BYTES, max_request_size)
 
     @classmethod
     def from_settings(cls, settings: Any) -> KafkaSink:
@@ -129,7 +135,7 @@ class KafkaSink:
             enable_idempotence=self.enable_idempotence,
             request_timeout_ms=self.request_timeout_ms,
             max_request_size=self.max_request_size,
-            max_batch_size=min(_BATCH_BYTES, self.max_request_size),
+            max_batch_size=self._batch_bytes,
         )
 
     async def start(self) -> None:
@@ -148,8 +154,9 @@ class KafkaSink:
         """Produce ``entries``; return those whose delivery was not confirmed, in their order.
 
         Entries are packed into one record batch per topic partition (aiokafka's batch API: one
-        delivery future per batch instead of a coroutine and a future per event), partitioned by
-        key exactly as aiokafka's default partitioner does for ``send()``.
+        delivery future per batch instead of a coroutine and a future per event; the batch written
+        whole by :class:`~forestflow.predlog.kafka_batch.RecordBatch`), partitioned by key exactly as
+        aiokafka's default partitioner does for ``send()``.
         """
         producer = self._producer
         if producer is None or self._broken:
@@ -203,7 +210,7 @@ class KafkaSink:
         """Record batches ((topic, partition), batch, its entries in order) and the ids of entries too large to send."""
         refused: set[int] = set()
         partitions: dict[str, tuple[list[int], dict[bytes, int]]] = {}
-        out: dict[tuple[str, int], list[tuple[Any, list[LogEntry]]]] = {}
+        out: dict[tuple[str, int], list[list[Any]]] = {}  # [bytes so far, entries] per batch
         # Events well under the limit skip the exact estimate (a one-record batch adds under 128 bytes
         # to key and value: 61 of batch header, the rest varints).
         surely_fits = self.max_request_size - 128
@@ -221,12 +228,14 @@ class KafkaSink:
             if known is None:
                 known = partitions[topic] = await self._partitions(producer, topic)
             batches = out.setdefault((topic, self._partition(entry.key, known)), [])
-            if not batches or batches[-1][0].append(timestamp=None, key=entry.key, value=entry.value, headers=[]) is None:
-                builder = producer.create_batch()
-                builder.append(timestamp=None, key=entry.key, value=entry.value, headers=[])  # a first record always fits
-                batches.append((builder, []))
+            size = len(entry.value) + (len(entry.key) if entry.key else 0) + _RECORD_OVERHEAD
+            if not batches or batches[-1][0] + size > self._batch_bytes:  # a first record always fits
+                batches.append([_BATCH_HEADER, []])
+            batches[-1][0] += size
             batches[-1][1].append(entry)
-        return [(tp, builder, members) for tp, batches in out.items() for builder, members in batches], refused
+        return [
+            (tp, RecordBatch(members, self.compression), members) for tp, batches in out.items() for _, members in batches
+        ], refused
 
     async def _partitions(self, producer: AIOKafkaProducer, topic: str) -> tuple[list[int], dict[bytes, int]]:
         """The topic's partitions and its key cache, emptied when the partitions change."""
