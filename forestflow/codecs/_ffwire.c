@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "varint.h"
+
 /* ForestFlow type codes of kinds(), in the order of schema_datum.FF_DTYPES. */
 enum { FF_FLOAT16, FF_FLOAT32, FF_FLOAT64, FF_INT8, FF_INT16, FF_INT32, FF_INT64, FF_STRING, FF_BOOL, FF_BYTES, FF_UNKNOWN = 255 };
 /* How a column's elements are read and written. */
@@ -49,24 +51,6 @@ typedef struct {
     Py_ssize_t first; /* index of its first column in the flat column array */
     Py_ssize_t count;
 } Group;
-
-static size_t varint_len(uint64_t v) {
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static char *put_varint(char *out, uint64_t v) {
-    while (v >= 0x80) {
-        *out++ = (char)((v & 0x7F) | 0x80);
-        v >>= 7;
-    }
-    *out++ = (char)v;
-    return out;
-}
 
 /* IEEE half -> float, exactly (every half is a float). */
 static float half_to_float(uint16_t h) {

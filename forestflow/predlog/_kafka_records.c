@@ -17,23 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static size_t varint_len(uint64_t v) {
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static char *put_varint(char *out, uint64_t v) {
-    while (v >= 0x80) {
-        *out++ = (char)((v & 0x7F) | 0x80);
-        v >>= 7;
-    }
-    *out++ = (char)v;
-    return out;
-}
+#include "varint.h"
 
 static uint64_t zigzag(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v >> 63); }
 

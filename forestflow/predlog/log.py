@@ -124,12 +124,9 @@ class PredictionLog:
             self.stats.encode_errors += 1
             log.exception("prediction_log_encode_failed", fqrv=str(record.fqrv), request_id=record.request_id)
             return False
-        key = record.logging.key_for(record.configs)
-        if key is None:
-            size = len(value) + EVENT_OVERHEAD_BYTES
-        else:
-            key = key.encode()
-            size = len(value) + len(key) + EVENT_OVERHEAD_BYTES
+        key_text = record.logging.key_for(record.configs)
+        key = None if key_text is None else key_text.encode()
+        size = len(value) + EVENT_OVERHEAD_BYTES + (0 if key is None else len(key))
         stats = self.stats
         if self._closing or stats.buffered_bytes + size > self.capacity_bytes:
             stats.dropped_overflow += 1
