@@ -25,8 +25,8 @@
 
 #include "varint.h"
 
-/* ForestFlow type codes of kinds(), in the order of schema_datum.FF_DTYPES. */
-enum { FF_FLOAT16, FF_FLOAT32, FF_FLOAT64, FF_INT8, FF_INT16, FF_INT32, FF_INT64, FF_STRING, FF_BOOL, FF_BYTES, FF_UNKNOWN = 255 };
+/* ForestFlow type codes of the columns, in the order of schema_datum.FF_DTYPES. */
+enum { FF_FLOAT16, FF_FLOAT32, FF_FLOAT64, FF_INT8, FF_INT16, FF_INT32, FF_INT64, FF_STRING, FF_BOOL, FF_BYTES };
 /* How a column's elements are read and written. */
 enum { KIND_F64, KIND_F32, KIND_F16, KIND_SIGNED, KIND_UNSIGNED, KIND_OBJECT };
 /* What an object group requires of its elements (a String group str, a Bytes group bytes). */
@@ -202,7 +202,7 @@ static Py_ssize_t element_stride(const Py_buffer *view) {
     return PyBuffer_IsContiguous(view, 'C') ? view->itemsize : -1;
 }
 
-/* The ForestFlow type of a column kind (schema_datum._ff_type's mapping), or FF_UNKNOWN. */
+/* The ForestFlow type of a column kind (schema_datum._ff_type's mapping). */
 static int ff_type_of(const Py_buffer *view, int kind) { /* view: a readable one (see element_stride) */
     char code;
     switch (kind) {
@@ -346,7 +346,7 @@ static PyObject *message(PyObject *self, PyObject *args) {
     PyObject *names, *columns, *configs, *result = NULL;
     Column *cols = NULL, **ordered = NULL;
     Group groups[FF_BYTES + 1];
-    size_t *data_len = NULL, fixed[FF_BYTES + 1], schema_total = 0, datums_total = 0, map_total = 0, body, total;
+    size_t *data_len = NULL, fixed[FF_BYTES + 1], schema_entry[FF_BYTES + 1], schema_total = 0, datums_total = 0, map_total = 0, body, total;
     int *codes = NULL, variable[FF_BYTES + 1];
     char *out;
 
@@ -428,6 +428,7 @@ static PyObject *message(PyObject *self, PyObject *args) {
             else
                 variable[g] = 1;
         }
+        schema_entry[g] = entry;
         schema_total += 1 + varint_len(entry) + entry;
     }
 
@@ -467,13 +468,8 @@ static PyObject *message(PyObject *self, PyObject *args) {
     memcpy(out, prefix, (size_t)prefix_len);
     out += prefix_len;
     for (g = 0; g < n_groups; g++) {
-        size_t entry = 1 + varint_len(type_number[group_code[g]]);
-        for (k = 0; k < groups[g].count; k++) {
-            Py_ssize_t at = ordered[groups[g].first + k] - cols;
-            entry += 1 + varint_len((uint64_t)name_len[at]) + (size_t)name_len[at];
-        }
         *out++ = (char)schema_tag;
-        out = put_varint(out, entry);
+        out = put_varint(out, schema_entry[g]);
         *out++ = 0x08; /* TensorSchema.type */
         out = put_varint(out, type_number[group_code[g]]);
         for (k = 0; k < groups[g].count; k++) {

@@ -21,7 +21,7 @@
 
 static uint64_t zigzag(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v >> 63); }
 
-/* A record's key (NULL for none) and value, borrowed from the entry object. */
+/* A record's key (None for none) and value: new references, released on failure. */
 static int key_and_value(PyObject *entry, PyObject *key_name, PyObject *value_name, PyObject **key, PyObject **value) {
     *key = PyObject_GetAttr(entry, key_name);
     if (*key == NULL)
@@ -55,9 +55,9 @@ PyDoc_STRVAR(records_doc,
 
 static PyObject *records(PyObject *self, PyObject *entries) {
     static PyObject *key_name = NULL, *value_name = NULL;
-    Py_ssize_t n, i;
+    Py_ssize_t n, i, read = 0;
     size_t total = 0;
-    PyObject *seq, *result = NULL;
+    PyObject *seq, **pairs = NULL, *result = NULL; /* pairs: key, value of each entry (new references) */
     char *out;
     if (key_name == NULL && ((key_name = PyUnicode_InternFromString("key")) == NULL ||
                              (value_name = PyUnicode_InternFromString("value")) == NULL))
@@ -66,26 +66,24 @@ static PyObject *records(PyObject *self, PyObject *entries) {
     if (seq == NULL)
         return NULL;
     n = PySequence_Fast_GET_SIZE(seq);
-    for (i = 0; i < n; i++) {
-        PyObject *key, *value;
+    pairs = PyMem_Malloc(((size_t)n * 2 + 1) * sizeof(PyObject *));
+    if (pairs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; read < n; read++) {
         size_t body;
-        if (key_and_value(PySequence_Fast_GET_ITEM(seq, i), key_name, value_name, &key, &value) < 0)
+        if (key_and_value(PySequence_Fast_GET_ITEM(seq, read), key_name, value_name, &pairs[2 * read], &pairs[2 * read + 1]) < 0)
             goto done;
-        body = body_len(i, key, value);
+        body = body_len(read, pairs[2 * read], pairs[2 * read + 1]);
         total += varint_len(zigzag((int64_t)body)) + body;
-        Py_DECREF(key);
-        Py_DECREF(value);
     }
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (result == NULL)
         goto done;
     out = PyBytes_AS_STRING(result);
     for (i = 0; i < n; i++) {
-        PyObject *key, *value;
-        if (key_and_value(PySequence_Fast_GET_ITEM(seq, i), key_name, value_name, &key, &value) < 0) {
-            Py_CLEAR(result);
-            goto done;
-        }
+        PyObject *key = pairs[2 * i], *value = pairs[2 * i + 1];
         out = put_varint(out, zigzag((int64_t)body_len(i, key, value)));
         *out++ = 0; /* attributes */
         *out++ = 0; /* timestampDelta */
@@ -101,10 +99,11 @@ static PyObject *records(PyObject *self, PyObject *entries) {
         memcpy(out, PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value));
         out += PyBytes_GET_SIZE(value);
         *out++ = 0; /* no headers */
-        Py_DECREF(key);
-        Py_DECREF(value);
     }
 done:
+    for (i = 0; i < 2 * read; i++)
+        Py_DECREF(pairs[i]);
+    PyMem_Free(pairs);
     Py_DECREF(seq);
     return result;
 }

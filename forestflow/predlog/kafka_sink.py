@@ -30,7 +30,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from forestflow.predlog.kafka_batch import RecordBatch
-from forestflow.predlog.log import LogEntry
+from forestflow.predlog.log import EVENT_OVERHEAD_BYTES, LogEntry
 
 log = structlog.get_logger("forestflow.predlog.kafka")
 
@@ -101,7 +101,7 @@ class KafkaSink:
         self._broken = False
         #: topic -> (its partitions, key -> partition) while that partition list holds.
         self._partition_of: dict[str, tuple[list[int], dict[bytes, int]]] = {}
-        #: The most bytes of one record batch before compression (aiokafka's max_batch_size).
+        #: The most bytes of one record batch before compression.
         self._batch_bytes = min(_BATCH_BYTES, max_request_size)
 
     @classmethod
@@ -135,7 +135,6 @@ class KafkaSink:
             enable_idempotence=self.enable_idempotence,
             request_timeout_ms=self.request_timeout_ms,
             max_request_size=self.max_request_size,
-            max_batch_size=self._batch_bytes,
         )
 
     async def start(self) -> None:
@@ -216,8 +215,9 @@ class KafkaSink:
         surely_fits = self.max_request_size - 128
         for entry in entries:
             topic = self.gp_topic if entry.graphpipe else self.topic
+            payload = entry.size - EVENT_OVERHEAD_BYTES  # key and value bytes
             if (
-                len(entry.value) + (len(entry.key) if entry.key else 0) > surely_fits
+                payload > surely_fits
                 and DefaultRecordBatchBuilder.estimate_size_in_bytes(entry.key, entry.value, []) > self.max_request_size
             ):
                 self.rejected += 1
@@ -228,7 +228,7 @@ class KafkaSink:
             if known is None:
                 known = partitions[topic] = await self._partitions(producer, topic)
             batches = out.setdefault((topic, self._partition(entry.key, known)), [])
-            size = len(entry.value) + (len(entry.key) if entry.key else 0) + _RECORD_OVERHEAD
+            size = payload + _RECORD_OVERHEAD
             if not batches or batches[-1][0] + size > self._batch_bytes:  # a first record always fits
                 batches.append([_BATCH_HEADER, []])
             batches[-1][0] += size

@@ -106,8 +106,6 @@ class PredictionLog:
         self._encode = encode_event_json if getattr(sink, "encoding", "protobuf") == "jsonl" else encode_event
         self._queue: deque[LogEntry] = deque()
         self._wakeup = asyncio.Event()
-        #: Whether the wakeup is already set (emit skips the Event's method call then).
-        self._waking = False
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._last_warned_drops = 0
@@ -135,9 +133,7 @@ class PredictionLog:
         self._queue.append(LogEntry(record.raw_request is not None, key, value, size))
         stats.buffered += 1
         stats.buffered_bytes += size
-        if not self._waking:
-            self._waking = True
-            self._wakeup.set()
+        self._wakeup.set()
         return True
 
     def _maybe_warn(self) -> None:
@@ -193,7 +189,6 @@ class PredictionLog:
                 if self._closing:
                     return
                 self._wakeup.clear()
-                self._waking = False
                 await self._wakeup.wait()
                 continue
             if not self.stats.connected:
