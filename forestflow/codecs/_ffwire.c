@@ -546,8 +546,54 @@ static PyObject *varint(PyObject *self, PyObject *value) {
     return PyBytes_FromStringAndSize(buf, put_varint(buf, bits) - buf);
 }
 
+PyDoc_STRVAR(event_head_doc,
+"event_head(head, event_time_ms, request_id, fqrv_field, latency_ms, status, tail) -> bytes\n\n"
+"A prediction event's fields 2-17 in field order: ``head`` (servedRequest and loggingSettings, as\n"
+"written), eventTimeMS (10), requestId (11), ``fqrv_field`` (12, as written), latencyMs (13),\n"
+"status (14), then ``tail`` (error, errorCode and protocol, as written).");
+
+static PyObject *event_head(PyObject *self, PyObject *args) {
+    const char *head, *request_id, *fqrv, *tail;
+    Py_ssize_t head_len, request_id_len, fqrv_len, tail_len;
+    long long event_time;
+    double latency;
+    int status;
+    uint64_t latency_bits;
+    PyObject *result;
+    char *out;
+    if (!PyArg_ParseTuple(args, "y#Ls#y#diy#:event_head", &head, &head_len, &event_time, &request_id,
+                          &request_id_len, &fqrv, &fqrv_len, &latency, &status, &tail, &tail_len))
+        return NULL;
+    result = PyBytes_FromStringAndSize(NULL, head_len + 1 + (Py_ssize_t)varint_len((uint64_t)event_time) + 1 +
+                                                 (Py_ssize_t)varint_len((uint64_t)request_id_len) + request_id_len +
+                                                 fqrv_len + 1 + 8 + 1 + (Py_ssize_t)varint_len((uint64_t)(int64_t)status) +
+                                                 tail_len);
+    if (result == NULL)
+        return NULL;
+    out = PyBytes_AS_STRING(result);
+    memcpy(out, head, (size_t)head_len);
+    out += head_len;
+    *out++ = 0x50; /* 10: eventTimeMS, varint */
+    out = put_varint(out, (uint64_t)event_time);
+    *out++ = 0x5A; /* 11: requestId, length-delimited */
+    out = put_varint(out, (uint64_t)request_id_len);
+    memcpy(out, request_id, (size_t)request_id_len);
+    out += request_id_len;
+    memcpy(out, fqrv, (size_t)fqrv_len);
+    out += fqrv_len;
+    *out++ = 0x69; /* 13: latencyMs, fixed64 (little-endian host, checked at import) */
+    memcpy(&latency_bits, &latency, 8);
+    memcpy(out, &latency_bits, 8);
+    out += 8;
+    *out++ = 0x70; /* 14: status, varint (int32: negative as 64-bit two's complement) */
+    out = put_varint(out, (uint64_t)(int64_t)status);
+    memcpy(out, tail, (size_t)tail_len);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"message", message, METH_VARARGS, message_doc},
+    {"event_head", event_head, METH_VARARGS, event_head_doc},
     {"set_types", set_types, METH_O, set_types_doc},
     {"varint", varint, METH_O, varint_doc},
     {NULL, NULL, 0, NULL},

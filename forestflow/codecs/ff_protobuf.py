@@ -69,13 +69,19 @@ def fqrv_bytes(fqrv: FQRV) -> bytes:
 
 
 @functools.lru_cache(maxsize=1024)
-def _prediction_fqrv(fqrv: FQRV) -> bytes:
+def prediction_fqrv_field(fqrv: FQRV) -> bytes:
+    """A Prediction's fqrv field (field 1), for callers that keep it (see :func:`prediction_bytes_after`)."""
     return _field(b"\x0a", fqrv_bytes(fqrv))
 
 
 def prediction_bytes(fqrv: FQRV, frame: Frame, field: bytes = b"") -> bytes:
     """A serialized Prediction of an output frame (as field key ``field`` when given)."""
-    return _message(field, _prediction_fqrv(fqrv), 0x12, 0x1A, frame, None)
+    return prediction_bytes_after(prediction_fqrv_field(fqrv), frame, field)
+
+
+def prediction_bytes_after(fqrv_field: bytes, frame: Frame, field: bytes = b"") -> bytes:
+    """:func:`prediction_bytes` with the fqrv field already written (by :func:`prediction_fqrv_field`)."""
+    return _message(field, fqrv_field, 0x12, 0x1A, frame, None)
 
 
 def embedded(number: int, payload: bytes) -> bytes:

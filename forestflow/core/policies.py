@@ -89,7 +89,10 @@ class LoggingSettings:
 
     def key_for(self, configs: dict[str, str]) -> str | None:
         """``configs[name]`` for each key feature present, joined; None when nothing matched."""
-        parts = [configs[name] for name in self.key_features if name in configs]
+        features = self.key_features
+        if len(features) == 1:  # the usual case, asked once per logged event: no list to build
+            return configs.get(features[0])
+        parts = [configs[name] for name in features if name in configs]
         return self.key_features_separator.join(parts) if parts else None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import functools
-import struct
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -19,16 +19,17 @@ from google.protobuf import json_format
 
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs.ff_settings import fqrv_to_json, logging_to_json
-from forestflow.codecs.ff_protobuf import embedded, fqrv_bytes, inference_request_bytes, key, prediction_bytes, varint
+from forestflow.codecs._ffwire import event_head
+from forestflow.codecs.ff_protobuf import (
+    embedded, fqrv_bytes, inference_request_bytes, key, prediction_bytes_after, prediction_fqrv_field, varint,
+)
 from forestflow.codecs.schema_datum import prediction_json, request_json
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
 from forestflow.predlog.record import PredictionRecord, WireBody
 
 
-_LATENCY = struct.Struct("<d")
 _SERVED = {True: key(2, 0) + b"\x01", False: key(2, 0) + b"\x00"}
-_EVENT_TIME, _REQUEST_ID, _LATENCY_MS, _STATUS = key(10, 0), key(11, 2), key(13, 1), key(14, 0)
 _PREDICTION, _INFERENCE_REQUEST = key(1, 2), key(3, 2)
 _WIRE_REQUEST_JSON_LENGTH, _WIRE_RESPONSE_JSON_LENGTH = key(20, 0), key(21, 0)
 #: CR and LF as spaces: in valid JSON they can only be whitespace between tokens (a string holds
@@ -55,20 +56,41 @@ def _logging_field(logging: LoggingSettings) -> bytes:
     return embedded(4, body + embedded(3, logging.key_features_separator.encode()))
 
 
-#: A servable's (loggingSettings, fqrv) fields by the identity of its settings and fqrv objects: the
-#: service hands the same two objects on every event of a servable, and hashing them (frozen
-#: dataclasses) per event costs more than building the rest of the header.
-_SERVABLE_FIELDS: dict[tuple[int, int], tuple[LoggingSettings, FQRV, bytes, bytes]] = {}
+@dataclass(frozen=True, slots=True)
+class _ServableFields:
+    """What every event of one servable repeats, written once: protobuf fields and JSON values."""
+
+    logging: LoggingSettings
+    fqrv: FQRV
+    #: servedRequest (field 2) and loggingSettings (4), for a served request and for a shadow copy.
+    served_head: bytes
+    shadow_head: bytes
+    fqrv_field: bytes
+    #: A Prediction's fqrv field (field 1 of the Prediction message).
+    prediction_fqrv: bytes
+    logging_json: orjson.Fragment
+    fqrv_json: orjson.Fragment
 
 
-def _servable_fields(logging: LoggingSettings, fqrv: FQRV) -> tuple[bytes, bytes]:
+#: A servable's fields by the identity of its settings and fqrv objects: the service hands the
+#: same two objects on every event of a servable, and hashing them (frozen dataclasses) per event
+#: costs more than building the rest of the header.
+_SERVABLE_FIELDS: dict[tuple[int, int], _ServableFields] = {}
+
+
+def _servable_fields(logging: LoggingSettings, fqrv: FQRV) -> _ServableFields:
     ids = (id(logging), id(fqrv))
     hit = _SERVABLE_FIELDS.get(ids)
-    if hit is None or hit[0] is not logging or hit[1] is not fqrv:  # new, or an id reused by another object
+    if hit is None or hit.logging is not logging or hit.fqrv is not fqrv:  # new, or an id reused by another object
         if len(_SERVABLE_FIELDS) >= 1024:
             _SERVABLE_FIELDS.clear()
-        hit = _SERVABLE_FIELDS[ids] = (logging, fqrv, _logging_field(logging), embedded(12, fqrv_bytes(fqrv)))
-    return hit[2], hit[3]
+        logging_field = _logging_field(logging)
+        hit = _SERVABLE_FIELDS[ids] = _ServableFields(
+            logging, fqrv, _SERVED[True] + logging_field, _SERVED[False] + logging_field, embedded(12, fqrv_bytes(fqrv)),
+            prediction_fqrv_field(fqrv),
+            orjson.Fragment(orjson.dumps(logging_to_json(logging))), orjson.Fragment(orjson.dumps(fqrv_to_json(fqrv))),
+        )
+    return hit
 
 
 @functools.lru_cache(maxsize=64)
@@ -76,19 +98,15 @@ def _protocol_field(protocol: str) -> bytes:
     return embedded(17, protocol.encode())
 
 
-def _common_fields(record: PredictionRecord) -> bytes:
+def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
     """The fields PredictionEvent and PredictionEventGP share (servedRequest, loggingSettings, 10-17)."""
-    logging_field, fqrv_field = _servable_fields(record.logging, record.fqrv)
-    request_id = record.request_id.encode()
-    out = [
-        _SERVED[record.served], logging_field, _EVENT_TIME, varint(record.event_time_ms),
-        _REQUEST_ID, varint(len(request_id)), request_id, fqrv_field,
-        _LATENCY_MS, _LATENCY.pack(record.latency_ms), _STATUS, varint(record.status),
-    ]
+    tail = _protocol_field(record.protocol)
     if record.error:
-        out += (embedded(15, record.error.encode()), embedded(16, record.error_code.encode()))
-    out.append(_protocol_field(record.protocol))
-    return b"".join(out)
+        tail = embedded(15, record.error.encode()) + embedded(16, record.error_code.encode()) + tail
+    return event_head(
+        fields.served_head if record.served else fields.shadow_head, record.event_time_ms, record.request_id,
+        fields.fqrv_field, record.latency_ms, record.status, tail,
+    )
 
 
 def encode_event(record: PredictionRecord) -> bytes:
@@ -97,19 +115,19 @@ def encode_event(record: PredictionRecord) -> bytes:
     Assembled as bytes (cached pieces for what repeats: the servable's fqrv and logging settings),
     which parses to the message the protobuf API builds field by field (tested).
     """
-    payload = _common_fields(record)
-    if record.is_graphpipe:
-        assert record.raw_request is not None
+    fields = _servable_fields(record.logging, record.fqrv)
+    payload = _common_fields(record, fields)
+    if record.raw_request is not None:  # GraphPipe
         payload += embedded(3, record.raw_request)
         if record.raw_response is not None:
             payload += embedded(1, embedded(1, record.raw_response) + embedded(2, fqrv_bytes(record.fqrv)))
         return payload
-    if record.is_wire:
+    if isinstance(record.request_json, WireBody):
         return payload + _wire_fields(record)
     request = inference_request_bytes(record.request, record.configs, _INFERENCE_REQUEST)
     if record.response is None:
         return payload + request
-    return b"".join((payload, request, prediction_bytes(record.fqrv, record.response, _PREDICTION)))
+    return b"".join((payload, request, prediction_bytes_after(fields.prediction_fqrv, record.response, _PREDICTION)))
 
 
 def _wire_fields(record: PredictionRecord) -> bytes:
@@ -160,18 +178,27 @@ def event_to_dict(payload: bytes, graphpipe: bool = False) -> dict[str, Any]:
     return json_format.MessageToDict(decode_event(payload, graphpipe))
 
 
-def encode_event_json(record: PredictionRecord) -> bytes:
-    """One JSON line ``{"topic", "key", "event"}`` for the local file log (no trailing newline)."""
+#: encode_event_json's ``kafka_key`` when the caller has not computed it.
+_KEY_OF_RECORD: Any = object()
+
+
+def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_RECORD) -> bytes:
+    """One JSON line ``{"topic", "key", "event"}`` for the local file log (no trailing newline).
+
+    ``kafka_key`` is the record's key when the caller already has it (the log computes it once).
+    """
+    fields = _servable_fields(record.logging, record.fqrv)
+    graphpipe, wire = record.raw_request is not None, isinstance(record.request_json, WireBody)
     event: dict[str, Any] = {}
-    if record.is_graphpipe:
+    if graphpipe:
         if record.raw_response is not None:
             event["prediction"] = {
                 "inferResponse": base64.b64encode(record.raw_response).decode(),
-                "fqrv": fqrv_to_json(record.fqrv),
+                "fqrv": fields.fqrv_json,
             }
         event["servedRequest"] = record.served
         event["inferBytes"] = base64.b64encode(record.raw_request or b"").decode()
-    elif record.is_wire:
+    elif wire:
         event["servedRequest"] = record.served
     else:
         if record.response_json is not None:
@@ -183,17 +210,17 @@ def encode_event_json(record: PredictionRecord) -> bytes:
             event["inferenceRequest"] = orjson.Fragment(one_line_json(record.request_json))
         else:
             event["inferenceRequest"] = orjson.Fragment(request_json(record.request, record.configs))
-    event["loggingSettings"] = logging_to_json(record.logging)
+    event["loggingSettings"] = fields.logging_json
     event["eventTimeMS"] = str(record.event_time_ms)
     event["requestId"] = record.request_id
-    event["fqrv"] = fqrv_to_json(record.fqrv)
+    event["fqrv"] = fields.fqrv_json
     event["latencyMs"] = record.latency_ms
     event["status"] = record.status
     if record.error:
         event["error"] = record.error
         event["errorCode"] = record.error_code
     event["protocol"] = record.protocol
-    if record.is_wire:
+    if wire:
         event.update(_wire_event_json(record))
     if record.response is not None:  # what pipelines add (runtime/pipeline.py): step metadata, intermediate tensors
         returned = record.response.parameters.get("metadata")
@@ -202,5 +229,7 @@ def encode_event_json(record: PredictionRecord) -> bytes:
         between = record.response.parameters.get("intermediate")
         if between:
             event["intermediate"] = {name: column.tolist() for name, column in between.items()}
-    line = {"topic": "graphpipe" if record.is_graphpipe else "basic", "key": record.key, "event": event}
+    if kafka_key is _KEY_OF_RECORD:
+        kafka_key = record.key
+    line = {"topic": "graphpipe" if graphpipe else "basic", "key": kafka_key, "event": event}
     return orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY)

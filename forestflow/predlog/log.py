@@ -103,7 +103,7 @@ class PredictionLog:
         self.linger_s = linger_s
         self.stats = LogStats()
         # A sink may ask for JSON lines (the local file); everything else gets the protobuf event.
-        self._encode = encode_event_json if getattr(sink, "encoding", "protobuf") == "jsonl" else encode_event
+        self._jsonl = getattr(sink, "encoding", "protobuf") == "jsonl"
         self._queue: deque[LogEntry] = deque()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -116,13 +116,13 @@ class PredictionLog:
     def emit(self, record: PredictionRecord) -> bool:
         """Encode and buffer one event without waiting; False if it was dropped."""
         self.stats.produced += 1
+        key_text = record.logging.key_for(record.configs)
         try:
-            value = self._encode(record)
+            value = encode_event_json(record, key_text) if self._jsonl else encode_event(record)
         except Exception:  # a model output the encoder cannot represent must not fail the request
             self.stats.encode_errors += 1
             log.exception("prediction_log_encode_failed", fqrv=str(record.fqrv), request_id=record.request_id)
             return False
-        key_text = record.logging.key_for(record.configs)
         key = None if key_text is None else key_text.encode()
         size = len(value) + EVENT_OVERHEAD_BYTES + (0 if key is None else len(key))
         stats = self.stats
