@@ -2,7 +2,8 @@
 
 Starts the floor server (bench/floor_server.py) and the gateway itself, each pinned to core 0 when
 ``taskset`` exists, drives them with wrk (pinned to core 1) or, without wrk, an asyncio client,
-and prints req/s, p50/p99 and the gateway/floor ratio per cell, then which targets hold.
+and prints req/s, p50/p99 and the gateway/floor ratio per cell, then which targets hold. The
+logging-cost targets come from NONE and FULL gateways loaded side by side (bench/logging_cost.py).
 
     python bench/run.py              # the whole matrix (several minutes)
     python bench/run.py --smoke      # a few seconds; asserts nothing about speed
@@ -23,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import requests
 
@@ -31,6 +33,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench import payloads  # noqa: E402
 from bench.driver import Result, drive  # noqa: E402
+
+if TYPE_CHECKING:
+    from bench.logging_cost import Cost
+
+#: Connections per gateway in the logging-cost cells (the issue's c16 cells).
+LOGGING_CONCURRENCY = 16
 
 PYTHON = sys.executable
 TASKSET = shutil.which("taskset")
@@ -143,8 +151,6 @@ class Cell:
     logging: str
     result: Result
     floor: Result | None
-    #: Which of the --rounds repetitions of a logging comparison this is (0 for every other cell).
-    round: int = 0
 
     @property
     def ratio(self) -> float:
@@ -174,7 +180,7 @@ def available(server: Server, path: str, body: bytes, content_type: str) -> bool
     return r.status_code == 200
 
 
-def run_matrix(args: argparse.Namespace) -> list[Cell]:
+def run_matrix(args: argparse.Namespace) -> tuple[list[Cell], list[Cost]]:
     work = Path(tempfile.mkdtemp(prefix="ff-bench-"))
     print(f"# logs and data under {work}", flush=True)
     concurrencies = [1] if args.smoke else args.concurrency
@@ -200,7 +206,6 @@ def run_matrix(args: argparse.Namespace) -> list[Cell]:
                 r = requests.post(gw.url + "/servable", json=payloads.onnx_definition(("bench", "onnx", 1), onnx_dir, onnx_file), timeout=120)
                 r.raise_for_status()
                 loggings.insert(1, ("NONE-onnx", "bench.onnx.1"))
-            loggings_again = [(logging, contract) for logging, contract in loggings if logging != "NONE-onnx"]
             for rows in row_counts:
                 for name, (path, body, ctype) in endpoints(rows, "bench.none.1").items():
                     if args.smoke and name != "score":
@@ -211,12 +216,11 @@ def run_matrix(args: argparse.Namespace) -> list[Cell]:
                     drive(gw.url + path, body, ctype, 16, min(2.0, duration))  # warm-up
                     for conc in concurrencies:
                         floor_results[(name, rows, conc)] = measured(floor, path, body, ctype, conc, duration)
-                        for rnd in range(logging_rounds(args, conc)):
-                            for logging, contract in loggings if rnd == 0 else loggings_again:
-                                cpath, cbody, _ = endpoints(rows, contract)[name]
-                                result = measured(gw, cpath, cbody, ctype, conc, duration)
-                                cells.append(Cell(name, rows, conc, logging, result, floor_results[(name, rows, conc)], rnd))
-                                print_cell(cells[-1])
+                        for logging, contract in loggings:
+                            cpath, cbody, _ = endpoints(rows, contract)[name]
+                            result = measured(gw, cpath, cbody, ctype, conc, duration)
+                            cells.append(Cell(name, rows, conc, logging, result, floor_results[(name, rows, conc)]))
+                            print_cell(cells[-1])
             cells += pipeline_cells(gw, concurrencies, duration)
         finally:
             gw.stop()
@@ -224,14 +228,16 @@ def run_matrix(args: argparse.Namespace) -> list[Cell]:
             cells += kafka_cells(args, work, row_counts, concurrencies, duration, floor_results)
     finally:
         floor.stop()
+    costs: list[Cost] = []
     if not args.smoke:
+        costs = logging_costs(args, work)
         scorer_cells(work, duration)
         report_rss(work)
         if not args.no_workers:
             from bench.workers import workers_cells
 
             workers_cells(work, duration)
-    return cells
+    return cells, costs
 
 
 def pipeline_cells(gw: Server, concurrencies: list[int], duration: float) -> list[Cell]:
@@ -274,14 +280,12 @@ def kafka_cells(args: argparse.Namespace, work: Path, row_counts: list[int], con
                         continue
                     drive(gw.url + path, body, ctype, 16, min(2.0, duration))
                     for conc in concurrencies:
-                        # NONE again in this process right before FULL: the logging cost compares
-                        # two cells measured seconds apart, not minutes (this machine drifts).
-                        for rnd in range(logging_rounds(args, conc)):
-                            for logging, contract in (("NONE-kafka", "bench.none.1"), ("FULL-kafka", "bench.full.1")):
-                                cpath, cbody, _ = endpoints(rows, contract)[name]
-                                result = measured(gw, cpath, cbody, ctype, conc, duration)
-                                cells.append(Cell(name, rows, conc, logging, result, floor_results[(name, rows, conc)], rnd))
-                                print_cell(cells[-1])
+                        # NONE again in this process right before FULL, for the table.
+                        for logging, contract in (("NONE-kafka", "bench.none.1"), ("FULL-kafka", "bench.full.1")):
+                            cpath, cbody, _ = endpoints(rows, contract)[name]
+                            result = measured(gw, cpath, cbody, ctype, conc, duration)
+                            cells.append(Cell(name, rows, conc, logging, result, floor_results[(name, rows, conc)]))
+                            print_cell(cells[-1])
             metrics = requests.get(gw.url + "/metrics/json", timeout=10).json()["predictionLog"]
             print(f"# kafka prediction log: {metrics}", flush=True)
         finally:
@@ -346,14 +350,24 @@ def print_cell(c: Cell) -> None:
 print_cell.first = True  # type: ignore[attr-defined]
 
 
-def logging_rounds(args: argparse.Namespace, concurrency: int) -> int:
-    """How many NONE/FULL pairs measure a logging cost (the c16 cells are the targets)."""
-    return max(1, args.rounds) if concurrency == 16 else 1
+def logging_costs(args: argparse.Namespace, work: Path) -> list[Cost]:
+    """The logging-cost targets: NONE and FULL gateways side by side on core 0 (bench/logging_cost.py).
+
+    FULL and NONE cells measured one after the other (the table above) differ here by up to 20
+    points from pair to pair with no change at all; side by side, the machine's drift hits both.
+    """
+    from bench.logging_cost import measure
+
+    print(f"\n# logging cost: NONE and FULL gateways side by side on one core, c{LOGGING_CONCURRENCY} each, "
+          f"median of {args.rounds} rounds of 3 s", flush=True)
+    sinks = ["file"] if args.no_kafka else ["file", "kafka"]
+    return measure(work, sinks, ["score", "v2", "gp"], args.rows, args.rounds, 3.0, LOGGING_CONCURRENCY,
+                   lambda cost: print(cost.line(LOGGING_CONCURRENCY), flush=True))
 
 
-def check_targets(cells: list[Cell]) -> None:
-    def cell(endpoint: str, rows: int, conc: int, logging: str, rnd: int = 0) -> Cell | None:
-        return next((c for c in cells if (c.endpoint, c.rows, c.concurrency, c.logging, c.round) == (endpoint, rows, conc, logging, rnd)), None)
+def check_targets(cells: list[Cell], costs: list[Cost]) -> None:
+    def cell(endpoint: str, rows: int, conc: int, logging: str) -> Cell | None:
+        return next((c for c in cells if (c.endpoint, c.rows, c.concurrency, c.logging) == (endpoint, rows, conc, logging)), None)
 
     print("\n# targets (ratios from this run)")
     for endpoint in ("score", "v2"):
@@ -363,21 +377,8 @@ def check_targets(cells: list[Cell]) -> None:
         c = cell(endpoint, 100, 16, "NONE")
         if c:
             print(f"100-row {endpoint} c16 >= 0.35x floor: {c.ratio:.2f} {'HOLDS' if c.ratio >= 0.35 else 'MISSED'}")
-    # Each FULL cell against the NONE cell measured right before it, in the same gateway process;
-    # with --rounds, the median of the pairs (this machine drifts by 20-30% within minutes).
-    costs: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
-    for c in cells:
-        if c.logging.startswith("FULL") and c.concurrency == 16:
-            base = cell(c.endpoint, c.rows, c.concurrency, "NONE-kafka" if c.logging == "FULL-kafka" else "NONE", c.round)
-            if base and base.result.rps:
-                pair = (1 - c.result.rps / base.result.rps, 1 - base.result.cpu_us / c.result.cpu_us)
-                costs.setdefault((c.endpoint, c.rows, c.logging), []).append(pair)
-    for (endpoint, rows, logging), pairs in costs.items():
-        cost, cpu_cost = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
-        each = ", ".join(f"{p[0] * 100:.1f}" for p in pairs)
-        print(f"logging {logging} cost {endpoint} {rows}-row c16 <= 10%: {cost * 100:.1f}% "
-              f"(gateway CPU per request: {cpu_cost * 100:.1f}%; median of {len(pairs)} pairs: {each}) "
-              f"{'HOLDS' if cost <= 0.10 else 'MISSED'}")
+    for cost in costs:
+        print(cost.line(LOGGING_CONCURRENCY))
     for c in cells:
         if c.concurrency == 64:
             ok = c.result.p99_ms <= 3 * c.result.p50_ms
@@ -404,8 +405,6 @@ def metrics_cost(args: argparse.Namespace) -> int:
     Two gateways (FORESTFLOW_METRICS=true/false), measured alternately round after round so the
     machine's drift hits both alike; the cost is the median on/off difference of CPU us/request.
     """
-    import statistics
-
     work = Path(tempfile.mkdtemp(prefix="ff-bench-metrics-"))
     path, body, ctype = endpoints(1, "bench.none.1")["score"]
     gateways = {
@@ -448,8 +447,8 @@ def main() -> int:
     parser.add_argument("--no-workers", action="store_true", help="skip the 1-vs-2 workers cells (bench/workers.py)")
     parser.add_argument("--h2o-scorers", action="store_true", help="only the H2O scorer cells and the RSS figures")
     parser.add_argument("--metrics-cost", action="store_true", help="only the CPU cost of /metrics counting (1-row /score)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="NONE/FULL pairs per logging-cost cell (median), and on/off rounds of --metrics-cost")
+    parser.add_argument("--rounds", type=int, default=7,
+                        help="side-by-side NONE/FULL rounds per logging-cost cell (median), and on/off rounds of --metrics-cost")
     args = parser.parse_args()
     if args.metrics_cost:
         return metrics_cost(args)
@@ -459,9 +458,9 @@ def main() -> int:
         scorer_cells(work, args.duration)
         report_rss(work)
         return 0
-    cells = run_matrix(args)
+    cells, costs = run_matrix(args)
     if not args.smoke:
-        check_targets(cells)
+        check_targets(cells, costs)
     print(f"# {len(cells)} cells in {time.monotonic() - started:.0f} s")
     return 0 if cells and all(c.result.requests > 0 for c in cells) else 1
 
