@@ -90,13 +90,16 @@ class Cost:
 
     @property
     def median(self) -> float:
+        """The cost of the cell: the median of its rounds."""
         return statistics.median(self.costs)
 
     @property
     def holds(self) -> bool:
+        """Whether the cell is within the target, with no failed request."""
         return self.median <= TARGET and self.errors == 0
 
     def line(self, concurrency: int) -> str:
+        """The cell as one printed line (median, quartiles, both CPU figures, verdict)."""
         q1, _, q3 = statistics.quantiles(self.costs, n=4) if len(self.costs) > 1 else (self.median,) * 3
         return (f"logging FULL-{self.sink} cost {self.endpoint} {self.rows}-row c{concurrency} <= {TARGET:.0%}: "
                 f"{self.median * 100:.1f}% (quartiles {q1 * 100:.1f} / {q3 * 100:.1f}; CPU per request NONE "
