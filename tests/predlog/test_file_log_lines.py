@@ -39,7 +39,8 @@ async def test_pretty_printed_bodies_give_one_parsable_line_per_event(tmp_path: 
                 assert resp.status == 200, await resp.text()
 
         body = score_body([1.5] * len(TRICKY), labels=TRICKY, configs={"reqid": "basic-pretty"})
-        for text in (json.dumps(body, indent=2), json.dumps(body, indent="\t").replace("\n", "\r\n")):
+        pretty = json.dumps(body, indent=2)  # LF; then CRLF, then a lone CR (each must end up as spaces)
+        for text in (pretty, json.dumps(body, indent="\t").replace("\n", "\r\n"), pretty.replace("\n", "\r")):
             async with gw.session.post(
                 gw.url + "/acme/demo/1/score", data=text.encode(), headers={"Content-Type": "application/json"}
             ) as resp:
@@ -59,16 +60,18 @@ async def test_pretty_printed_bodies_give_one_parsable_line_per_event(tmp_path: 
         ) as resp:
             assert resp.status == 200, await resp.text()
 
-        # 3 requests, each answered by v1 and shadowed by v2: 6 events.
-        await wait_for(lambda: len(_log_lines(data_dir)) >= 6, 10, "six events in the log")
+        # 4 requests, each answered by v1 and shadowed by v2: 8 events.
+        await wait_for(lambda: len(_log_lines(data_dir)) >= 8, 10, "eight events in the log")
 
     lines = _log_lines(data_dir)
-    assert len(lines) == 6, lines
+    assert len(lines) == 8, lines
+    # No CR either: universal-newline readers (Python's text mode, splitlines()) end a line at a lone CR.
+    assert b"\r" not in (data_dir / "predictions.jsonl").read_bytes()
     events: list[dict[str, Any]] = [orjson.loads(line)["event"] for line in lines]  # every line parses alone
     served = sorted((e["fqrv"]["releaseVersion"], bool(e.get("servedRequest"))) for e in events)
-    assert served == [("v1", True)] * 3 + [("v2", False)] * 3
+    assert served == [("v1", True)] * 4 + [("v2", False)] * 4
     basic = [e for e in events if e["protocol"] == "basic"]
-    assert len(basic) == 4
+    assert len(basic) == 6
     for event in basic:
         request = event["inferenceRequest"]
         assert request == body  # the body's meaning survived, escaped newlines included
