@@ -329,39 +329,35 @@ static int open_column(PyObject *array, Column *c, Py_ssize_t rows, int *code) {
 }
 
 PyDoc_STRVAR(message_doc,
-"message(outer, prefix, schema_tag, datum_tag, rows, names, columns, configs) -> bytes or None\n\n"
+"message(outer, prefix, schema_tag, datum_tag, rows, columns, configs) -> bytes or None\n\n"
 "A ForestFlow message holding a frame (InferenceRequest or Prediction): ``prefix`` (fields written\n"
 "first, e.g. a Prediction's fqrv), one TensorSchema entry per type group of the columns (groups in\n"
 "order of first appearance) as field ``schema_tag``, every record as a Datum in field ``datum_tag``\n"
 "(per group a Tensor of the record's elements, columns in order) and, unless ``configs`` is None,\n"
 "that dict of str as map entries in field 3. With a non-empty ``outer`` (a field key) the message is\n"
-"returned as that length-delimited field. ``names`` is a tuple of str and ``columns`` a list of\n"
-"arrays of ``rows`` records each. None when a column cannot be read as it is (strided matrix, text of\n"
+"returned as that length-delimited field. ``columns`` is a dict of str to arrays of ``rows`` records\n"
+"each, in column order (a frame's own dict, passed as it is). None when a column cannot be read as it is (strided matrix, text of\n"
 "fixed width, another byte order): convert it (contiguous, native, text as objects) and call again.");
 
 static PyObject *message(PyObject *self, PyObject *args) {
     const char *outer, *prefix, *name_data[256], **names_utf8 = NULL;
-    Py_ssize_t outer_len, prefix_len, rows, n, i, k, r, g, n_groups = 0, *name_len = NULL;
+    Py_ssize_t outer_len, prefix_len, rows, n, i, k, r, g, n_groups = 0, pos = 0, *name_len = NULL;
     int schema_tag, datum_tag, status = 1, group_of_code[FF_BYTES + 1], group_code[FF_BYTES + 1];
-    PyObject *names, *columns, *configs, *result = NULL;
+    PyObject *columns, *configs, *name, *array, *result = NULL;
     Column *cols = NULL, **ordered = NULL;
     Group groups[FF_BYTES + 1];
     size_t *data_len = NULL, fixed[FF_BYTES + 1], schema_entry[FF_BYTES + 1], schema_total = 0, datums_total = 0, map_total = 0, body, total;
     int *codes = NULL, variable[FF_BYTES + 1];
     char *out;
 
-    if (!PyArg_ParseTuple(args, "y#y#iinO!O!O:message", &outer, &outer_len, &prefix, &prefix_len, &schema_tag, &datum_tag,
-                          &rows, &PyTuple_Type, &names, &PyList_Type, &columns, &configs))
+    if (!PyArg_ParseTuple(args, "y#y#iinO!O:message", &outer, &outer_len, &prefix, &prefix_len, &schema_tag, &datum_tag,
+                          &rows, &PyDict_Type, &columns, &configs))
         return NULL;
     if (!types_set) {
         PyErr_SetString(PyExc_RuntimeError, "message() needs set_types() first");
         return NULL;
     }
-    n = PyList_GET_SIZE(columns);
-    if (PyTuple_GET_SIZE(names) != n) {
-        PyErr_Format(PyExc_ValueError, "%zd names for %zd columns", PyTuple_GET_SIZE(names), n);
-        return NULL;
-    }
+    n = PyDict_GET_SIZE(columns);
     if (rows < 0) {
         PyErr_SetString(PyExc_ValueError, "rows must not be negative");
         return NULL;
@@ -384,15 +380,15 @@ static PyObject *message(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    for (i = 0; i < n; i++) {
-        PyObject *name = PyTuple_GET_ITEM(names, i);
+    /* Borrowed keys and values: nothing below runs Python code, so the dict cannot change meanwhile. */
+    for (i = 0; i < n && PyDict_Next(columns, &pos, &name, &array); i++) {
         if (!PyUnicode_Check(name)) {
             PyErr_SetString(PyExc_TypeError, "column names must be str");
             goto done;
         }
         if ((names_utf8[i] = PyUnicode_AsUTF8AndSize(name, &name_len[i])) == NULL)
             goto done;
-        status = open_column(PyList_GET_ITEM(columns, i), &cols[i], rows, &codes[i]);
+        status = open_column(array, &cols[i], rows, &codes[i]);
         if (status <= 0)
             goto done;
     }

@@ -41,17 +41,17 @@ _ffwire.set_types(
 )
 
 
-def _readable(columns: list[np.ndarray]) -> list[np.ndarray]:
+def _readable(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Columns converted to what the C writer reads: contiguous, native order, text as objects (each
     to the dtype of its ForestFlow type, so it keeps that type)."""
-    return [np.ascontiguousarray(c, dtype=FF_DTYPES[_ff_type(c)]) for c in columns]
+    return {name: np.ascontiguousarray(c, dtype=FF_DTYPES[_ff_type(c)]) for name, c in columns.items()}
 
 
 def _message(outer: bytes, prefix: bytes, schema_tag: int, datum_tag: int, frame: Frame, configs: dict[str, str] | None) -> bytes:
-    names, columns = tuple(frame.columns), list(frame.columns.values())
-    out = _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, names, columns, configs)
+    # The frame's own column dict goes to C as it is: no tuple of names and list of columns per message.
+    out = _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, frame.columns, configs)
     if out is None:  # e.g. a column sliced with a step, fixed-width text, another byte order
-        out = _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, names, _readable(columns), configs)
+        out = _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, _readable(frame.columns), configs)
     return out
 
 

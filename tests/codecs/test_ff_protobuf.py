@@ -185,27 +185,30 @@ def test_text_columns_of_the_wrong_kind_are_refused_clearly() -> None:
 
 
 def test_c_writer_checks_its_arguments() -> None:
-    def message(rows: int, names: tuple[Any, ...], columns: list[Any], configs: Any = None, outer: bytes = b"") -> Any:
-        return _ffwire.message(outer, b"", 0x0A, 0x12, rows, names, columns, configs)
+    def message(rows: int, columns: Any, configs: Any = None, outer: bytes = b"") -> Any:
+        return _ffwire.message(outer, b"", 0x0A, 0x12, rows, columns, configs)
 
-    with pytest.raises(ValueError, match="1 names for 2 columns"):
-        message(1, ("a",), [np.zeros(1), np.zeros(1)])
+    with pytest.raises(TypeError, match="must be dict, not list"):
+        message(1, [np.zeros(1)])
     with pytest.raises(ValueError, match="does not split into 2 records"):
-        message(2, ("a",), [np.zeros(3)])
+        message(2, {"a": np.zeros(3)})
     with pytest.raises(ValueError, match="rows must not be negative"):
-        message(-1, (), [])
+        message(-1, {})
     with pytest.raises(TypeError, match="column names must be str"):
-        message(1, (1,), [np.zeros(1)])
+        message(1, {1: np.zeros(1)})
     with pytest.raises(TypeError, match="dict of str to str"):
-        message(1, ("a",), [np.zeros(1)], {"k": 1})
+        message(1, {"a": np.zeros(1)}, {"k": 1})
     with pytest.raises(TypeError, match="dict of str to str or None"):
-        message(1, ("a",), [np.zeros(1)], ["k"])
+        message(1, {"a": np.zeros(1)}, ["k"])
     with pytest.raises(ValueError, match="single bytes"):
-        message(1, ("a",), [np.zeros(1)], outer=b"\x1a\x1a\x1a\x1a")
+        message(1, {"a": np.zeros(1)}, outer=b"\x1a\x1a\x1a\x1a")
     # What it cannot read as it is, it leaves to the caller to convert: None, no error.
     for unreadable in (np.zeros(2, dtype=np.complex64), np.zeros((2, 2))[:, :1], "not a buffer", np.zeros(2, dtype=">f8")):
-        assert message(2, ("a",), [unreadable]) is None
-    assert message(0, (), []) == b"" and message(0, (), [], {}) == b""
-    assert message(1, ("x",), [np.zeros(1)], outer=b"\x1a")[:2] == b"\x1a" + bytes((len(message(1, ("x",), [np.zeros(1)])),))
+        assert message(2, {"a": unreadable}) is None
+    assert message(0, {}) == b"" and message(0, {}, {}) == b""
+    assert message(1, {"x": np.zeros(1)}, outer=b"\x1a")[:2] == b"\x1a" + bytes((len(message(1, {"x": np.zeros(1)})),))
+    # Columns in the dict's order: the schema lists them as inserted.
+    two = pb.InferenceRequest.FromString(message(1, {"b": np.zeros(1), "a": np.ones(1)}))
+    assert list(two.schema[0].fields) == ["b", "a"]
     with pytest.raises(OverflowError):
         varint(2**64)
