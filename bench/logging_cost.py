@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.driver import Result, drive  # noqa: E402
-from bench.run import Server, deploy, endpoints, pin_process, start_gateway  # noqa: E402
+from bench.run import LOGGING_CONCURRENCY, Server, deploy, endpoints, pin_process, start_gateway  # noqa: E402
 
 CONTRACT = ("bench", "log", 1)
 #: The most a FULL gateway may spend per request over a NONE one (issue 23).
@@ -140,7 +140,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
     parser.add_argument("--rounds", type=int, default=7, help="side-by-side measurements per cell (median)")
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--concurrency", type=int, default=8, help="per gateway (two gateways share the core)")
+    parser.add_argument("--concurrency", type=int, default=LOGGING_CONCURRENCY,
+                        help="per gateway (two gateways share the core); bench/run.py's logging lines use the default")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ff-logcost-"))
     print(f"# logs under {work}; each line: median logging cost (1 - NONE CPU/req / FULL CPU/req), quartiles, "
