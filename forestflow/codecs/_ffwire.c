@@ -339,29 +339,76 @@ PyDoc_STRVAR(message_doc,
 "each, in column order (a frame's own dict, passed as it is). None when a column cannot be read as it is (strided matrix, text of\n"
 "fixed width, another byte order): convert it (contiguous, native, text as objects) and call again.");
 
-static PyObject *message(PyObject *self, PyObject *args) {
-    const char *outer, *prefix, *name_data[256], **names_utf8 = NULL;
+/* METH_FASTCALL arguments, checked one by one: PyArg_ParseTuple's format parsing costs more than a
+ * small message's writing (these run once or twice per logged prediction). */
+static int arg_count(const char *fn, Py_ssize_t nargs, Py_ssize_t want) {
+    if (nargs == want)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes exactly %zd arguments (%zd given)", fn, want, nargs);
+    return -1;
+}
+
+static int bytes_arg(const char *fn, int at, PyObject *arg, const char **data, Py_ssize_t *len) {
+    if (!PyBytes_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s() argument %d must be bytes, not %.50s", fn, at, Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    *data = PyBytes_AS_STRING(arg);
+    *len = PyBytes_GET_SIZE(arg);
+    return 0;
+}
+
+static int long_arg(const char *fn, int at, PyObject *arg, long long *value) {
+    if (!PyLong_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s() argument %d must be int, not %.50s", fn, at, Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    *value = PyLong_AsLongLong(arg);
+    return *value == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Columns and records of the usual small message, held on the stack (no allocation per call). */
+#define SMALL_COLUMNS 32
+#define SMALL_ROWS 16
+
+static PyObject *message(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    const char *outer, *prefix, *name_data[SMALL_COLUMNS], **names_utf8 = NULL;
     Py_ssize_t outer_len, prefix_len, rows, n, i, k, r, g, n_groups = 0, pos = 0, *name_len = NULL;
-    int schema_tag, datum_tag, status = 1, group_of_code[FF_BYTES + 1], group_code[FF_BYTES + 1];
+    Py_ssize_t small_name_len[SMALL_COLUMNS + 1];
+    long long schema_tag, datum_tag, rows_arg;
+    int status = 1, group_of_code[FF_BYTES + 1], group_code[FF_BYTES + 1], small, small_codes[SMALL_COLUMNS + 1];
     PyObject *columns, *configs, *name, *array, *result = NULL;
-    Column *cols = NULL, **ordered = NULL;
+    Column *cols = NULL, **ordered = NULL, small_cols[SMALL_COLUMNS + 1], *small_ordered[SMALL_COLUMNS + 1];
     Group groups[FF_BYTES + 1];
-    size_t *data_len = NULL, fixed[FF_BYTES + 1], schema_entry[FF_BYTES + 1], schema_total = 0, datums_total = 0, map_total = 0, body, total;
+    size_t *data_len = NULL, small_data_len[SMALL_ROWS * (FF_BYTES + 1) + 1];
+    size_t fixed[FF_BYTES + 1], schema_entry[FF_BYTES + 1], schema_total = 0, datums_total = 0, map_total = 0, body, total;
     int *codes = NULL, variable[FF_BYTES + 1];
     char *out;
 
-    if (!PyArg_ParseTuple(args, "y#y#iinO!O:message", &outer, &outer_len, &prefix, &prefix_len, &schema_tag, &datum_tag,
-                          &rows, &PyDict_Type, &columns, &configs))
+    if (arg_count("message", nargs, 7) < 0 || bytes_arg("message", 1, args[0], &outer, &outer_len) < 0 ||
+        bytes_arg("message", 2, args[1], &prefix, &prefix_len) < 0 || long_arg("message", 3, args[2], &schema_tag) < 0 ||
+        long_arg("message", 4, args[3], &datum_tag) < 0 || long_arg("message", 5, args[4], &rows_arg) < 0)
         return NULL;
+    columns = args[5];
+    configs = args[6];
+    if (!PyDict_Check(columns)) {
+        PyErr_Format(PyExc_TypeError, "message() argument 6 must be dict, not %.50s", Py_TYPE(columns)->tp_name);
+        return NULL;
+    }
     if (!types_set) {
         PyErr_SetString(PyExc_RuntimeError, "message() needs set_types() first");
         return NULL;
     }
     n = PyDict_GET_SIZE(columns);
-    if (rows < 0) {
+    if (rows_arg < 0) {
         PyErr_SetString(PyExc_ValueError, "rows must not be negative");
         return NULL;
     }
+    if (rows_arg > PY_SSIZE_T_MAX / (FF_BYTES + 1) - 1) {
+        PyErr_SetString(PyExc_OverflowError, "rows is too large");
+        return NULL;
+    }
+    rows = (Py_ssize_t)rows_arg;
     if (configs != Py_None && !PyDict_Check(configs)) {
         PyErr_SetString(PyExc_TypeError, "configs must be a dict of str to str or None");
         return NULL;
@@ -370,12 +417,23 @@ static PyObject *message(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "field keys are single bytes, the outer one up to 3");
         return NULL;
     }
-    names_utf8 = n <= 256 ? name_data : PyMem_Calloc((size_t)n, sizeof(char *));
-    name_len = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    cols = PyMem_Calloc((size_t)n + 1, sizeof(Column));
-    ordered = PyMem_Calloc((size_t)n + 1, sizeof(Column *));
-    codes = PyMem_Calloc((size_t)n + 1, sizeof(int));
-    data_len = PyMem_Calloc((size_t)rows * (FF_BYTES + 1) + 1, sizeof(size_t));
+    small = n <= SMALL_COLUMNS && rows <= SMALL_ROWS;
+    if (small) {
+        names_utf8 = name_data;
+        name_len = small_name_len;
+        cols = small_cols;
+        ordered = small_ordered;
+        codes = small_codes;
+        data_len = small_data_len;
+        memset(cols, 0, (size_t)(n + 1) * sizeof(Column)); /* has_view: 0 */
+    } else {
+        names_utf8 = PyMem_Calloc((size_t)n + 1, sizeof(char *));
+        name_len = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+        cols = PyMem_Calloc((size_t)n + 1, sizeof(Column));
+        ordered = PyMem_Calloc((size_t)n + 1, sizeof(Column *));
+        codes = PyMem_Calloc((size_t)n + 1, sizeof(int));
+        data_len = PyMem_Calloc((size_t)rows * (FF_BYTES + 1) + 1, sizeof(size_t));
+    }
     if (names_utf8 == NULL || name_len == NULL || cols == NULL || ordered == NULL || codes == NULL || data_len == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -502,13 +560,14 @@ done:
         for (i = 0; i < n; i++)
             if (cols[i].has_view)
                 PyBuffer_Release(&cols[i].view);
-    if (names_utf8 != name_data)
+    if (!small) {
         PyMem_Free((void *)names_utf8);
-    PyMem_Free(name_len);
-    PyMem_Free(cols);
-    PyMem_Free(ordered);
-    PyMem_Free(codes);
-    PyMem_Free(data_len);
+        PyMem_Free(name_len);
+        PyMem_Free(cols);
+        PyMem_Free(ordered);
+        PyMem_Free(codes);
+        PyMem_Free(data_len);
+    }
     if (PyErr_Occurred()) {
         Py_CLEAR(result);
         return NULL;
@@ -548,18 +607,35 @@ PyDoc_STRVAR(event_head_doc,
 "written), eventTimeMS (10), requestId (11), ``fqrv_field`` (12, as written), latencyMs (13),\n"
 "status (14), then ``tail`` (error, errorCode and protocol, as written).");
 
-static PyObject *event_head(PyObject *self, PyObject *args) {
+static PyObject *event_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     const char *head, *request_id, *fqrv, *tail;
     Py_ssize_t head_len, request_id_len, fqrv_len, tail_len;
-    long long event_time;
+    long long event_time, status_arg;
     double latency;
     int status;
     uint64_t latency_bits;
     PyObject *result;
     char *out;
-    if (!PyArg_ParseTuple(args, "y#Ls#y#diy#:event_head", &head, &head_len, &event_time, &request_id,
-                          &request_id_len, &fqrv, &fqrv_len, &latency, &status, &tail, &tail_len))
+    if (arg_count("event_head", nargs, 7) < 0 || bytes_arg("event_head", 1, args[0], &head, &head_len) < 0 ||
+        long_arg("event_head", 2, args[1], &event_time) < 0)
         return NULL;
+    if (!PyUnicode_Check(args[2])) {
+        PyErr_Format(PyExc_TypeError, "event_head() argument 3 must be str, not %.50s", Py_TYPE(args[2])->tp_name);
+        return NULL;
+    }
+    if ((request_id = PyUnicode_AsUTF8AndSize(args[2], &request_id_len)) == NULL ||
+        bytes_arg("event_head", 4, args[3], &fqrv, &fqrv_len) < 0)
+        return NULL;
+    latency = PyFloat_AsDouble(args[4]); /* a float, or anything with __float__ / __index__ */
+    if (latency == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (long_arg("event_head", 6, args[5], &status_arg) < 0 || bytes_arg("event_head", 7, args[6], &tail, &tail_len) < 0)
+        return NULL;
+    if (status_arg < INT32_MIN || status_arg > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "status is an int32");
+        return NULL;
+    }
+    status = (int)status_arg;
     result = PyBytes_FromStringAndSize(NULL, head_len + 1 + (Py_ssize_t)varint_len((uint64_t)event_time) + 1 +
                                                  (Py_ssize_t)varint_len((uint64_t)request_id_len) + request_id_len +
                                                  fqrv_len + 1 + 8 + 1 + (Py_ssize_t)varint_len((uint64_t)(int64_t)status) +
@@ -588,8 +664,8 @@ static PyObject *event_head(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"message", message, METH_VARARGS, message_doc},
-    {"event_head", event_head, METH_VARARGS, event_head_doc},
+    {"message", (PyCFunction)(void (*)(void))message, METH_FASTCALL, message_doc},
+    {"event_head", (PyCFunction)(void (*)(void))event_head, METH_FASTCALL, event_head_doc},
     {"set_types", set_types, METH_O, set_types_doc},
     {"varint", varint, METH_O, varint_doc},
     {NULL, NULL, 0, NULL},

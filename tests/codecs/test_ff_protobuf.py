@@ -184,12 +184,48 @@ def test_text_columns_of_the_wrong_kind_are_refused_clearly() -> None:
         inference_request_bytes(Frame({"b": np.array([b"a", "b"], dtype=object)}, {}), {})
 
 
+@pytest.mark.parametrize(("columns", "rows"), [(32, 16), (33, 1), (2, 17), (40, 30)])
+def test_c_writer_on_either_side_of_its_stack_buffers(columns: int, rows: int) -> None:
+    # Up to 32 columns and 16 records the writer works in stack buffers, past that in the heap.
+    rng = np.random.default_rng(columns * 100 + rows)
+    kinds = [lambda: rng.normal(size=rows), lambda: rng.integers(-9, 9, size=rows), lambda: np.array([f"t{i}" for i in range(rows)], dtype=object)]
+    frame = Frame({f"c{i}": kinds[i % 3]() for i in range(columns)}, {})
+    configs = {"user": "u1", "region": "eu"}
+    assert pb.InferenceRequest.FromString(inference_request_bytes(frame, configs)) == request_to_proto(frame, configs)
+    fqrv = FQRV(Contract("org", "proj", 1), "r")
+    assert pb.Prediction.FromString(prediction_bytes(fqrv, frame)) == prediction_to_proto(fqrv, frame)
+
+
+def test_event_head_checks_its_arguments() -> None:
+    good: list[Any] = [b"\x10\x01", 1700000000000, "req-1", b"", 1.5, 200, b""]
+    assert _ffwire.event_head(*good)[:2] == b"\x10\x01"
+    for at, bad, error in [(0, "text", "argument 1 must be bytes, not str"), (1, 1.5, "argument 2 must be int, not float"),
+                           (2, b"req", "argument 3 must be str, not bytes"), (3, None, "argument 4 must be bytes, not NoneType"),
+                           (5, "200", "argument 6 must be int, not str"), (6, bytearray(), "argument 7 must be bytes, not bytearray")]:
+        args = list(good)
+        args[at] = bad
+        with pytest.raises(TypeError, match=error):
+            _ffwire.event_head(*args)
+    with pytest.raises(TypeError, match="must be real number, not str"):
+        _ffwire.event_head(*good[:4], "1.5", *good[5:])
+    with pytest.raises(OverflowError, match="int32"):
+        _ffwire.event_head(*good[:5], 2**31, good[6])
+    with pytest.raises(TypeError, match="takes exactly 7 arguments \\(6 given\\)"):
+        _ffwire.event_head(*good[:6])
+
+
 def test_c_writer_checks_its_arguments() -> None:
     def message(rows: int, columns: Any, configs: Any = None, outer: bytes = b"") -> Any:
         return _ffwire.message(outer, b"", 0x0A, 0x12, rows, columns, configs)
 
     with pytest.raises(TypeError, match="must be dict, not list"):
         message(1, [np.zeros(1)])
+    with pytest.raises(TypeError, match="argument 1 must be bytes, not str"):
+        _ffwire.message("", b"", 0x0A, 0x12, 1, {}, None)
+    with pytest.raises(TypeError, match="argument 5 must be int, not float"):
+        message(1.0, {})
+    with pytest.raises(TypeError, match="takes exactly 7 arguments"):
+        _ffwire.message(b"", b"", 0x0A, 0x12, 1, {})
     with pytest.raises(ValueError, match="does not split into 2 records"):
         message(2, {"a": np.zeros(3)})
     with pytest.raises(ValueError, match="rows must not be negative"):
