@@ -31,7 +31,11 @@ class WireBody(bytes):
 
 @dataclass(slots=True)
 class PredictionRecord:
-    """One scoring outcome to log (protocol-free; the encoder turns it into a PredictionEvent)."""
+    """One scoring outcome to log (protocol-free; the encoder turns it into a PredictionEvent).
+
+    The service builds it with positional arguments (cheaper than keywords on the request path):
+    a new field goes last, and the order of these fields does not change.
+    """
 
     fqrv: FQRV
     served: bool

@@ -73,3 +73,12 @@ def test_event_matches_protobuf_api(record: PredictionRecord) -> None:
     assert decoded == event_to_proto(record)
     # Every field the oracle sets is present on the wire, so consumers see the same presence.
     assert decoded.ListFields() == event_to_proto(record).ListFields()
+
+
+def test_record_fields_keep_the_order_the_service_builds_them_in() -> None:
+    # service.Gateway._log_outcome builds records positionally (keywords cost 3x on the request
+    # path): a field moved or inserted in the middle would shift every value after it.
+    assert [f.name for f in dataclasses.fields(PredictionRecord)] == [
+        "fqrv", "served", "request", "configs", "logging", "request_id", "protocol", "event_time_ms", "latency_ms",
+        "status", "response", "error", "error_code", "raw_request", "raw_response", "request_json", "response_json",
+    ]
