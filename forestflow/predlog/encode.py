@@ -74,20 +74,20 @@ class _ServableFields:
     fqrv_json: orjson.Fragment
 
 
-#: A servable's fields by the identity of its settings and fqrv objects: the service hands the
-#: same two objects on every event of a servable, and hashing them (frozen dataclasses) per event
-#: costs more than building the rest of the header.
-_SERVABLE_FIELDS: dict[tuple[int, int], _ServableFields] = {}
+#: A servable's fields by the identity of its fqrv object: the service hands the same fqrv and
+#: settings objects on every event of a servable, and hashing them (frozen dataclasses) per event
+#: costs more than building the rest of the header. Each entry is checked against both objects: an
+#: fqrv id reused by another object, or a servable's new settings, rebuild it.
+_SERVABLE_FIELDS: dict[int, _ServableFields] = {}
 
 
 def _servable_fields(logging: LoggingSettings, fqrv: FQRV) -> _ServableFields:
-    ids = (id(logging), id(fqrv))
-    hit = _SERVABLE_FIELDS.get(ids)
-    if hit is None or hit.logging is not logging or hit.fqrv is not fqrv:  # new, or an id reused by another object
+    hit = _SERVABLE_FIELDS.get(id(fqrv))
+    if hit is None or hit.fqrv is not fqrv or hit.logging is not logging:
         if len(_SERVABLE_FIELDS) >= 1024:
             _SERVABLE_FIELDS.clear()
         logging_field = _logging_field(logging)
-        hit = _SERVABLE_FIELDS[ids] = _ServableFields(
+        hit = _SERVABLE_FIELDS[id(fqrv)] = _ServableFields(
             logging, fqrv, _SERVED[True] + logging_field, _SERVED[False] + logging_field, embedded(12, fqrv_bytes(fqrv)),
             prediction_fqrv_field(fqrv),
             orjson.Fragment(orjson.dumps(logging_to_json(logging))), orjson.Fragment(orjson.dumps(fqrv_to_json(fqrv))),

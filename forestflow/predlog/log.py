@@ -26,19 +26,22 @@ log = structlog.get_logger("forestflow.predlog")
 EVENT_OVERHEAD_BYTES = 64
 
 
-@dataclass(slots=True)
 class LogEntry:
     """An encoded event waiting for its sink."""
 
-    graphpipe: bool
-    key: bytes | None
-    value: bytes
-    #: Bytes this entry holds against the buffer budget (computed once: the drain sums it per batch).
-    size: int = -1
+    __slots__ = ("graphpipe", "key", "value", "size")
 
-    def __post_init__(self) -> None:
-        if self.size < 0:
-            self.size = len(self.value) + (len(self.key) if self.key else 0) + EVENT_OVERHEAD_BYTES
+    def __init__(self, graphpipe: bool, key: bytes | None, value: bytes, size: int = -1) -> None:
+        # A plain __init__, not a dataclass's: one Python call per logged event instead of two
+        # (__init__ and __post_init__).
+        self.graphpipe = graphpipe
+        self.key = key
+        self.value = value
+        #: Bytes this entry holds against the buffer budget (computed once: the drain sums it per batch).
+        self.size = size if size >= 0 else len(value) + (len(key) if key else 0) + EVENT_OVERHEAD_BYTES
+
+    def __repr__(self) -> str:
+        return f"LogEntry(graphpipe={self.graphpipe}, key={self.key!r}, value=<{len(self.value)} bytes>, size={self.size})"
 
 
 class Sink(Protocol):
