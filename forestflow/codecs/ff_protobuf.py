@@ -47,17 +47,17 @@ def _readable(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: np.ascontiguousarray(c, dtype=FF_DTYPES[_ff_type(c)]) for name, c in columns.items()}
 
 
-def _message(outer: bytes, prefix: bytes, schema_tag: int, datum_tag: int, frame: Frame, configs: dict[str, str] | None) -> bytes:
-    # The frame's own column dict goes to C as it is: no tuple of names and list of columns per message.
-    out = _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, frame.columns, configs)
-    if out is None:  # e.g. a column sliced with a step, fixed-width text, another byte order
-        out = _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, _readable(frame.columns), configs)
-    return out
+def _converted(outer: bytes, prefix: bytes, schema_tag: int, datum_tag: int, frame: Frame, configs: dict[str, str] | None) -> bytes:
+    """The message of a frame whose columns the C writer could not read as they are (e.g. a column
+    sliced with a step, fixed-width text, another byte order): written from converted copies."""
+    return _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, _readable(frame.columns), configs)
 
 
 def inference_request_bytes(frame: Frame, configs: dict[str, str], field: bytes = b"") -> bytes:
     """A serialized InferenceRequest of an input frame and its configs (as field key ``field`` when given)."""
-    return _message(field, b"", 0x0A, 0x12, frame, configs)
+    # The frame's own column dict goes to C as it is (no tuple of names and list of columns per message).
+    out = _ffwire.message(field, b"", 0x0A, 0x12, frame.num_rows, frame.columns, configs)
+    return out if out is not None else _converted(field, b"", 0x0A, 0x12, frame, configs)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -81,7 +81,8 @@ def prediction_bytes(fqrv: FQRV, frame: Frame, field: bytes = b"") -> bytes:
 
 def prediction_bytes_after(fqrv_field: bytes, frame: Frame, field: bytes = b"") -> bytes:
     """:func:`prediction_bytes` with the fqrv field already written (by :func:`prediction_fqrv_field`)."""
-    return _message(field, fqrv_field, 0x12, 0x1A, frame, None)
+    out = _ffwire.message(field, fqrv_field, 0x12, 0x1A, frame.num_rows, frame.columns, None)
+    return out if out is not None else _converted(field, fqrv_field, 0x12, 0x1A, frame, None)
 
 
 def embedded(number: int, payload: bytes) -> bytes:
