@@ -208,33 +208,41 @@ class KafkaSink:
     ) -> tuple[list[tuple[tuple[str, int], Any, list[LogEntry]]], set[int]]:
         """Record batches ((topic, partition), batch, its entries in order) and the ids of entries too large to send."""
         refused: set[int] = set()
-        partitions: dict[str, tuple[list[int], dict[bytes, int]]] = {}
-        out: dict[tuple[str, int], list[list[Any]]] = {}  # [bytes so far, entries] per batch
+        # Per topic: its partitions and key cache, and its record batches by partition, each
+        # [bytes so far, entries]. Looked up once per topic, not per entry: this loop runs for every event.
+        topics: dict[bool, tuple[str, tuple[list[int], dict[bytes, int]], dict[int, list[list[Any]]]]] = {}
         # Events well under the limit skip the exact estimate (a one-record batch adds under 128 bytes
         # to key and value: 61 of batch header, the rest varints).
-        surely_fits = self.max_request_size - 128
+        surely_fits = self.max_request_size - 128 + EVENT_OVERHEAD_BYTES  # in entry.size terms
+        batch_bytes, partition_of = self._batch_bytes, self._partition
         for entry in entries:
-            topic = self.gp_topic if entry.graphpipe else self.topic
-            payload = entry.size - EVENT_OVERHEAD_BYTES  # key and value bytes
-            if (
-                payload > surely_fits
-                and DefaultRecordBatchBuilder.estimate_size_in_bytes(entry.key, entry.value, []) > self.max_request_size
-            ):
+            size = entry.size
+            if size > surely_fits and DefaultRecordBatchBuilder.estimate_size_in_bytes(entry.key, entry.value, []) > self.max_request_size:
                 self.rejected += 1
                 refused.add(id(entry))
-                log.error("prediction_log_event_too_large", topic=topic, bytes=len(entry.value), max_request_size=self.max_request_size)
+                log.error("prediction_log_event_too_large", topic=self.gp_topic if entry.graphpipe else self.topic,
+                          bytes=len(entry.value), max_request_size=self.max_request_size)
                 continue
-            known = partitions.get(topic)
-            if known is None:
-                known = partitions[topic] = await self._partitions(producer, topic)
-            batches = out.setdefault((topic, self._partition(entry.key, known)), [])
-            size = payload + _RECORD_OVERHEAD
-            if not batches or batches[-1][0] + size > self._batch_bytes:  # a first record always fits
+            here = topics.get(entry.graphpipe)
+            if here is None:
+                topic = self.gp_topic if entry.graphpipe else self.topic
+                here = topics[entry.graphpipe] = (topic, await self._partitions(producer, topic), {})
+            key = entry.key
+            partition = here[1][1].get(key) if key is not None else None
+            if partition is None:
+                partition = partition_of(key, here[1])
+            batches = here[2].get(partition)
+            if batches is None:
+                batches = here[2][partition] = []
+            size += _RECORD_OVERHEAD - EVENT_OVERHEAD_BYTES  # key and value bytes, and the record's own
+            if not batches or batches[-1][0] + size > batch_bytes:  # a first record always fits
                 batches.append([_BATCH_HEADER, []])
-            batches[-1][0] += size
-            batches[-1][1].append(entry)
+            last = batches[-1]
+            last[0] += size
+            last[1].append(entry)
         return [
-            (tp, RecordBatch(members, self.compression), members) for tp, batches in out.items() for _, members in batches
+            ((topic, partition), RecordBatch(members, self.compression), members)
+            for topic, _, by_partition in topics.values() for partition, batches in by_partition.items() for _, members in batches
         ], refused
 
     async def _partitions(self, producer: AIOKafkaProducer, topic: str) -> tuple[list[int], dict[bytes, int]]:
