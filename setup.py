@@ -1,9 +1,11 @@
 """C extensions of forestflow (everything else is in pyproject.toml).
 
-Plain CPython C API, no numpy headers: built by ``pip install`` wherever gcc and the Python
-headers are (the README's install commands, CI, the Dockerfile's build stage).
+Built by ``pip install`` wherever gcc and the Python headers are (the README's install commands,
+CI, the Dockerfile's build stage); the protobuf writer also reads numpy's headers (numpy is a
+build requirement in pyproject.toml).
 """
 
+import numpy
 from setuptools import Extension, setup
 
 #: The varint writers both serializers share.
@@ -12,7 +14,12 @@ VARINT_H = "forestflow/codecs/varint.h"
 setup(
     ext_modules=[
         # The prediction log's PredictionEvent records (codecs/ff_protobuf.py).
-        Extension("forestflow.codecs._ffwire", ["forestflow/codecs/_ffwire.c"], depends=[VARINT_H], extra_compile_args=["-O2"]),
+        # It reads numpy arrays' memory through numpy's C API (their buffers cost more to build than a
+        # small column costs to write).
+        Extension(
+            "forestflow.codecs._ffwire", ["forestflow/codecs/_ffwire.c"], include_dirs=[numpy.get_include()], depends=[VARINT_H],
+            extra_compile_args=["-O2"],
+        ),
         # The prediction log's Kafka record batches (predlog/kafka_batch.py).
         Extension(
             "forestflow.predlog._kafka_records", ["forestflow/predlog/_kafka_records.c"],

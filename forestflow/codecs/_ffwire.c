@@ -20,6 +20,9 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL ffwire_ARRAY_API
+#include <numpy/arrayobject.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -197,6 +200,8 @@ static int kind_of_format(const char *fmt, Py_ssize_t itemsize) {
 /* Bytes between consecutive elements of a buffer read in record-major order: a 1-D buffer with
  * any stride, or a C-contiguous one of any shape; -1 for anything else. */
 static Py_ssize_t element_stride(const Py_buffer *view) {
+    if (view->len <= view->itemsize) /* one element or none: no step (numpy may report any stride) */
+        return view->itemsize;
     if (view->ndim <= 1)
         return view->strides != NULL && view->ndim == 1 ? view->strides[0] : view->itemsize;
     return PyBuffer_IsContiguous(view, 'C') ? view->itemsize : -1;
@@ -306,12 +311,58 @@ static char *put_map(char *out, char tag, PyObject *mapping) { /* after map_size
 
 /* Reads a column's buffer; 1 when it can be written as it is, 0 when it cannot (the caller converts
  * it and calls again), -1 on error. */
+/* The buffer format of a numpy type (what its buffer would carry), or NULL for a type written otherwise. */
+static const char *numpy_format(int type_num) {
+    switch (type_num) {
+    case NPY_DOUBLE: return "d";
+    case NPY_FLOAT: return "f";
+    case NPY_HALF: return "e";
+    case NPY_BYTE: return "b";
+    case NPY_SHORT: return "h";
+    case NPY_INT: return "i";
+    case NPY_LONG: return "l";
+    case NPY_LONGLONG: return "q";
+    case NPY_UBYTE: return "B";
+    case NPY_USHORT: return "H";
+    case NPY_UINT: return "I";
+    case NPY_ULONG: return "L";
+    case NPY_ULONGLONG: return "Q";
+    case NPY_BOOL: return "?";
+    case NPY_OBJECT: return "O";
+    default: return NULL;
+    }
+}
+
+/* A numpy array's memory described as its buffer would be, read straight from the array: numpy
+ * builds a buffer's format and shape for every new array, which costs more than writing a small
+ * column. 0 when the array is of a type or byte order the buffer path would refuse too. */
+static int view_of_array(PyArrayObject *array, Py_buffer *view) {
+    PyArray_Descr *descr = PyArray_DESCR(array);
+    const char *format = numpy_format(descr->type_num);
+    if (format == NULL || !PyArray_ISNOTSWAPPED(array))
+        return 0;
+    memset(view, 0, sizeof(*view));
+    view->buf = PyArray_DATA(array);
+    view->itemsize = PyArray_ITEMSIZE(array);
+    view->len = PyArray_NBYTES(array);
+    view->readonly = 1;
+    view->ndim = PyArray_NDIM(array);
+    view->format = (char *)format;
+    view->shape = (Py_ssize_t *)PyArray_DIMS(array);
+    view->strides = (Py_ssize_t *)PyArray_STRIDES(array);
+    return 1;
+}
+
 static int open_column(PyObject *array, Column *c, Py_ssize_t rows, int *code) {
-    if (PyObject_GetBuffer(array, &c->view, PyBUF_RECORDS_RO) < 0) {
+    if (PyArray_Check(array)) {
+        if (!view_of_array((PyArrayObject *)array, &c->view))
+            return 0;
+    } else if (PyObject_GetBuffer(array, &c->view, PyBUF_RECORDS_RO) < 0) {
         PyErr_Clear();
         return 0;
+    } else {
+        c->has_view = 1;
     }
-    c->has_view = 1;
     c->itemsize = c->view.itemsize;
     c->stride = element_stride(&c->view);
     c->kind = kind_of_format(c->view.format, c->itemsize);
@@ -681,5 +732,6 @@ PyMODINIT_FUNC PyInit__ffwire(void) {
         PyErr_SetString(PyExc_ImportError, "forestflow.codecs._ffwire needs a little-endian host");
         return NULL;
     }
+    import_array();
     return PyModule_Create(&module);
 }

@@ -196,6 +196,16 @@ def test_c_writer_on_either_side_of_its_stack_buffers(columns: int, rows: int) -
     assert pb.Prediction.FromString(prediction_bytes(fqrv, frame)) == prediction_to_proto(fqrv, frame)
 
 
+def test_c_writer_reads_numpy_arrays_of_one_element_whatever_stride_they_report() -> None:
+    # numpy calls a one-element view contiguous whatever its stride (here -8): the writer reads it as
+    # it is (numpy's C API, no buffer), instead of asking for a converted copy.
+    one = np.array([b"x", b"y"], dtype=object)[::-1][:1]
+    assert one.strides == (-8,) and one.flags["C_CONTIGUOUS"]
+    written = _ffwire.message(b"", b"", 0x0A, 0x12, 1, {"b": one}, None)
+    assert written is not None
+    assert pb.InferenceRequest.FromString(written).datum[0].tensors[0].Byte.data == [b"y"]
+
+
 def test_event_head_checks_its_arguments() -> None:
     good: list[Any] = [b"\x10\x01", 1700000000000, "req-1", b"", 1.5, 200, b""]
     assert _ffwire.event_head(*good)[:2] == b"\x10\x01"
