@@ -18,7 +18,7 @@ Two settings are pinned, the same for NONE and FULL, because under valgrind (her
 
 Instructions are not time: cache misses, memory traffic and branch mispredictions cost cycles,
 not instructions. On this machine the instruction cost came out below the timed cost in every
-cell, most at 100 rows (FULL to the file, /score 100 rows: 1.9-2.5% in instructions, 5-12.6% timed),
+cell, most at 100 rows (FULL to the file, /score 100 rows: 1.6-2.5% in instructions, 5-12.6% timed),
 where events move and compress kilobytes. The target is judged by the timed lines; this script is for
 comparing two versions of the logging path. Its own noise: one cell counted four times spread over
 1% of its total (FULL to Kafka, /score 1 row: 812.8k-821.1k instructions per request), so a change of
