@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -35,10 +36,24 @@ CONTRACT = ("bench", "log", 1)
 #: The most a FULL gateway may spend per request over a NONE one (issue 23).
 TARGET = 0.10
 
+ServerT = TypeVar("ServerT", bound=Server)
+
+
+#: Starts one gateway of a pair: ``(name, env) -> Server``, the name unique in the work dir.
+Starter = Callable[[str, dict[str, str]], ServerT]
+
 
 @contextlib.contextmanager
-def gateway_pair(work: Path, sink: str) -> Iterator[tuple[Server, Server]]:
-    """(NONE, FULL) gateways for ``sink`` ("file" or "kafka"), both on core 0."""
+def gateway_pair(work: Path, sink: str, start: Starter[ServerT] | None = None) -> Iterator[tuple[ServerT, ServerT]]:
+    """(NONE, FULL) gateways for ``sink`` ("file" or "kafka"), the contract deployed on each.
+
+    ``start`` starts each one (by default a gateway pinned to core 0, as the timed lines need); the
+    test broker, for Kafka, runs on core 1 with the load generators.
+    """
+    if start is None:
+        def start(name: str, env: dict[str, str]) -> Server:
+            return start_gateway(work / f"data-{name}", env, work, f"gateway-{name}")
+
     with contextlib.ExitStack() as stack:
         env: dict[str, str] = {}
         if sink == "kafka":
@@ -50,7 +65,7 @@ def gateway_pair(work: Path, sink: str) -> Iterator[tuple[Server, Server]]:
             env = {"FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "FORESTFLOW_KAFKA_ENABLE_IDEMPOTENCE": "false"}
         servers = []
         for level in ("NONE", "FULL"):
-            server = start_gateway(work / f"data-{sink}-{level}", env, work, f"gateway-{sink}-{level}")
+            server = start(f"{sink}-{level}", env)
             stack.callback(server.stop)
             deploy(server, CONTRACT, level)
             servers.append(server)
@@ -133,11 +148,16 @@ def measure(work: Path, sinks: list[str], endpoint_names: list[str], row_counts:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cell_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that choose the cells: ``--sinks``, ``--endpoints``, ``--rows``."""
     parser.add_argument("--sinks", nargs="+", default=["file", "kafka"], choices=["file", "kafka"])
     parser.add_argument("--endpoints", nargs="+", default=["score", "v2"], choices=["score", "v2", "gp"])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cell_arguments(parser)
     parser.add_argument("--rounds", type=int, default=7, help="side-by-side measurements per cell (median)")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=LOGGING_CONCURRENCY,

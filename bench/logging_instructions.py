@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import re
 import shutil
@@ -40,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +47,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.logging_cost import CONTRACT, TARGET  # noqa: E402
-from bench.run import PYTHON, Server, deploy, endpoints, free_port, wait_http  # noqa: E402
+from bench.logging_cost import CONTRACT, TARGET, add_cell_arguments, gateway_pair  # noqa: E402
+from bench.run import PYTHON, Server, endpoints, free_port, wait_http  # noqa: E402
 
 #: Settings pinned for both gateways (see the module docstring).
 PINNED = {"FORESTFLOW_MAX_BATCH_ROWS": "0", "FORESTFLOW_LOG_LINGER_MS": "1000", "FORESTFLOW_GRPC_PORT": "-1"}
@@ -74,27 +72,33 @@ async def _fire(url: str, body: bytes, ctype: str, count: int) -> None:
         await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
 
 
-class CountedGateway:
+@dataclass
+class CountedGateway(Server):
     """A gateway under callgrind whose counting is switched on for one batch of requests at a time."""
 
-    def __init__(self, work: Path, name: str, env: dict[str, str]) -> None:
-        self.out = work / f"{name}.callgrind"
+    out: Path = Path()  # callgrind's output file; dump N is written beside it as <out>.N
+    dumps: int = 0
+
+    @classmethod
+    def start(cls, work: Path, name: str, env: dict[str, str]) -> CountedGateway:
+        """Starts the gateway ``name`` under callgrind (counting off) and waits until it is ready."""
+        out = work / f"{name}.callgrind"
         port = free_port()
         roots = {"FORESTFLOW_ARTIFACT_ROOTS": f"{ROOT},{work}"}
-        argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={self.out}",
+        argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
                 PYTHON, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(work / f"data-{name}")]
         proc = subprocess.Popen(argv, env={**os.environ, **roots, **PINNED, **env}, cwd=ROOT,
                                 stdout=open(work / f"{name}.log", "wb"), stderr=subprocess.STDOUT)
-        self.server = Server(proc, f"http://127.0.0.1:{port}")
-        self.dumps = 0
-        wait_http(self.server.url + "/health/ready", 600)
+        gateway = cls(proc, f"http://127.0.0.1:{port}", out)
+        wait_http(gateway.url + "/health/ready", 600)
+        return gateway
 
     def _control(self, *args: str) -> None:
-        subprocess.run(["callgrind_control", *args, str(self.server.proc.pid)], check=True, capture_output=True, timeout=120)
+        subprocess.run(["callgrind_control", *args, str(self.proc.pid)], check=True, capture_output=True, timeout=120)
 
     def instructions_per_request(self, path: str, body: bytes, ctype: str, requests: int) -> float:
         """Instructions the gateway ran for ``requests`` requests and the delivery of their events."""
-        url = self.server.url + path
+        url = self.url + path
         asyncio.run(_fire(url, body, ctype, WARMUP_REQUESTS))
         time.sleep(1.5)  # the warm-up's events shipped before counting starts
         self._control("--zero")
@@ -105,9 +109,6 @@ class CountedGateway:
         self._control("--dump")
         self.dumps += 1
         return _total(Path(f"{self.out}.{self.dumps}")) / requests
-
-    def stop(self) -> None:
-        self.server.stop()
 
 
 def _total(dump: Path) -> int:
@@ -146,30 +147,9 @@ class InstructionCost:
                 f"+{(self.full - self.none) / 1000:.1f}k) {verdict}")
 
 
-@contextlib.contextmanager
-def counted_pair(work: Path, sink: str) -> Iterator[tuple[CountedGateway, CountedGateway]]:
-    """(NONE, FULL) gateways under callgrind for ``sink``, the contract deployed on each."""
-    with contextlib.ExitStack() as stack:
-        env: dict[str, str] = {}
-        if sink == "kafka":
-            from tests.kafka_broker import running_broker
-
-            broker = stack.enter_context(running_broker())
-            env = {"FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "FORESTFLOW_KAFKA_ENABLE_IDEMPOTENCE": "false"}
-        pair = []
-        for level in ("NONE", "FULL"):
-            gateway = CountedGateway(work, f"{sink}-{level}", env)
-            stack.callback(gateway.stop)
-            deploy(gateway.server, CONTRACT, level)
-            pair.append(gateway)
-        yield pair[0], pair[1]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sinks", nargs="+", default=["file", "kafka"], choices=["file", "kafka"])
-    parser.add_argument("--endpoints", nargs="+", default=["score", "v2"], choices=["score", "v2", "gp"])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
+    add_cell_arguments(parser)
     parser.add_argument("--requests", type=int, default=1000, help="counted requests per cell (a tenth of it at 100 rows and more)")
     args = parser.parse_args()
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
@@ -180,7 +160,7 @@ def main() -> int:
           f"(1-row) at c{CONCURRENCY}, {', '.join(f'{k}={v}' for k, v in PINNED.items())}", flush=True)
     held = total = 0
     for sink in args.sinks:
-        with counted_pair(work, sink) as (none, full):
+        with gateway_pair(work, sink, lambda name, env: CountedGateway.start(work, name, env)) as (none, full):
             for rows in args.rows:
                 requests = args.requests if rows < 100 else max(50, args.requests // 10)
                 for name in args.endpoints:
