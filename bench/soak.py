@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
