@@ -91,8 +91,15 @@ static uint64_t varint_value(const Column *c, Py_ssize_t i) {
 
 /* The bytes of a str or bytes element (a String group takes only str, a Bytes group only bytes). */
 static const char *text_of(const Column *c, PyObject *item, Py_ssize_t *len) {
-    if (PyUnicode_Check(item) && c->text != TEXT_BYTES)
+    if (PyUnicode_Check(item) && c->text != TEXT_BYTES) {
+        /* Read twice per message (sized, then written): an ASCII str's characters are its UTF-8,
+         * read in place without a call. */
+        if (PyUnicode_IS_COMPACT_ASCII(item)) {
+            *len = PyUnicode_GET_LENGTH(item);
+            return (const char *)PyUnicode_DATA(item);
+        }
         return PyUnicode_AsUTF8AndSize(item, len); /* cached in the str after the first call */
+    }
     if (PyBytes_Check(item) && c->text != TEXT_STR) {
         *len = PyBytes_GET_SIZE(item);
         return PyBytes_AS_STRING(item);
@@ -483,7 +490,8 @@ static PyObject *message(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         cols = PyMem_Calloc((size_t)n + 1, sizeof(Column));
         ordered = PyMem_Calloc((size_t)n + 1, sizeof(Column *));
         codes = PyMem_Calloc((size_t)n + 1, sizeof(int));
-        data_len = PyMem_Calloc((size_t)rows * (FF_BYTES + 1) + 1, sizeof(size_t));
+        /* Not zeroed (kilobytes at 100 rows): the sizing pass writes every entry before it is read. */
+        data_len = PyMem_Malloc(((size_t)rows * (FF_BYTES + 1) + 1) * sizeof(size_t));
     }
     if (names_utf8 == NULL || name_len == NULL || cols == NULL || ordered == NULL || codes == NULL || data_len == NULL) {
         PyErr_NoMemory();

@@ -94,6 +94,22 @@ def test_prediction_matches_protobuf_api(frame: Frame) -> None:
     assert fast == prediction_to_proto(FQ, frame)
 
 
+class _Label(str):
+    """A str subclass: stored apart from its object, unlike a plain str."""
+
+
+def test_text_of_every_str_storage_matches_protobuf_api() -> None:
+    # ASCII strs are read in place, the others through their UTF-8: 1-, 2- and 4-byte characters,
+    # a str subclass, and a column mixing them, in a message over 16 rows (allocated buffers).
+    labels = ["plain", "é", "ñandú", "日本", "🌲 forest", "", _Label("sub"), _Label("sübclass"), "x" * 300]
+    frame = Frame.from_columns({"label": np.array(labels * 3, dtype=object), "n": np.arange(27, dtype=np.float64)})
+    configs = {"reqid": "🌲"}
+    assert pb.InferenceRequest.FromString(inference_request_bytes(frame, configs)) == request_to_proto(frame, configs)
+    parsed = pb.Prediction.FromString(prediction_bytes(FQ, frame))
+    assert parsed == prediction_to_proto(FQ, frame)
+    assert list(getattr(parsed.datum[4].tensors[0], "String").data) == ["🌲 forest"]
+
+
 @pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 2**31, 2**63 - 1, -1, -(2**31)])
 def test_varint_matches_protobuf(value: int) -> None:
     message = pb.Int64Data()
