@@ -31,14 +31,14 @@ class LogEntry:
 
     __slots__ = ("graphpipe", "key", "value", "size")
 
-    def __init__(self, graphpipe: bool, key: bytes | None, value: bytes, size: int = -1) -> None:
+    def __init__(self, graphpipe: bool, key: bytes | None, value: bytes) -> None:
         # A plain __init__, not a dataclass's: one Python call per logged event instead of two
         # (__init__ and __post_init__).
         self.graphpipe = graphpipe
         self.key = key
         self.value = value
         #: Bytes this entry holds against the buffer budget (computed once: the drain sums it per batch).
-        self.size = size if size >= 0 else len(value) + (len(key) if key else 0) + EVENT_OVERHEAD_BYTES
+        self.size = len(value) + (len(key) if key else 0) + EVENT_OVERHEAD_BYTES
 
     def __repr__(self) -> str:
         return f"LogEntry(graphpipe={self.graphpipe}, key={self.key!r}, value=<{len(self.value)} bytes>, size={self.size})"
@@ -126,14 +126,14 @@ class PredictionLog:
             self.stats.encode_errors += 1
             log.exception("prediction_log_encode_failed", fqrv=str(record.fqrv), request_id=record.request_id)
             return False
-        key = None if key_text is None else key_text.encode()
-        size = len(value) + EVENT_OVERHEAD_BYTES + (0 if key is None else len(key))
+        entry = LogEntry(record.raw_request is not None, None if key_text is None else key_text.encode(), value)
+        size = entry.size
         stats = self.stats
         if self._closing or stats.buffered_bytes + size > self.capacity_bytes:
             stats.dropped_overflow += 1
             self._maybe_warn()
             return False
-        self._queue.append(LogEntry(record.raw_request is not None, key, value, size))
+        self._queue.append(entry)
         stats.buffered += 1
         stats.buffered_bytes += size
         self._wakeup.set()
