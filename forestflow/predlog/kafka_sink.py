@@ -208,9 +208,10 @@ class KafkaSink:
     ) -> tuple[list[tuple[tuple[str, int], Any, list[LogEntry]]], set[int]]:
         """Record batches ((topic, partition), batch, its entries in order) and the ids of entries too large to send."""
         refused: set[int] = set()
-        # Per topic: its partitions and key cache, and its record batches by partition, each
-        # [bytes so far, entries]. Looked up once per topic, not per entry: this loop runs for every event.
-        topics: dict[bool, tuple[str, tuple[list[int], dict[bytes, int]], dict[int, list[list[Any]]]]] = {}
+        # Per topic (by entry.graphpipe): its name, its partitions and key cache (as _partitions gives
+        # them), that key cache alone, and its record batches by partition, each [bytes so far, entries].
+        # Looked up once per topic, not per entry: this loop runs for every event.
+        topics: dict[bool, tuple[str, tuple[list[int], dict[bytes, int]], dict[bytes, int], dict[int, list[list[Any]]]]] = {}
         # Events well under the limit skip the exact estimate (a one-record batch adds under 128 bytes
         # to key and value: 61 of batch header, the rest varints).
         surely_fits = self.max_request_size - 128 + EVENT_OVERHEAD_BYTES  # in entry.size terms
@@ -223,17 +224,19 @@ class KafkaSink:
                 log.error("prediction_log_event_too_large", topic=self.gp_topic if entry.graphpipe else self.topic,
                           bytes=len(entry.value), max_request_size=self.max_request_size)
                 continue
-            here = topics.get(entry.graphpipe)
-            if here is None:
+            state = topics.get(entry.graphpipe)
+            if state is None:
                 topic = self.gp_topic if entry.graphpipe else self.topic
-                here = topics[entry.graphpipe] = (topic, await self._partitions(producer, topic), {})
+                known = await self._partitions(producer, topic)
+                state = topics[entry.graphpipe] = (topic, known, known[1], {})
+            _, known, by_key, by_partition = state
             key = entry.key
-            partition = here[1][1].get(key) if key is not None else None
+            partition = by_key.get(key) if key is not None else None  # a cached key's partition without a call
             if partition is None:
-                partition = partition_of(key, here[1])
-            batches = here[2].get(partition)
+                partition = partition_of(key, known)
+            batches = by_partition.get(partition)
             if batches is None:
-                batches = here[2][partition] = []
+                batches = by_partition[partition] = []
             size += _RECORD_OVERHEAD - EVENT_OVERHEAD_BYTES  # key and value bytes, and the record's own
             if not batches or batches[-1][0] + size > batch_bytes:  # a first record always fits
                 batches.append([_BATCH_HEADER, []])
@@ -242,7 +245,7 @@ class KafkaSink:
             last[1].append(entry)
         return [
             ((topic, partition), RecordBatch(members, self.compression), members)
-            for topic, _, by_partition in topics.values() for partition, batches in by_partition.items() for _, members in batches
+            for topic, _, _, by_partition in topics.values() for partition, batches in by_partition.items() for _, members in batches
         ], refused
 
     async def _partitions(self, producer: AIOKafkaProducer, topic: str) -> tuple[list[int], dict[bytes, int]]:
