@@ -316,8 +316,6 @@ static char *put_map(char *out, char tag, PyObject *mapping) { /* after map_size
     return out;
 }
 
-/* Reads a column's buffer; 1 when it can be written as it is, 0 when it cannot (the caller converts
- * it and calls again), -1 on error. */
 /* The buffer format of a numpy type (what its buffer would carry), or NULL for a type written otherwise. */
 static const char *numpy_format(int type_num) {
     switch (type_num) {
@@ -360,6 +358,8 @@ static int view_of_array(PyArrayObject *array, Py_buffer *view) {
     return 1;
 }
 
+/* Reads a column (a numpy array through numpy's C API, anything else through its buffer); 1 when
+ * it can be written as it is, 0 when it cannot (the caller converts it and calls again), -1 on error. */
 static int open_column(PyObject *array, Column *c, Py_ssize_t rows, int *code) {
     if (PyArray_Check(array)) {
         if (!view_of_array((PyArrayObject *)array, &c->view))
