@@ -202,10 +202,28 @@ class Forbidden(GatewayError):
     kind = Kind.FORBIDDEN
 
 
-class ScoringError(GatewayError):
-    """The model raised while scoring; the detail goes to the log, not to the client."""
+class PredictionFailed(GatewayError):
+    """Model code raised while scoring (or answered something unusable): the server's failure, a 500.
+
+    The cause (exception type and traceback) goes to the gateway log, never to the client;
+    release gates count these as failures. What the gateway itself rejects while decoding a
+    request stays an :class:`InvalidInput` (400).
+    """
 
     kind = Kind.INTERNAL
 
     def __init__(self, fqrv: Any, message: str = "the model failed to score the request") -> None:
+        super().__init__(message, fqrv=fqrv, errorMessage=message)
+
+
+#: The former name of :class:`PredictionFailed` (same class).
+ScoringError = PredictionFailed
+
+
+class InternalError(GatewayError):
+    """An unexpected failure in the gateway itself (not in model code); the detail is logged."""
+
+    kind = Kind.INTERNAL
+
+    def __init__(self, fqrv: Any, message: str = "internal error") -> None:
         super().__init__(message, fqrv=fqrv, errorMessage=message)

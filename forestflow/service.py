@@ -250,7 +250,11 @@ class Gateway:
         except GatewayError as error:
             self._log_outcome(entry, context, True, started, error=error)
             if error.__cause__ is not None:
-                log.error("predict_failed", fqrv=str(fqrv), request_id=request_id, exc_info=error.__cause__)
+                cause = error.__cause__
+                log.error(
+                    "predict_failed", fqrv=str(fqrv), request_id=request_id, error_code=error.code,
+                    exception_type=type(cause).__name__, exc_info=cause,
+                )
             raise
         except asyncio.CancelledError:
             # The client went away: its job is withdrawn, and the prediction log still says so.

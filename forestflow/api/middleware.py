@@ -15,7 +15,7 @@ from forestflow import logs
 from forestflow.api.common import CONTRACT, FQRV_TAG, REQUEST_ID, SCORING_S, SETTINGS
 from forestflow.api.prom import RequestMetrics
 from forestflow.api.responses import error_response
-from forestflow.errors import GatewayError, InvalidInput, MethodNotAllowed, NotFound, PayloadTooLarge, ScoringError
+from forestflow.errors import GatewayError, InvalidInput, MethodNotAllowed, NotFound, PayloadTooLarge, InternalError
 
 log = structlog.get_logger("forestflow.http")
 
@@ -78,7 +78,7 @@ def build_middleware(
         except Exception:
             log.exception("unhandled_error", request_id=request_id, path=request.path)
             status = 500
-            return error_response(ScoringError(request.get(FQRV_TAG), "internal error; see the gateway log with this request_id"), request_id)
+            return error_response(InternalError(request.get(FQRV_TAG), "internal error; see the gateway log with this request_id"), request_id)
         finally:
             if metrics is not None:
                 metrics.record(

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from forestflow.core.frame import Frame, TensorSpec
-from forestflow.errors import CreateServableRequestInvalidError, ScoringError, ServableNotReady
+from forestflow.errors import CreateServableRequestInvalidError, PredictionFailed, ServableNotReady
 from forestflow.runtime import jvm
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.h2o_inputs import NA, UNSEEN, ModelColumn, build_matrix, missing_columns
@@ -329,7 +329,7 @@ class H2OMojoServable(Servable):
                 preds = self._score(X, offsets)
             except Exception as exc:
                 log.exception("H2O MOJO %s failed to score a batch of %d rows", self.fqrv, n)
-                raise ScoringError(self.fqrv) from exc
+                raise PredictionFailed(self.fqrv) from exc
         return Frame(self._outputs(preds), {"unknown_inputs": unknown, "missing_inputs": missing_columns(frame, self._columns)})
 
     def _score(self, X: np.ndarray, offsets: np.ndarray | None) -> np.ndarray:

@@ -31,7 +31,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 
 from forestflow.core.frame import DATATYPES, Frame, TensorSpec
 from forestflow.core.ids import FQRV
-from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, ScoringError, ServableNotReady
+from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, PredictionFailed, ServableNotReady
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.onnx_graph import GraphInfo, ZipMapOutput, read_graph
 from forestflow.runtime.onnx_io import InputPlan, build_feeds, dims, element_type
@@ -330,12 +330,12 @@ class OnnxServable(Servable):
             raise InvalidInput(f"the model refused the input: {_ort_reason(exc)}") from None
         except Exception as exc:
             log.exception("ONNX servable %s failed to score a batch of %d rows", self.fqrv, n)
-            raise ScoringError(self.fqrv) from exc
+            raise PredictionFailed(self.fqrv) from exc
         for name, result in zip(names, results):
             if not isinstance(result, np.ndarray) or result.ndim == 0 or len(result) != n:
                 shape = getattr(result, "shape", type(result).__name__)
                 log.error("ONNX servable %s: output %s has shape %s for %d rows", self.fqrv, name, shape, n)
-                raise ScoringError(self.fqrv, f"output {name!r} has no row per input row (shape {shape} for {n} rows)")
+                raise PredictionFailed(self.fqrv, f"output {name!r} has no row per input row (shape {shape} for {n} rows)")
         return results
 
     def _empty_outputs(self) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.core.ids import FQRV
-from forestflow.errors import CreateServableRequestInvalidError, GatewayError, InvalidInput
+from forestflow.errors import CreateServableRequestInvalidError
 from forestflow.runtime.base import Servable, ServableMetadata
 
 _module_ids = itertools.count()
@@ -85,22 +85,16 @@ class PythonServable(Servable):
 
     def predict(self, frame: Frame) -> Frame:
         assert self._predict is not None, "predict before load"
-        try:
-            result = self._predict(frame)
-        except GatewayError:
-            raise
-        except (ValueError, KeyError, TypeError) as exc:
-            # The model rejected its input: a client error, reported without a stack trace.
-            raise InvalidInput(f"the model rejected the input: {type(exc).__name__}: {exc}") from exc
+        # Whatever the model raises is the server's failure: the scheduler answers it as a 500
+        # PredictionFailed and the service logs its type and traceback.
+        result = self._predict(frame)
         if isinstance(result, Frame):
             out = result
         elif isinstance(result, Mapping):
             out = Frame.from_columns(result)
         else:
             raise TypeError(f"{self.fqrv}: predict returned {type(result).__name__}, expected a Frame or a mapping")
-        if out.num_rows != frame.num_rows:
-            raise ValueError(f"{self.fqrv}: predict returned {out.num_rows} rows for {frame.num_rows} input rows")
-        return out
+        return out  # its row count is checked on the scoring path (scheduler)
 
     def metadata(self) -> ServableMetadata:
         assert self._metadata is not None, "metadata before load"

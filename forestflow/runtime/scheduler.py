@@ -31,7 +31,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from forestflow.core.frame import Frame
-from forestflow.errors import DeadlineExceeded, GatewayError, Overloaded, ScoringError
+from forestflow.errors import DeadlineExceeded, GatewayError, Overloaded, PredictionFailed
 from forestflow.runtime.base import Servable
 
 
@@ -250,7 +250,7 @@ class ServableScheduler:
             return
         frames = [frame for frame, _ in jobs]
         try:
-            out = self.servable.predict(Frame.concat(frames))
+            out = self._predict(Frame.concat(frames))
         except Exception:
             # One bad request must not fail the others: each is scored (and fails) on its own.
             for frame, future in jobs:
@@ -271,17 +271,30 @@ class ServableScheduler:
         """
         self.stats.inline_calls += 1
         try:
-            future.set_result(self.servable.predict(frame))
+            future.set_result(self._predict(frame))
         except Exception as exc:
             future.set_exception(self._caller_error(exc))
         return future
 
+    def _predict(self, frame: Frame) -> Frame:
+        """The one call of a servable's ``predict`` on the scoring path (on the loop or a thread).
+
+        An answer whose row count differs from the request's is the servable's failure, a
+        :class:`PredictionFailed` naming it (logged by the service through its ``__cause__``),
+        never rows handed to the wrong callers or a 200 with none.
+        """
+        out = self.servable.predict(frame)
+        if out.num_rows != frame.num_rows:
+            reason = f"servable {self.servable.fqrv} returned {out.num_rows} row(s) for {frame.num_rows} input row(s)"
+            raise PredictionFailed(self.servable.fqrv, reason) from ValueError(reason)
+        return out
+
     def _caller_error(self, exc: BaseException) -> BaseException:
         """What the callers of a failed predict get: our own errors as they are, a model's own
-        failure as a ScoringError whose ``__cause__`` (logged by the service) is that failure."""
+        failure as a PredictionFailed whose ``__cause__`` (logged by the service) is that failure."""
         if isinstance(exc, GatewayError):
             return exc
-        error = ScoringError(self.servable.fqrv)
+        error = PredictionFailed(self.servable.fqrv)
         error.__cause__ = exc
         return error
 
@@ -349,7 +362,7 @@ class ServableScheduler:
         loop = asyncio.get_running_loop()
         frame = batch[0].frame if len(batch) == 1 else Frame.concat([j.frame for j in batch])
         try:
-            task = loop.run_in_executor(self.executor, self.servable.predict, frame)
+            task = loop.run_in_executor(self.executor, self._predict, frame)
         except RuntimeError:  # the executor was shut down (gateway stopping)
             self._finish(batch, error=Overloaded(f"servable {self.servable.fqrv} is unloading"))
             return

@@ -58,7 +58,7 @@ async def test_predict_with_lists_objects_and_inputs_key(gw: InProcessGateway) -
         ({"instances": [[1, 2, [3, 4]], [1, 2, 3]]}, 400, "'c'"),
         ({"instances": []}, 400, "instances"),
         ({"nothing": 1}, 400, "instances"),
-        ({"instances": [{"a": 1, "b": 2}]}, 400, "'c'"),  # the model itself rejects the missing feature
+        ({"instances": [{"a": 1, "b": 2}]}, 500, "the model failed"),  # the model itself raises (KeyError): the server's 500
         ({"instances": [1, 2]}, 400, "instances"),
     ],
 )

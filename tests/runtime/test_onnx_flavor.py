@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
-from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, ScoringError, ServableNotReady
+from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, PredictionFailed, ServableNotReady
 from forestflow.runtime.base import create_servable
 from forestflow.runtime.onnx_flavor import OnnxServable
 from tests import onnx_models
@@ -227,7 +227,7 @@ def test_an_output_without_a_row_per_input_row_is_a_scoring_error(tmp_path: Path
     save(tmp_path, "total", [helper.make_node("ReduceSum", ["a"], ["t"], keepdims=0)],
          [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 2])], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [])])
     s = servable(tmp_path, modelPath="total.onnx")
-    with pytest.raises(ScoringError, match="output 't' has no row per input row"):
+    with pytest.raises(PredictionFailed, match="output 't' has no row per input row"):
         s.predict(Frame.from_columns({"a": np.ones((3, 2))}))
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
-from forestflow.errors import DeadlineExceeded, InvalidInput, Overloaded, ScoringError
+from forestflow.errors import DeadlineExceeded, InvalidInput, Overloaded, PredictionFailed
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.scheduler import Priority, ServableScheduler, ShadowDropped, _Job
 
@@ -245,7 +245,7 @@ async def test_cancelled_caller_leaves_the_queue(executor, gates) -> None:
 
 async def test_model_errors_reach_the_caller_and_free_the_slot(executor) -> None:
     scheduler, _ = make_scheduler(executor, slots=1)
-    with pytest.raises(ScoringError) as info:
+    with pytest.raises(PredictionFailed) as info:
         await scheduler.submit(job("boom", **{"raise": RuntimeError("model bug")}), LIVE, LONG)
     assert isinstance(info.value.__cause__, RuntimeError)
     with pytest.raises(InvalidInput):  # gateway errors from a model pass through unchanged
@@ -415,7 +415,7 @@ async def test_tiny_live_batches_run_on_the_loop_and_the_rest_in_threads() -> No
     await scheduler.submit(job("shadow"), SHADOW, LONG)
     assert [t == loop_thread for t in probe.threads] == [True, False, False]
     assert scheduler.stats.inline_calls == 1
-    with pytest.raises(ScoringError) as info:
+    with pytest.raises(PredictionFailed) as info:
         await scheduler.submit(job("boom", **{"raise": RuntimeError("model bug")}), LIVE, LONG)
     assert isinstance(info.value.__cause__, RuntimeError)
     pool.shutdown()
@@ -478,7 +478,7 @@ async def test_a_failing_request_does_not_fail_the_others_of_its_turn() -> None:
         scheduler.submit(bad, LIVE, LONG), scheduler.submit(job("ok1", x=2.0), LIVE, LONG),
         scheduler.submit(job("ok2", x=3.0), LIVE, LONG), return_exceptions=True,
     )
-    assert isinstance(results[0], ScoringError) and isinstance(results[0].__cause__, RuntimeError)
+    assert isinstance(results[0], PredictionFailed) and isinstance(results[0].__cause__, RuntimeError)
     assert [r["y"].tolist() for r in results[1:]] == [[4.0], [6.0]]
     assert probe.rows_per_call[2:] == [3, 1, 1, 1]  # the failed combined call, then one call each
 
