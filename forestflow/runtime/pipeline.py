@@ -14,6 +14,7 @@ the caller under the output parameter ``metadata``.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from forestflow.core import input_report
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.errors import CreateServableRequestInvalidError, GatewayError, InvalidInput
 from forestflow.runtime.base import Servable, ServableMetadata, create_servable
-from forestflow.runtime.pipeline_definition import PipelineSpec, StepSpec, read_definition
+from forestflow.runtime.pipeline_definition import PipelineSpec, Port, StepSpec, read_definition
 from forestflow.runtime.pipeline_steps import internal_frame
 
 #: Output-frame parameter holding what steps returned as metadata (absent when none did).
@@ -81,6 +82,7 @@ class PipelineServable(Servable):
                     f"(it runs code named by the request); the {gate} setting allows it"
                 )
         loaded: list[_Step] = []
+        implied: list[Port] = []  # request columns read by steps that declare no inputs
         try:
             for step in spec.steps:
                 servable = create_servable(step.flavor.flavor, self.fqrv, self.artifact_dir, step.flavor_settings())
@@ -91,12 +93,22 @@ class PipelineServable(Servable):
                     raise CreateServableRequestInvalidError(f"step {step.name!r}: {exc.message}") from None
                 except Exception as exc:  # a model's own failure while loading: 422 with the reason
                     raise CreateServableRequestInvalidError(f"step {step.name!r}: loading failed: {type(exc).__name__}: {exc}") from exc
+                step = _with_model_inputs(step, servable.metadata())
                 loaded.append(_Step(step, servable))
                 _check_ports(step, servable.metadata())
+                implied.extend(p for p in step.inputs if not p.id)
         except BaseException:
             for done in reversed(loaded):
                 done.servable.unload()
             raise
+        known = {p.name for p in spec.request_inputs}
+        extra: list[Port] = []
+        for port in implied:
+            if port.name not in known:
+                known.add(port.name)
+                extra.append(port)
+        if extra:
+            spec = dataclasses.replace(spec, request_inputs=spec.request_inputs + tuple(extra))
         self._spec, self._steps = spec, loaded
         self._request_names = frozenset(p.name for p in spec.request_inputs)
         self._outputs = spec.outputs
@@ -205,6 +217,14 @@ def _returned_metadata(out: dict[str, Any], request: dict[str, Any], so_far: dic
             so_far = so_far if so_far is not None else {}
             so_far[key] = value
     return so_far
+
+
+def _with_model_inputs(step: StepSpec, meta: ServableMetadata) -> StepSpec:
+    """A model step that declares no ``[[models.inputs]]`` reads its model's own inputs (as its
+    flavor reports them) from the request columns of the same names."""
+    if step.inputs or step.flavor.takes_ports or not meta.inputs:
+        return step
+    return dataclasses.replace(step, inputs=tuple(Port(i.name, i.datatype, tuple(i.shape), "") for i in meta.inputs))
 
 
 def _check_ports(step: StepSpec, meta: ServableMetadata) -> None:

@@ -233,3 +233,24 @@ async def test_steps_without_returned_metadata_add_no_field(gw: InProcessGateway
     assert status == 200
     assert set(body) == {"Prediction"}
     assert columns(body["Prediction"], {"probabilities": 2, "top_labels": 1, "top_scores": 1})["top_labels"] == [["no capsule"]]  # configs.top_k reached the classifier
+
+
+async def test_model_step_without_declared_inputs_reads_its_models_inputs_from_the_request(gw: InProcessGateway, tmp_path: Path) -> None:
+    """An h2o_mojo step with no [[models.inputs]]: its MOJO's own columns come from the request (issue 33 item 1)."""
+    step = {"name": "gbm", "platform": "h2o_mojo", "id": GBM, "outputs": [port("1", tensor="yes")]}
+    directory = pipeline_dir(tmp_path / "bare_step", toml([step], outputs=["yes"]), (GBM,))
+    status, body = await post(gw, "/servable", servable_request(directory))
+    assert status == 200, body
+    status, body = await post(gw, "/servable", h2o_definition(GBM, ("bare", "m", 1)))
+    assert status == 200, body
+    rows = [r for r in golden_rows() if r["kind"] == "data"][:2]
+    status, piped = await post(gw, "/pipe/prostate/1/score", string_body(rows, PROSTATE))
+    assert status == 200, piped
+    got = columns(piped["Prediction"])
+    assert len(got["yes"]) == 2 and "unknownInputs" not in str(piped), piped
+    status, bare = await post(gw, "/bare/m/1/score", string_body(rows, PROSTATE))
+    assert status == 200, bare
+    assert got["yes"] == columns(bare["Prediction"])["1"]
+    async with gw.session.get(gw.url + "/pipe/prostate/1/p1/metadata") as r:
+        meta = (await r.json())["BasicMetaData"]
+    assert {i["name"] for i in meta["inputs"]} >= set(PROSTATE)
