@@ -26,7 +26,7 @@ import numpy as np
 
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.errors import CreateServableRequestInvalidError, PredictionFailed, ServableNotReady
-from forestflow.runtime import jvm
+from forestflow.runtime import inline_probe, jvm
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.h2o_inputs import NA, UNSEEN, ModelColumn, build_matrix, missing_columns
 from forestflow.runtime.h2o_tree_reader import NativeUnsupported, parse_model_ini
@@ -71,9 +71,10 @@ class H2OMojoServable(Servable):
 
     #: Two scoring threads on a 2-core machine; JPype releases the GIL during Java calls.
     max_concurrency = 2
-    #: Up to a hundred-odd rows score in well under a millisecond: on the event loop that costs
-    #: less than the hop to a thread and the GIL handed back and forth with it (measured with
-    #: bench/run.py, one core: 100-row /score 1365 -> 1164 us of CPU per request, V2 1000 -> 774).
+    #: Natively scored trees: up to a hundred-odd rows score in well under a millisecond: on the
+    #: event loop that costs less than the hop to a thread and the GIL handed back and forth with it
+    #: (measured with bench/run.py, one core: 100-row /score 1365 -> 1164 us of CPU per request, V2
+    #: 1000 -> 774). A genmodel-scored (JVM) model sets its own at load from a timed probe.
     inline_max_rows = 128
     reads_parameters = False
 
@@ -254,11 +255,14 @@ class H2OMojoServable(Servable):
         self._meta = self._build_metadata(facts)
         try:
             self._warm()
+            self.inline_max_rows = self._inline_rows()
         except Exception as exc:
             self._model = self._wrapper = None
             raise CreateServableRequestInvalidError(
                 f"{name!r} failed to score a warm-up row: {_java_message(exc)}"
             ) from None
+        assert self._meta is not None
+        self._meta.extra["inlineMaxRows"] = self.inline_max_rows
         self.ready = True
 
     def _input_columns(self, model: Any) -> list[ModelColumn]:
@@ -274,17 +278,30 @@ class H2OMojoServable(Servable):
             for n, d in zip(names, domains)
         ]
 
-    def _warm(self) -> None:
-        """Score a few hundred synthetic rows so the JIT has compiled the model before traffic."""
+    def _dummy_rows(self, rows: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Synthetic encoded rows (and offsets) covering the model's levels and missing values."""
         rng = np.random.default_rng(0)
-        X = np.empty((_WARM_ROWS, len(self._columns)))
+        X = np.empty((rows, len(self._columns)))
         for j, col in enumerate(self._columns):
             if col.domain is not None:
-                X[:, j] = rng.integers(0, max(len(col.domain), 1), _WARM_ROWS)
+                X[:, j] = rng.integers(0, max(len(col.domain), 1), rows)
             else:
-                X[:, j] = rng.normal(0.0, 50.0, _WARM_ROWS)
+                X[:, j] = rng.normal(0.0, 50.0, rows)
         X[::17] = np.nan  # the missing-value paths too
-        offsets = np.zeros(_WARM_ROWS) if self._offset is not None else None
+        return X, np.zeros(rows) if self._offset is not None else None
+
+    def _inline_rows(self) -> int:
+        """Rows a live batch may have to score on the event loop, for a genmodel-scored (JVM) model.
+
+        GLM, deep learning and the other JVM models differ by orders of magnitude in cost: like the
+        ONNX flavor, a timed probe of a dummy batch at load decides (``inline_probe``).
+        """
+        X, offsets = self._dummy_rows(inline_probe.INLINE_ROWS)
+        return inline_probe.inline_rows(lambda: self._score(X, offsets))
+
+    def _warm(self) -> None:
+        """Score a few hundred synthetic rows so the JIT has compiled the model before traffic."""
+        X, offsets = self._dummy_rows(_WARM_ROWS)
         for _ in range(3):
             self._score(X, offsets)
         # Live traffic is mostly single rows and the small batches of coalesced requests: their

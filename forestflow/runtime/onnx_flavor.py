@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 from forestflow.core.frame import DATATYPES, Frame, TensorSpec
 from forestflow.core.ids import FQRV
 from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, PredictionFailed, ServableNotReady
+from forestflow.runtime import inline_probe
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.onnx_graph import GraphInfo, ZipMapOutput, read_graph
 from forestflow.runtime.onnx_io import InputPlan, build_feeds, dims, element_type
@@ -48,10 +48,6 @@ _SETTINGS = (
     "modelPath", "intraOpThreads", "interOpThreads", "allowSpinning", "graphOptimizationLevel", "featureOrder", "inlineMaxRows",
 )
 _WARM_BATCHES = (1, 8, 100)
-#: Batches up to this many rows may score on the event loop (the scheduler gathers at most 64)...
-_INLINE_ROWS = 64
-#: ... when a dummy batch that size takes at most this long (median of a few, at load).
-_INLINE_BUDGET_S = 200e-6
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
 
 
@@ -279,14 +275,10 @@ class OnnxServable(Servable):
             return self._setting_int("inlineMaxRows", 0, "never")
         if not warmed or self._batch_of_one:
             return 0
-        feeds = self._dummy_feeds(_INLINE_ROWS)
-        assert self._session is not None
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            self._session.run(None, feeds)
-            times.append(time.perf_counter() - start)
-        return _INLINE_ROWS if sorted(times)[2] <= _INLINE_BUDGET_S else 0
+        feeds = self._dummy_feeds(inline_probe.INLINE_ROWS)
+        session = self._session
+        assert session is not None
+        return inline_probe.inline_rows(lambda: session.run(None, feeds))
 
     def unload(self) -> None:
         """Drop the session (onnxruntime frees its memory with it)."""

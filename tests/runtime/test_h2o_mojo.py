@@ -27,7 +27,7 @@ from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, ServableNotReady
 from forestflow.runtime.h2o_inputs import parse_number
-from forestflow.runtime import jvm
+from forestflow.runtime import inline_probe, jvm
 from forestflow.runtime.h2o_mojo import H2OMojoServable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -444,3 +444,21 @@ def test_forked_child_refuses_the_parents_jvm() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert done.stdout.strip() == "3", done.stderr
+
+
+@pytest.mark.parametrize(("budget_s", "rows"), [(0.0, 0), (10.0, inline_probe.INLINE_ROWS)])
+def test_jvm_models_decide_inline_scoring_by_a_timed_probe(monkeypatch: pytest.MonkeyPatch, budget_s: float, rows: int) -> None:
+    """A genmodel-scored model only scores on the event loop when its probe batch is fast enough
+    (issue 33 item 6): too slow for the budget -> 0, always on a thread."""
+    monkeypatch.setattr(inline_probe, "INLINE_BUDGET_S", budget_s)
+    s = make("prostate_glm_binomial.zip")
+    s.load()
+    try:
+        assert s.inline_max_rows == rows
+        assert s.metadata().extra["inlineMaxRows"] == rows
+    finally:
+        s.unload()
+    native = H2OMojoServable(FQ, FIXTURES, {"mojoPath": "prostate_gbm_binomial.zip", "scorer": "native"})
+    native.load()
+    assert native.inline_max_rows == 128  # native trees keep their measured default
+    native.unload()
