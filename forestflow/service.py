@@ -195,6 +195,47 @@ class Gateway:
         """The state of a contract or UnknownContract."""
         return self.registry.contract_state(contract)
 
+    def route(self, contract: Contract, release: str | None = None, state: ContractState | None = None) -> Route:
+        """Decide which release answers one request (and which get shadow copies), before its body
+        is decoded: positional layouts are then decoded against the release that scores.
+
+        Resolves the contract (UnknownContract) and ``release`` (UnknownServable) once; counts the
+        request for the contract's routing and sampling. A caller that holds the contract's
+        ``state`` already passes it.
+        """
+        if state is None:
+            state = self.contract_state(contract)
+        if release is not None:
+            if release not in state.servables:
+                raise UnknownServable(FQRV(contract, release))
+            return Route(state, release, [])
+        answered = state.route()
+        return Route(state, answered, state.shadow_targets(answered, self.settings.log_sample_every))
+
+    def describing_release(self, state: ContractState) -> FQRV | None:
+        """The release whose metadata describes the contract (its inputs and outputs in metadata
+        calls, and the layout of requests nothing can answer): the newest routed release when it is
+        loaded, else the newest loaded one; None when none is loaded."""
+        loaded = self.registry.loaded
+        release = state.latest_valid()
+        if release is not None and (fqrv := state.servables[release].fqrv) in loaded:
+            return fqrv
+        newest = None
+        for entry in state.servables.values():
+            if entry.fqrv in loaded and (newest is None or entry.metrics.created_at_ms >= newest.metrics.created_at_ms):
+                newest = entry
+        return newest.fqrv if newest is not None else None
+
+    def decoding_metadata(self, route: Route) -> ServableMetadata | None:
+        """The metadata a request's positional tensors are laid out against: the answering
+        release's when it is loaded, else the describing release's (None: nothing is loaded)."""
+        if route.answered is not None:
+            loaded = self.registry.loaded.get(route.state.servables[route.answered].fqrv)
+            if loaded is not None:
+                return loaded.servable.metadata()
+        fqrv = self.describing_release(route.state)
+        return self.registry.loaded[fqrv].servable.metadata() if fqrv is not None else None
+
     async def infer(
         self,
         contract: Contract,
@@ -209,26 +250,23 @@ class Gateway:
         encode_raw_response: Callable[[FQRV, Frame], bytes] | None = None,
         request_json: bytes | None = None,
         encode_response_json: Callable[[FQRV, Frame], bytes] | None = None,
+        route: Route | None = None,
     ) -> InferResult:
         """Score one batch on the contract's routed servable (or ``release`` directly).
 
         Shadow copies go to every other logging servable and are never awaited. Both the answer
         and failures are logged for servables that log. A BASIC JSON front-end passes its body as
         ``request_json`` and its Prediction encoder as ``encode_response_json``: the log then
-        reuses both instead of encoding the request and the answer a second time.
+        reuses both instead of encoding the request and the answer a second time. A front-end that
+        decoded the request against the release that scores passes the ``route`` it took
+        (:meth:`route`); otherwise the request is routed here.
         """
         if frame.num_rows > self.settings.max_rows:
             raise InvalidInput(f"batch of {frame.num_rows} records is over the limit of {self.settings.max_rows}")
-        state = self.contract_state(contract)
+        if route is None:
+            route = self.route(contract, release)
+        state, answered, shadows = route.state, route.answered, route.shadows
         timeout = timeout_s if timeout_s is not None else self.settings.request_timeout_ms / 1000
-        if release is not None:
-            if release not in state.servables:
-                raise UnknownServable(FQRV(contract, release))
-            answered: str | None = release
-            shadows: list[str] = []
-        else:
-            answered = state.route()
-            shadows = state.shadow_targets(answered, self.settings.log_sample_every)
         context = _RequestContext(
             frame, configs, request_id, protocol, raw_request, encode_raw_response, request_json, encode_response_json
         )
@@ -360,6 +398,16 @@ class Gateway:
     def stats_metrics(self, entry: ServableEntry) -> ServableMetrics:
         """A servable's metrics for /stats (summed over the replicas sharing a store)."""
         return self.replica_sync.stats_metrics(entry)
+
+
+@dataclass(slots=True)
+class Route:
+    """Which release answers one request and which get shadow copies (:meth:`Gateway.route`)."""
+
+    state: ContractState
+    #: The release that scores (None: nothing is active; the request gets a 422).
+    answered: str | None
+    shadows: list[str]
 
 
 @dataclass(slots=True)

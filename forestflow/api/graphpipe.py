@@ -32,9 +32,10 @@ from forestflow.codecs.graphpipe import (
     response_specs,
     wire_shape,
 )
+from forestflow.core.contract_state import ContractState
 from forestflow.core.frame import Frame, TensorSpec
-from forestflow.core.ids import FQRV, Contract
-from forestflow.errors import GatewayError, InvalidInput, NoActiveServablesForContract, PayloadTooLarge, UnknownServable, http_status
+from forestflow.core.ids import FQRV
+from forestflow.errors import GatewayError, InvalidInput, NoActiveServablesForContract, PayloadTooLarge, http_status
 from forestflow.service import Gateway
 
 log = structlog.get_logger("forestflow.graphpipe")
@@ -52,17 +53,17 @@ async def gp(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     try:
         contract = contract_from(request)
-        gateway.contract_state(contract)  # unknown contract: answered before reading the body
+        state = gateway.contract_state(contract)  # unknown contract: answered before reading the body
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise PayloadTooLarge(f"request body over the limit of {request.app[SETTINGS].max_body_bytes} bytes") from None
         parsed = parse_request(body)
         if not isinstance(parsed, GPInferRequest):
-            fqrv = gateway.active_release(contract)
+            fqrv = _describing(gateway, state)
             request[FQRV_TAG] = str(fqrv)
             return _octets(encode_metadata(fqrv, gateway.metadata(fqrv), SERVER_NAME))
-        return _octets(await _infer(request, gateway, contract, parsed, body))
+        return _octets(await _infer(request, gateway, state, parsed, body))
     except GatewayError as error:
         return _octets(encode_errors([(http_status(error), error.message)]))
     except Exception:  # a bug must not become a 500 or a stack trace for GraphPipe clients
@@ -71,8 +72,14 @@ async def gp(request: web.Request) -> web.Response:
         return _octets(encode_errors([(500, f"internal error; see the gateway log with request_id {request_id}")]))
 
 
-async def _infer(request: web.Request, gateway: Gateway, contract: Contract, parsed: GPInferRequest, body: bytes) -> bytes:
-    frame = frame_from_request(parsed, _model_inputs(gateway, contract))
+async def _infer(request: web.Request, gateway: Gateway, state: ContractState, parsed: GPInferRequest, body: bytes) -> bytes:
+    # Routed first: tensors without names are laid out as the inputs of the release that scores.
+    contract = state.contract
+    route = gateway.route(contract, state=state)
+    meta = gateway.decoding_metadata(route)
+    if meta is None:
+        raise NoActiveServablesForContract(contract)
+    frame = frame_from_request(parsed, meta.inputs)
     configs = parse_config(parsed.config)
     frame.parameters = dict(configs)
     encode_logged = _LoggedResponse(parsed.output_names)
@@ -83,6 +90,7 @@ async def _infer(request: web.Request, gateway: Gateway, contract: Contract, par
         request_id=request_id_of(request),
         protocol="graphpipe",
         timeout_s=timeout_from(request),
+        route=route,
         raw_request=body,
         encode_raw_response=encode_logged,
     )
@@ -120,19 +128,12 @@ class _LoggedResponse:
         return encode_infer_response(fqrv, frame, self.output_names)
 
 
-def _model_inputs(gateway: Gateway, contract: Contract) -> tuple[TensorSpec, ...]:
-    """The inputs tensors map to: the active release's, else (shadow-only contract) the newest loaded one's."""
-    try:
-        return gateway.metadata(gateway.active_release(contract)).inputs
-    except NoActiveServablesForContract:
-        pass
-    state = gateway.contract_state(contract)
-    for entry in sorted(state.servables.values(), key=lambda e: e.metrics.created_at_ms, reverse=True):
-        try:
-            return gateway.metadata(entry.fqrv).inputs
-        except UnknownServable:
-            continue
-    raise NoActiveServablesForContract(contract)
+def _describing(gateway: Gateway, state: ContractState) -> FQRV:
+    """The release whose metadata describes the contract (:meth:`Gateway.describing_release`)."""
+    fqrv = gateway.describing_release(state)
+    if fqrv is None:
+        raise NoActiveServablesForContract(state.contract)
+    return fqrv
 
 
 def _io_json(specs: Sequence[TensorSpec]) -> list[dict[str, Any]]:
@@ -148,9 +149,9 @@ def _io_json(specs: Sequence[TensorSpec]) -> list[dict[str, Any]]:
 
 
 async def gp_metadata_json(request: web.Request) -> web.Response:
-    """``GET .../gp``: the GraphPipe metadata of the active release as JSON."""
+    """``GET .../gp``: the GraphPipe metadata of the release that describes the contract, as JSON."""
     gateway = request.app[GATEWAY]
-    fqrv = gateway.active_release(contract_from(request))
+    fqrv = _describing(gateway, gateway.contract_state(contract_from(request)))
     request[FQRV_TAG] = str(fqrv)
     meta = gateway.metadata(fqrv)
     return json_response(

@@ -40,14 +40,15 @@ async def predict(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     request[CONTRACT] = name
     contract = v2_common.model_contract(name)
-    gateway.contract_state(contract)
+    # Routed first (404 before reading the body); instances are laid out as the scoring release's inputs.
+    route = gateway.route(contract)
     body = await read_json(request)
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object with instances")
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidInput("parameters: expected a JSON object")
-    specs = v2_common.input_specs(gateway, contract, None)
+    specs = v2_common.decoding_specs(gateway, route)
     columnar = "instances" not in body and isinstance(body.get("inputs"), dict)
     if columnar:
         frame = frame_from_columnar(body["inputs"], specs, parameters)
@@ -60,6 +61,7 @@ async def predict(request: web.Request) -> web.Response:
         request_id=request_id_of(request),
         protocol="v1",
         timeout_s=timeout_from(request),
+        route=route,
     )
     request[FQRV_TAG] = str(result.fqrv)
     request[SCORING_S] = result.latency_ms / 1000

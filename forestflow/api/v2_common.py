@@ -16,12 +16,12 @@ from forestflow.codecs.v2 import Layout, decode_inputs, spec_json
 from forestflow.codecs.v2_tensor import Tensor
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.core.ids import FQRV, Contract
-from forestflow.errors import InvalidInput, NoActiveServablesForContract, NotFound, UnknownServable
+from forestflow.errors import InvalidInput, NoActiveServablesForContract, NotFound
 from forestflow.predlog.record import WireBody
 from forestflow.runtime.base import ServableMetadata
 from forestflow.runtime.classification import CLASSIFICATION, classify, positive_count, require_classifier
 from forestflow.runtime.pipeline import RESPONSE_METADATA
-from forestflow.service import Gateway, InferResult
+from forestflow.service import Gateway, InferResult, Route
 
 SERVER_NAME = "forestflow"
 EXTENSIONS = ["binary_tensor_data", "parameters", "classification", "model_repository"]
@@ -50,25 +50,17 @@ def version_fqrv(contract: Contract, version: str) -> FQRV:
         raise NotFound(f"unknown version {version!r} of model {contract}") from None
 
 
-def _representative(gateway: Gateway, contract: Contract) -> FQRV | None:
-    """The release that speaks for the model: the active one, else the newest loaded one."""
-    try:
-        return gateway.active_release(contract)
-    except NoActiveServablesForContract:
-        loaded = [e.fqrv for e in gateway.contract_state(contract).servables.values() if e.fqrv in gateway.loaded]
-        return loaded[-1] if loaded else None
-
-
 def servable_metadata(gateway: Gateway, contract: Contract, version: str | None) -> tuple[FQRV, ServableMetadata]:
-    """The metadata of a model version, or of the release that represents the model."""
+    """The metadata of a model version, or of the release that describes the model
+    (:meth:`Gateway.describing_release`)."""
     if version:
         fqrv = version_fqrv(contract, version)
         gateway.entry(fqrv)
         return fqrv, gateway.metadata(fqrv)
-    fqrv = _representative(gateway, contract)
-    if fqrv is None:
+    described = gateway.describing_release(gateway.contract_state(contract))
+    if described is None:
         raise NoActiveServablesForContract(contract)
-    return fqrv, gateway.metadata(fqrv)
+    return described, gateway.metadata(described)
 
 
 def model_metadata(gateway: Gateway, name: str, version: str | None) -> dict[str, Any]:
@@ -101,14 +93,11 @@ def model_ready(gateway: Gateway, name: str, version: str | None) -> bool:
     return loaded is not None and loaded.servable.ready and not gateway.draining
 
 
-def input_specs(gateway: Gateway, contract: Contract, version: str | None) -> Sequence[TensorSpec]:
-    """The model inputs used to lay the request out (empty when nothing can answer yet)."""
-    try:
-        return servable_metadata(gateway, contract, version)[1].inputs
-    except (NoActiveServablesForContract, UnknownServable):
-        if version:
-            raise
-        return ()
+def decoding_specs(gateway: Gateway, route: Route) -> Sequence[TensorSpec]:
+    """The model inputs a routed request's tensors are laid out against: those of the release that
+    scores it (empty when nothing is loaded: the inference itself answers that)."""
+    meta = gateway.decoding_metadata(route)
+    return meta.inputs if meta is not None else ()
 
 
 def configs_from(parameters: dict[str, Any]) -> dict[str, str]:
@@ -135,14 +124,14 @@ def output_parameters(wanted: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dic
     return ks, options
 
 
-def check_can_classify(gateway: Gateway, contract: Contract, version: str | None, ks: dict[str, int]) -> None:
-    """400 before scoring when the servable that would answer cannot classify."""
-    if not ks:
-        return
-    try:
-        fqrv, meta = servable_metadata(gateway, contract, version)
-    except NoActiveServablesForContract:
-        return  # the inference itself answers that
+def check_can_classify(gateway: Gateway, route: Route, ks: dict[str, int]) -> None:
+    """400 before scoring when the servable that will answer cannot classify."""
+    if not ks or route.answered is None:
+        return  # nothing active: the inference itself answers that
+    fqrv = route.state.servables[route.answered].fqrv
+    meta = gateway.decoding_metadata(route)
+    if meta is None:
+        return  # not loaded: the inference itself answers that
     require_classifier(meta, str(fqrv))
     names = {o.name for o in meta.outputs}
     for name in ks:
@@ -177,21 +166,23 @@ async def infer(
     classification: dict[str, int] | None = None,
     wire_request: WireBody | None = None,
     encode_response: Callable[[FQRV, Frame, Layout], WireBody] | None = None,
+    route: Route | None = None,
 ) -> tuple[InferResult, Layout]:
-    """Lay the tensors out as the model's inputs and score them (routed, or on ``version``).
+    """Route the request (routed, or on ``version``), lay the tensors out as the inputs of the
+    release that will score them, and score them there.
 
+    A front-end that routed already (to answer 404 before reading the body) passes its ``route``.
     With ``wire_request`` (the body as received) and ``encode_response`` (the answer as it will be
     sent), the prediction log keeps both as they are on the wire instead of re-encoding the frames,
     and ``result.response_json`` is the answer's body, encoded once for the client and the log.
     """
     contract = model_contract(name)
-    gateway.contract_state(contract)
-    if version:
-        version_fqrv(contract, version)
+    if route is None:
+        route = gateway.route(contract, version_fqrv(contract, version).release if version else None)
     if classification:
-        check_can_classify(gateway, contract, version, classification)
+        check_can_classify(gateway, route, classification)
     model_parameters = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS}
-    frame, layout = decode_inputs(tensors, input_specs(gateway, contract, version), model_parameters)
+    frame, layout = decode_inputs(tensors, decoding_specs(gateway, route), model_parameters)
     result = await gateway.infer(
         contract,
         frame,
@@ -199,7 +190,7 @@ async def infer(
         request_id=request_id,
         protocol=protocol,
         timeout_s=timeout_s,
-        release=version or None,
+        route=route,
         request_json=wire_request,
         encode_response_json=partial(_with_layout, encode_response, layout) if encode_response is not None else None,
     )

@@ -26,7 +26,7 @@ from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 from forestflow.errors import GatewayError, InvalidInput, PayloadTooLarge
 from forestflow.predlog.record import WireBody
-from forestflow.service import Gateway, InferResult
+from forestflow.service import Gateway, InferResult, Route
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 #: Responses smaller than this are not worth compressing.
@@ -206,10 +206,12 @@ async def infer(request: web.Request) -> web.Response:
     info = request.match_info
     name, version = info["model"], info.get("version")
     request[CONTRACT] = name
-    gateway.contract_state(v2_common.model_contract(name))  # 404 before reading the body
+    contract = v2_common.model_contract(name)
+    # Routed first (404 before reading the body); the body is decoded against the release that scores.
+    route = gateway.route(contract, v2_common.version_fqrv(contract, version).release if version else None)
     answer = await infer_payload(
         gateway, name, version, await request.read(), request.headers.get(HEADER_LENGTH),
-        request_id=request_id_of(request), protocol="v2", timeout_s=timeout_from(request),
+        request_id=request_id_of(request), protocol="v2", timeout_s=timeout_from(request), route=route,
     )
     request[FQRV_TAG] = str(answer.result.fqrv)
     request[SCORING_S] = answer.result.latency_ms / 1000
@@ -244,11 +246,12 @@ async def infer_payload(
     request_id: str,
     protocol: str,
     timeout_s: float | None,
+    route: Route | None = None,
 ) -> V2Answer:
     """Decode a V2 inference request body, score it, and encode the V2 response body.
 
     ``request_id`` is used unless the body carries an ``id``. Shared by the REST route and the
-    Kafka front-end.
+    Kafka front-end; ``route`` is the routing already decided for it, if any.
     """
     head, binary = split_body(body, header_length)
     try:
@@ -282,7 +285,7 @@ async def infer_payload(
     result, _ = await v2_common.infer(
         gateway, name, version, tensors, {**options, **parameters} if options else parameters,
         request_id=request_id, protocol=protocol, timeout_s=timeout_s, classification=ks,
-        wire_request=WireBody.of(body, len(head) if binary else None), encode_response=answer,
+        wire_request=WireBody.of(body, len(head) if binary else None), encode_response=answer, route=route,
     )
     out = result.response_json
     assert isinstance(out, WireBody)
