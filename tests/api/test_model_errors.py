@@ -78,3 +78,29 @@ async def test_wrong_row_count_is_a_500_naming_the_servable(gw: InProcessGateway
         text = str(payload)
         assert "acme.demo.1.v1" in text and "1 row(s) for 2" in text, (front_end, payload)
         assert [e["event"] for e in logs].count("predict_failed") == 1, logs
+
+
+@pytest.mark.parametrize("label", ["value", "key", "type"])
+async def test_model_code_errors_are_internal_on_grpc_and_500_on_graphpipe(tmp_path: Path, label: str) -> None:
+    import grpc
+    import numpy as np
+
+    from tests.api.test_v2_grpc import Client, raw_request
+    from tests.api.v2_support import v2_gateway
+    from graphpipe import convert
+
+    from tests.api_gp.helpers import GP_PATH, post_raw
+
+    async with v2_gateway(tmp_path / "data") as gw:
+        await deploy_raising(gw.server)
+        async with grpc.aio.insecure_channel(gw.grpc_target) as channel:
+            call = Client(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call("ModelInfer", **raw_request([1.0, 2.0], [label.encode(), b"ok"]))
+            assert err.value.code() == grpc.StatusCode.INTERNAL, err.value.details()
+            assert "on purpose" not in err.value.details()
+            reply = await call("ModelInfer", **raw_request([1.0], [b"ok"]))
+            assert np.frombuffer(reply.raw_output_contents[0], dtype="<f8").tolist() == [2.0]
+        body = convert.serialize_infer_request(convert.InferReq(None, [np.array([label, "ok"]), np.array([1.0, 2.0])], ["label", "x"], None))
+        _, errors = await post_raw(gw.server, bytes(body), GP_PATH)
+        assert [e["code"] for e in errors] == [500], errors
