@@ -441,3 +441,22 @@ async def test_a_broker_absent_at_start_is_waited_for(broker: KafkaBroker, tmp_p
     finally:
         broker.start()
     assert sorted(doubled(r) for r in records) == [2.0 * i for i in range(20)]
+
+
+async def test_a_model_error_gets_a_500_prediction_failed_reply(broker: KafkaBroker, tmp_path: Path) -> None:
+    """Errors raised inside model code are the server's on Kafka too (issue 33 item 2)."""
+    requests, replies, group = names("model-error")
+    await create_topics(broker, (requests, 1), (replies, 1))
+    messages = [
+        (b"raises", json.dumps(score_body([1.0], ["value"])).encode(), CONTRACT),
+        (b"fine", json.dumps(score_body([3.0], ["ok"])).encode(), CONTRACT),
+    ]
+    async with serve_in_process(tmp_path / "d", **ingest_settings(broker, requests, replies, group)) as gw:
+        servables = Path(__file__).with_name("servables")
+        await deploy(gw, python_servable(directory=servables, module="raising.py"))
+        await produce(broker, requests, messages, one_by_one=True)
+        records = await read_topic(broker.bootstrap, replies, expect=2, timeout_s=30, settle_s=0.2)
+    got = {r.key.decode(): r for r in records}
+    assert int(header(got["raises"], "forestflow-status")) == 500
+    assert json.loads(got["raises"].value)["code"] == "PredictionFailed"
+    assert int(header(got["fine"], "forestflow-status")) == 200
