@@ -22,7 +22,7 @@ import numpy as np
 
 from forestflow.core import input_report
 from forestflow.core.frame import Frame, TensorSpec
-from forestflow.errors import CreateServableRequestInvalidError, GatewayError, InvalidInput
+from forestflow.errors import CreateServableRequestInvalidError, GatewayError, PredictionFailed
 from forestflow.runtime.base import Servable, ServableMetadata, create_servable
 from forestflow.runtime.pipeline_definition import PipelineSpec, Port, StepSpec, read_definition
 from forestflow.runtime.pipeline_steps import internal_frame
@@ -155,7 +155,9 @@ class PipelineServable(Servable):
                 for name, key in step.writes:
                     tensors[key] = produced[name]
             except KeyError as exc:
-                raise InvalidInput(f"step {step.name!r} gave no output {exc.args[0]!r}") from None
+                # The step's model broke its declared ports: the server's failure, not the caller's.
+                reason = f"step {step.name!r} of {self.fqrv} gave no output {exc.args[0]!r}"
+                raise PredictionFailed(self.fqrv, reason) from ValueError(reason)
             if out.parameters:
                 returned = _returned_metadata(out.parameters, parameters, returned)
         result: dict[str, Any] = {}

@@ -10,7 +10,7 @@ import pytest
 
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
-from forestflow.errors import CreateServableRequestInvalidError, InvalidInput
+from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, PredictionFailed
 from forestflow.runtime.base import Servable, ServableMetadata, StepPlatform, create_servable, register_flavor, register_platform
 from forestflow.runtime.pipeline_definition import parse_definition
 from tests.pipeline_support import pipeline_dir, port, toml
@@ -136,3 +136,11 @@ def test_pipeline_outputs_default_to_the_tensors_no_step_consumes(tmp_path: Path
     assert spec.outputs == ("r1", "r2")
     assert [s.name for s in spec.steps] == ["a", "b", "c"]
     assert [p.name for p in spec.request_inputs] == ["x"]
+
+
+def test_a_step_missing_its_declared_output_is_prediction_failed(tmp_path: Path) -> None:
+    """A step whose model does not give a declared output is the server's failure (a 500), not a 400."""
+    bad = {**step("a", "", "ta"), "outputs": [port("z", tensor="ta")]}  # the Recording model gives y only
+    servable = load(pipeline_dir(tmp_path / "p", toml([bad])))
+    with pytest.raises(PredictionFailed, match="step 'a' .* gave no output 'z'"):
+        servable.predict(Frame({"x": np.array([1.0])}))
