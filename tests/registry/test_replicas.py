@@ -70,7 +70,11 @@ def releases(gw: GatewayProcess) -> list[str]:
 
 
 def score_counts(gw: GatewayProcess) -> dict[str, int]:
-    stats = requests.get(gw.url + "/acme/demo/1/stats", timeout=10).json()
+    """scoreCount by release; empty while the replica does not know the contract yet (404)."""
+    r = requests.get(gw.url + "/acme/demo/1/stats", timeout=10)
+    if r.status_code == 404:
+        return {}
+    stats = r.json()
     return {e["ServableMetrics"]["fqrv"]["releaseVersion"]: int(e["ServableMetrics"]["scoreCount"]) for e in stats}
 
 
