@@ -68,6 +68,7 @@ async def test_n_batches_give_n_served_events_keyed_by_configs(broker: KafkaBrok
         assert event.prediction.fqrv.release_version == "v1"
 
 
+@pytest.mark.slow
 async def test_broker_stopped_while_1000_requests_are_scored(broker: KafkaBroker, tmp_path: Path) -> None:
     topic = TOPIC + ".outage"
     async with serve_in_process(tmp_path / "d", **kafka_settings(broker, topic)) as gw:

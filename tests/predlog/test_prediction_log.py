@@ -110,6 +110,7 @@ async def test_events_arrive_once_with_keys_and_intact_content(broker: KafkaBrok
 
 
 # ---- outages ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 async def test_outage_within_buffer_delivers_everything_once(broker: KafkaBroker, topic: str) -> None:
     plog = await connected_log(broker, topic)
     for i in range(1000, 1500):
@@ -172,6 +173,7 @@ async def test_overflow_beyond_buffer_counts_every_drop(broker: KafkaBroker, top
     assert ids_in(got) == Counter(accepted)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("deadline_s", [0.8, 2.5])
 async def test_close_with_broker_down_is_bounded_and_counts_the_rest(
     broker: KafkaBroker, topic: str, deadline_s: float

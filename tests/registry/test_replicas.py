@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from tests.registry.redis_server import RedisServer
@@ -114,6 +115,7 @@ def test_changes_through_one_replica_reach_the_other_and_stats_sum_both(
     assert requests.get(a.url + "/acme/demo/1/stats", timeout=5).json() == requests.get(b.url + "/acme/demo/1/stats", timeout=5).json()
 
 
+@pytest.mark.slow
 def test_a_sigkilled_replica_restarts_from_redis(
     tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer
 ) -> None:
@@ -168,6 +170,7 @@ def test_a_lost_pubsub_message_is_caught_by_the_version_check(
     assert elapsed < 1.0 + 1.5  # one version-check period, plus loading the servable
 
 
+@pytest.mark.slow
 def test_redis_outage_under_traffic(
     tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer
 ) -> None:
