@@ -230,9 +230,9 @@ class ModelRepository:
                 current = self.gateway.definition(entry.definition.fqrv)
             except UnknownServable:
                 current = None
-            if current is None or _comparable(current) != _comparable(entry.definition):
-                if await self._deploy_entry(entry) == "failed":
-                    raise CreateServableRequestInvalidError(self.failures[entry.definition.fqrv])
+            changed = current is None or _comparable(current) != _comparable(entry.definition)
+            if changed and await self._deploy_entry(entry) == "failed":
+                raise CreateServableRequestInvalidError(self.failures[entry.definition.fqrv])
             deployed.append(entry.definition.fqrv)
         return deployed
 

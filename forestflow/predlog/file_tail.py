@@ -108,7 +108,8 @@ class FileReader:
                 fh.seek(self.position)
                 data = fh.read(min(chunk, size - self.position))
                 used = 0
-                for used, record in self._parse(data):
+                for end, record in self._parse(data):
+                    used = end
                     yield record
                 if used == 0:
                     if len(data) < chunk:

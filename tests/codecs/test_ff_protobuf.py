@@ -107,7 +107,7 @@ def test_text_of_every_str_storage_matches_protobuf_api() -> None:
     assert pb.InferenceRequest.FromString(inference_request_bytes(frame, configs)) == request_to_proto(frame, configs)
     parsed = pb.Prediction.FromString(prediction_bytes(FQ, frame))
     assert parsed == prediction_to_proto(FQ, frame)
-    assert list(getattr(parsed.datum[4].tensors[0], "String").data) == ["🌲 forest"]
+    assert list(parsed.datum[4].tensors[0].String.data) == ["🌲 forest"]
 
 
 @pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 2**31, 2**63 - 1, -1, -(2**31)])
