@@ -59,7 +59,7 @@ def _wrk(url: str, body: bytes, content_type: str, concurrency: int, duration_s:
         if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
             argv = ["taskset", "-c", "1", *argv]
         done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "BENCH_BODY": str(body_file), "BENCH_CT": content_type}, timeout=duration_s + 60)
-    line = next((l for l in done.stderr.splitlines() if l.startswith("{")), None)
+    line = next((text for text in done.stderr.splitlines() if text.startswith("{")), None)
     if line is None:
         raise RuntimeError(f"wrk failed: {done.stdout}\n{done.stderr}")
     data = json.loads(line)

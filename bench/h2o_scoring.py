@@ -164,13 +164,16 @@ def main() -> None:
                 got = s.predict(frame.slice(0, 1))
                 assert (got["predict"][0] == first) if isinstance(first, float) else (got["predict"][0] == first[0])
             flavor = rates({
-                "native": lambda: native.predict(frame), "jvm": lambda: servable.predict(frame), "easy": lambda: easy(typed),
+                "native": lambda native=native, frame=frame: native.predict(frame),
+                "jvm": lambda servable=servable, frame=frame: servable.predict(frame),
+                "easy": lambda easy=easy, typed=typed: easy(typed),
             }, n, args.seconds)
             # The scorers alone, on the encoded matrix (input mapping and output columns left out).
             X, _, _ = build_matrix(frame, servable._columns, None)
             model, size = servable._model, servable._preds_size
             raw = rates({
-                "native": lambda: native._native.score(X), "jvm": lambda: jvm.score_batch(model, X, None, size),
+                "native": lambda native=native, X=X: native._native.score(X),
+                "jvm": lambda model=model, X=X, size=size: jvm.score_batch(model, X, None, size),
             }, n, args.seconds)
             print(f"{name:<24} {n:>5} {flavor['native']:>14,.0f} {flavor['jvm']:>11,.0f} {flavor['easy']:>12,.0f} "
                   f"{flavor['native'] / flavor['jvm']:>9.1f}x {raw['native']:>14,.0f} {raw['jvm']:>11,.0f} "

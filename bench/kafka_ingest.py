@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import payloads  # noqa: E402
-from bench.run import Server, deploy, measured, pin_process, start_gateway  # noqa: E402
+from bench.servers import Server, deploy, measured, pin_process, start_gateway  # noqa: E402
 
 CONTRACT = ("bench", "kafka", 1)
 HEADERS = [("forestflow-contract", b"bench/kafka/1"), ("content-type", b"application/json")]

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.driver import Result, drive  # noqa: E402
-from bench.run import LOGGING_CONCURRENCY, Server, deploy, endpoints, pin_process, start_gateway  # noqa: E402
+from bench.servers import LOGGING_CONCURRENCY, Server, deploy, endpoints, pin_process, start_gateway  # noqa: E402
 
 CONTRACT = ("bench", "log", 1)
 #: The most a FULL gateway may spend per request over a NONE one (issue 23).

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.logging_cost import CONTRACT, TARGET, add_cell_arguments, gateway_pair  # noqa: E402
-from bench.run import PYTHON, Server, endpoints, free_port, wait_http  # noqa: E402
+from bench.servers import PYTHON, Server, endpoints, free_port, wait_http  # noqa: E402
 
 #: Settings pinned for both gateways (see the module docstring).
 PINNED = {"FORESTFLOW_MAX_BATCH_ROWS": "0", "FORESTFLOW_LOG_LINGER_MS": "1000", "FORESTFLOW_GRPC_PORT": "-1"}

@@ -15,10 +15,7 @@ FULL-kafka) except NONE-onnx: the same requests on its ONNX twin (tests/onnx_mod
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,115 +30,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench import payloads  # noqa: E402
 from bench.driver import Result, drive  # noqa: E402
+from bench.servers import (  # noqa: E402
+    LOGGING_CONCURRENCY, ROOT, Server, deploy, endpoints, measured, pin_process, start_floor, start_gateway,
+)
 
 if TYPE_CHECKING:
     from bench.logging_cost import Cost
-
-#: Connections per gateway in the logging-cost cells (the issue's c16 cells).
-LOGGING_CONCURRENCY = 16
-
-PYTHON = sys.executable
-TASKSET = shutil.which("taskset")
-
-
-def pinned(cpu: int, argv: list[str]) -> list[str]:
-    """``argv`` under taskset on one core when possible."""
-    return [TASKSET, "-c", str(cpu), *argv] if TASKSET and (os.cpu_count() or 1) > 1 else argv
-
-
-def pin_process(pid: int, cpu: int) -> None:
-    """Move every thread of a running process to one core (when the machine has more than one)."""
-    if (os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"):
-        return
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            os.sched_setaffinity(int(tid), {cpu})
-        except OSError:  # a thread that ended meanwhile
-            pass
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_http(url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(url, timeout=1).status_code < 500:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(url)
-
-
-@dataclass
-class Server:
-    """A child server process and its base URL."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-    def cpu_s(self) -> float:
-        """User + system CPU seconds of the process so far (all its threads, the JVM's included)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def rss_mb(self, field: str = "VmRSS") -> float:
-        """Resident MiB (``RssAnon``: the private part, without mapped files such as shared libraries)."""
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-
-def start_floor(log_dir: Path) -> Server:
-    port = free_port()
-    proc = subprocess.Popen(pinned(0, [PYTHON, str(ROOT / "bench" / "floor_server.py"), str(port)]),
-                            stdout=open(log_dir / "floor.log", "wb"), stderr=subprocess.STDOUT)
-    server = Server(proc, f"http://127.0.0.1:{port}")
-    wait_http(server.url + "/")
-    return server
-
-
-def start_gateway(data_dir: Path, env: dict[str, str], log_dir: Path, name: str) -> Server:
-    port = free_port()
-    # file:// deploys read the repository's fixtures and models the bench writes beside the data dir.
-    roots = {"FORESTFLOW_ARTIFACT_ROOTS": f"{ROOT},{log_dir}"}
-    full_env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1", **roots, **env}
-    proc = subprocess.Popen(
-        pinned(0, [PYTHON, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]),
-        env=full_env, cwd=ROOT, stdout=open(log_dir / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
-    )
-    server = Server(proc, f"http://127.0.0.1:{port}")
-    wait_http(server.url + "/health/ready")  # started: its registry restored
-    return server
-
-
-def deploy(server: Server, contract: tuple[str, str, int], log_level: str) -> None:
-    r = requests.post(server.url + "/servable", json=payloads.definition(contract, log_level), timeout=120)
-    r.raise_for_status()
-
-
-def measured(server: Server, path: str, body: bytes, ctype: str, conc: int, duration: float) -> Result:
-    """drive() plus the server's CPU time per request (robust when other work shares the machine)."""
-    before = server.cpu_s()
-    result = drive(server.url + path, body, ctype, conc, duration)
-    result.cpu_us = (server.cpu_s() - before) / result.requests * 1e6 if result.requests else float("nan")
-    return result
-
 
 @dataclass
 class Cell:
@@ -160,19 +54,6 @@ class Cell:
     def cpu_ratio(self) -> float:
         """Floor CPU per request / gateway CPU per request: the throughput ratio on one busy core."""
         return self.floor.cpu_us / self.result.cpu_us if self.floor and self.result.cpu_us else float("nan")
-
-
-def endpoints(rows: int, contract: str) -> dict[str, tuple[str, bytes, str]]:
-    """endpoint name -> (path, body, content type) for one contract."""
-    org, project, n = contract.split(".")
-    out = {
-        "score": (f"/{org}/{project}/{n}/score", payloads.score_body(rows), "application/json"),
-        "v2": (f"/v2/models/{contract}/infer", payloads.v2_body(rows), "application/json"),
-    }
-    gp = payloads.graphpipe_body(rows)
-    if gp is not None:
-        out["gp"] = (f"/{org}/{project}/{n}/gp", gp, "application/octet-stream")
-    return out
 
 
 def available(server: Server, path: str, body: bytes, content_type: str) -> bool:

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import payloads  # noqa: E402
-from bench.run import Server, free_port, pinned, wait_http  # noqa: E402
+from bench.servers import Server, free_port, pinned, wait_http  # noqa: E402
 
 CONTRACT = ("bench", "v2", 1)
 MODEL = "bench.v2.1"

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.driver import Result, drive  # noqa: E402
-from bench.run import PYTHON, Server, deploy, endpoints, free_port, wait_http  # noqa: E402
+from bench.servers import PYTHON, Server, deploy, endpoints, free_port, wait_http  # noqa: E402
 
 
 @dataclass

@@ -216,9 +216,6 @@ class PredictionFailed(GatewayError):
         super().__init__(message, fqrv=fqrv, errorMessage=message)
 
 
-#: The former name of :class:`PredictionFailed` (same class).
-ScoringError = PredictionFailed
-
 
 class InternalError(GatewayError):
     """An unexpected failure in the gateway itself (not in model code); the detail is logged."""

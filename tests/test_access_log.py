@@ -52,9 +52,9 @@ def test_every_request_gets_one_line_with_id_contract_servable_status_latency(
     assert (ok.status_code, unknown.status_code, bad.status_code) == (200, 404, 400)
 
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not any(l.get("request_id") == bad.headers["X-Request-Id"] for l in _lines(gw)):
+    while time.monotonic() < deadline and not any(e.get("request_id") == bad.headers["X-Request-Id"] for e in _lines(gw)):
         time.sleep(0.05)  # written by the flush timer while the gateway keeps running
-    access = {l["request_id"]: l for l in _lines(gw) if l.get("event") == "request"}
+    access = {e["request_id"]: e for e in _lines(gw) if e.get("event") == "request"}
     line = access[ok.headers["X-Request-Id"]]
     assert (line["method"], line["path"], line["status"]) == ("POST", "/acme/demo/1/score", 200)
     assert (line["contract"], line["fqrv"], line["level"]) == ("acme.demo.1", "acme.demo.1.v1", "info")
@@ -65,7 +65,7 @@ def test_every_request_gets_one_line_with_id_contract_servable_status_latency(
     for _ in range(3):
         requests.get(gw.url + "/health/live", timeout=10)
     assert gw.stop() == 0
-    events = [l.get("event") for l in _lines(gw)]
+    events = [e.get("event") for e in _lines(gw)]
     assert events[-1] == "stopped"  # the last access lines were written before it, at shutdown
     assert events.count("request") == len(access) + 3
 

@@ -27,7 +27,9 @@ async def test_admin_token(tmp_path: Path) -> None:
 
 
 async def test_python_flavor_is_off_by_default(tmp_path: Path) -> None:
-    async with serve_in_process(tmp_path / "d", allow_python=False) as gw:
-        async with gw.session.post(gw.url + "/servable", json=python_servable()) as r:
-            assert r.status == 422
-            assert "FORESTFLOW_ALLOW_PYTHON" in (await r.json())["error"]
+    async with (
+        serve_in_process(tmp_path / "d", allow_python=False) as gw,
+        gw.session.post(gw.url + "/servable", json=python_servable()) as r,
+    ):
+        assert r.status == 422
+        assert "FORESTFLOW_ALLOW_PYTHON" in (await r.json())["error"]

@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import ROOT
 
 
+@pytest.mark.slow
 def test_bench_smoke_prints_a_table() -> None:
     result = subprocess.run([sys.executable, "bench/run.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -16,6 +19,7 @@ def test_bench_smoke_prints_a_table() -> None:
     assert all(float(r[4]) > 0 and int(r[-1]) == 0 for r in rows), result.stdout  # req/s > 0, no errors
 
 
+@pytest.mark.slow
 def test_kafka_ingest_bench_smoke_prints_its_cells() -> None:
     result = subprocess.run([sys.executable, "bench/kafka_ingest.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from forestflow.cli import gateway_url
@@ -108,6 +109,7 @@ def _wait_for_log(path: Path, minimum_bytes: int = 1) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_logs_tail_reads_the_local_file_log_in_both_formats(
     tmp_path: Path, gateway_process: type[GatewayProcess]
 ) -> None:

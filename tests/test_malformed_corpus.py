@@ -15,11 +15,9 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
 import requests
 from graphpipe import convert
@@ -230,6 +228,7 @@ def dumps(doc: Any) -> bytes:
 
 
 # ---- BASIC JSON --------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_basic_json_truncations_and_fixed_cases(gw: GatewayProcess, channel: grpc.Channel) -> None:
     valid = json.dumps(BASIC_BODY).encode()
     for path in (SCORE, H2O_SCORE):

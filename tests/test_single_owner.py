@@ -50,6 +50,7 @@ def _model_ready(grpc_port: int, name: str) -> bool:
         return bool(call(m["ModelReadyRequest"](name=name), timeout=10).ready)
 
 
+@pytest.mark.slow
 def test_second_gateway_on_same_data_dir_or_ports_exits_and_first_keeps_state(
     tmp_path: Path, gateway_process: type[GatewayProcess]
 ) -> None:

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from forestflow.registry.file_store import FileStore
@@ -90,6 +91,7 @@ def test_a_deploy_through_one_worker_is_scored_by_the_other_within_a_second(tmp_
         assert gw.stop() == 0, gw.log()
 
 
+@pytest.mark.slow
 def test_stats_are_the_sum_of_every_workers_counts_and_the_shared_log_stays_one_event_per_line(tmp_path: Path) -> None:
     gw = start_workers(tmp_path)
     try:
@@ -147,6 +149,7 @@ def test_stats_are_the_sum_of_every_workers_counts_and_the_shared_log_stays_one_
     assert sorted(int(e["key"][1:]) for e in events) == list(range(300))
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_serves_again(tmp_path: Path) -> None:
     gw = start_workers(tmp_path)
     try:
@@ -163,6 +166,7 @@ def test_a_killed_worker_is_restarted_and_serves_again(tmp_path: Path) -> None:
         assert gw.stop() == 0, gw.log()
 
 
+@pytest.mark.slow
 def test_sigterm_answers_in_flight_requests_then_stops_every_worker(tmp_path: Path) -> None:
     gw = start_workers(tmp_path)
     assert fresh("POST", gw.url + "/servable", json=python_servable()).status_code == 200

@@ -234,7 +234,7 @@ class KafkaIngest:
         if state is None:
             return None  # answered 404 at once
         rooms = []
-        for release in state.picker.keys():
+        for release in state.picker.keys():  # noqa: SIM118 (a WeightedPicker, not a dict)
             entry = state.servables.get(release)
             loaded = self.gateway.loaded.get(entry.fqrv) if entry is not None else None
             if loaded is not None:

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from forestflow import logs
 from forestflow.api.common import CONTRACT, FQRV_TAG, REQUEST_ID, SCORING_S, SETTINGS
@@ -46,7 +47,7 @@ def _http_error(exc: web.HTTPException, request: web.Request) -> GatewayError:
 
 def build_middleware(
     enable_access_log: bool, metrics: RequestMetrics | None = None
-) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+) -> Middleware:
     """The middleware that gives every request an id, maps errors to JSON, logs and counts it."""
 
     @web.middleware

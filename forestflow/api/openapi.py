@@ -120,7 +120,7 @@ _P_VERSION = {"name": "version", "in": "path", "required": True, "schema": {"typ
 _P_TIMEOUT = {"name": "X-Request-Timeout-Ms", "in": "header", "required": False, "schema": {"type": "integer", "minimum": 1, "maximum": 3600000}, "example": 30000}
 _CONTRACT_PARAMS = [_P_ORG, _P_PROJECT, _P_N]
 _RELEASE_PARAMS = [*_CONTRACT_PARAMS, _P_RELEASE]
-_BEARER = [{"bearer": []}, {}]
+_BEARER: list[dict[str, list[str]]] = [{"bearer": []}, {}]
 
 
 #: One row for the H2O prostate GBM the examples' contract (h2o.fuzz.1) serves.

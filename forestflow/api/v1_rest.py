@@ -15,6 +15,7 @@ from forestflow.api import v2_common
 from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, read_json, request_id_of, timeout_from
 from forestflow.api.responses import json_response
 from forestflow.api.v2_rest import v2_errors
+from forestflow.codecs.v2_request import configs_from
 from forestflow.codecs.v1 import columnar_outputs, frame_from_columnar, frame_from_instances, predictions
 from forestflow.errors import InvalidInput
 
@@ -57,7 +58,7 @@ async def predict(request: web.Request) -> web.Response:
     result = await gateway.infer(
         contract,
         frame,
-        configs=v2_common.configs_from(parameters),
+        configs=configs_from(parameters),
         request_id=request_id_of(request),
         protocol="v1",
         timeout_s=timeout_from(request),

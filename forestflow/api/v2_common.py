@@ -13,6 +13,7 @@ from typing import Any
 
 import forestflow
 from forestflow.codecs.v2 import Layout, decode_inputs, spec_json
+from forestflow.codecs.v2_request import TRANSPORT_PARAMETERS, configs_from
 from forestflow.codecs.v2_tensor import Tensor
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.core.ids import FQRV, Contract
@@ -25,8 +26,6 @@ from forestflow.service import Gateway, InferResult, Route
 
 SERVER_NAME = "forestflow"
 EXTENSIONS = ["binary_tensor_data", "parameters", "classification", "model_repository"]
-#: Parameters of the binary extension: they steer the encoding and are not model parameters.
-TRANSPORT_PARAMETERS = frozenset({"binary_data_output", "binary_data", "binary_data_size"})
 
 
 def server_metadata() -> dict[str, Any]:
@@ -98,16 +97,6 @@ def decoding_specs(gateway: Gateway, route: Route) -> Sequence[TensorSpec]:
     scores it (empty when nothing is loaded: the inference itself answers that)."""
     meta = gateway.decoding_metadata(route)
     return meta.inputs if meta is not None else ()
-
-
-def configs_from(parameters: dict[str, Any]) -> dict[str, str]:
-    """Request parameters as prediction-log configs (string values, transport parameters left out)."""
-    out = {}
-    for key, value in parameters.items():
-        if key in TRANSPORT_PARAMETERS:
-            continue
-        out[str(key)] = ("true" if value else "false") if isinstance(value, bool) else str(value)
-    return out
 
 
 def output_parameters(wanted: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dict[str, int], dict[str, Any]]:

@@ -28,10 +28,11 @@ from forestflow.api import v2_common
 from forestflow.api.common import GATEWAY, SETTINGS, WORKER
 from forestflow.api.prom import RequestMetrics
 from forestflow.codecs.v2 import Layout, encode_outputs
-from forestflow.codecs.v2_tensor import Tensor, array_from_contents, array_from_raw, raw_bytes
+from forestflow.codecs.v2_request import parameters_of, tensors_of
+from forestflow.codecs.v2_tensor import raw_bytes
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
-from forestflow.errors import DeadlineExceeded, GatewayError, InvalidInput, Kind
+from forestflow.errors import DeadlineExceeded, GatewayError, Kind
 from forestflow.predlog.record import WireBody
 from forestflow.service import Gateway
 
@@ -59,32 +60,6 @@ STATUS: dict[Kind, grpc.StatusCode] = {
     Kind.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
     Kind.INTERNAL: grpc.StatusCode.INTERNAL,
 }
-
-
-def parameters_of(field: Any) -> dict[str, Any]:
-    """A ``map<string, InferParameter>`` as plain Python values."""
-    out = {}
-    for key, param in field.items():
-        which = param.WhichOneof("parameter_choice")
-        if which is not None:
-            out[key] = getattr(param, which)
-    return out
-
-
-def tensors_of(request: Any) -> list[Tensor]:
-    """The input tensors of a ModelInferRequest, typed (``contents``) or raw."""
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")
-    tensors = []
-    for i, t in enumerate(request.inputs):
-        shape = list(t.shape)
-        if raw:
-            array = array_from_raw(t.name, t.datatype, shape, raw[i])
-        else:
-            array = array_from_contents(t.name, t.datatype, shape, t.contents)
-        tensors.append(Tensor(t.name, t.datatype, array, parameters_of(t.parameters)))
-    return tensors
 
 
 class InferenceService:

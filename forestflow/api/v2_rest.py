@@ -21,7 +21,8 @@ from forestflow.api import v2_common
 from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, SETTINGS, input_headers, request_id_of, timeout_from
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
 from forestflow.codecs.v2 import Layout, encode_outputs
-from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, json_data, json_safe, raw_bytes
+from forestflow.codecs.v2_request import object_of, parse_inputs, tensor_name
+from forestflow.codecs.v2_tensor import Tensor, json_data, json_safe, raw_bytes
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 from forestflow.errors import GatewayError, InvalidInput, PayloadTooLarge
@@ -52,53 +53,6 @@ def v2_errors(handler: Handler) -> Handler:
     return wrapped
 
 
-def _object(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise InvalidInput(f"{where}: expected a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _name(item: Any, where: str) -> str:
-    if not isinstance(item, dict):
-        raise InvalidInput(f"{where}: expected a JSON object")
-    name = item.get("name")
-    if not isinstance(name, str) or not name:
-        raise InvalidInput(f"{where}.name: required, a string")
-    return name
-
-
-def parse_inputs(doc: dict[str, Any], binary: memoryview) -> list[Tensor]:
-    """Decode ``inputs`` (JSON ``data`` or binary blobs, consumed in input order)."""
-    items = doc.get("inputs")
-    if not isinstance(items, list) or not items:
-        raise InvalidInput("inputs: required, a non-empty list of input tensors")
-    tensors, offset = [], 0
-    for i, item in enumerate(items):
-        name = _name(item, f"inputs[{i}]")
-        params = _object(item.get("parameters"), f"input {name!r}: parameters")
-        datatype, shape = item.get("datatype"), item.get("shape")
-        size = params.get("binary_data_size")
-        if size is not None:
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                raise InvalidInput(f"input {name!r}: binary_data_size must be a non-negative integer")
-            if offset + size > len(binary):
-                raise InvalidInput(
-                    f"input {name!r}: binary_data_size {size} runs past the {len(binary)} bytes of binary data"
-                )
-            array = array_from_raw(name, datatype, shape, binary[offset : offset + size])
-            offset += size
-        elif "data" in item:
-            array = array_from_json(name, datatype, shape, item["data"])
-        else:
-            raise InvalidInput(f"input {name!r}: needs data (or parameters.binary_data_size with binary data)")
-        tensors.append(Tensor(name, datatype, array, params))
-    if offset != len(binary):
-        raise InvalidInput(f"{len(binary) - offset} bytes of binary data after the last binary input")
-    return tensors
-
-
 def parse_outputs(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The requested outputs with their parameters (empty = every output)."""
     items = doc.get("outputs")
@@ -108,8 +62,8 @@ def parse_outputs(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         raise InvalidInput("outputs: expected a list of {name, parameters}")
     wanted = []
     for i, item in enumerate(items):
-        name = _name(item, f"outputs[{i}]")
-        params = _object(item.get("parameters"), f"output {name!r}: parameters")
+        name = tensor_name(item, f"outputs[{i}]")
+        params = object_of(item.get("parameters"), f"output {name!r}: parameters")
         if not isinstance(params.get("binary_data", False), bool):
             raise InvalidInput(f"output {name!r}: parameters.binary_data must be true or false")
         wanted.append((name, params))
@@ -258,8 +212,8 @@ async def infer_payload(
         doc = orjson.loads(head)
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"body: not valid JSON ({exc.msg} at position {exc.pos})") from None
-    doc = _object(doc, "body")
-    parameters = _object(doc.get("parameters"), "parameters")
+    doc = object_of(doc, "body")
+    parameters = object_of(doc.get("parameters"), "parameters")
     client_id = doc.get("id")
     if client_id is not None and not isinstance(client_id, (str, int)):
         raise InvalidInput("id: expected a string")

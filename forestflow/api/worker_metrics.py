@@ -59,7 +59,8 @@ def snapshot(registry: CollectorRegistry) -> bytes:
 
 def _read(path: Path) -> list[Any]:
     try:
-        return orjson.loads(path.read_bytes())
+        document: list[Any] = orjson.loads(path.read_bytes())
+        return document
     except (OSError, orjson.JSONDecodeError):
         return []  # not written yet, or a worker that never got that far
 

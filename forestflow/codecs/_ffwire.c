@@ -251,7 +251,7 @@ PyDoc_STRVAR(set_types_doc,
 "``table``: per ForestFlow type code (schema_datum.FF_DTYPES order), a (TensorType number, Tensor\n"
 "oneof field key bytes) pair. message() needs it.");
 
-static PyObject *set_types(PyObject *self, PyObject *table) {
+static PyObject *set_types(PyObject *Py_UNUSED(self), PyObject *table) {
     Py_ssize_t i;
     if (!PyTuple_Check(table) || PyTuple_GET_SIZE(table) != FF_BYTES + 1) {
         PyErr_SetString(PyExc_TypeError, "set_types() takes a tuple of 10 (number, key) pairs");
@@ -429,7 +429,7 @@ static int long_arg(const char *fn, int at, PyObject *arg, long long *value) {
 #define SMALL_COLUMNS 32
 #define SMALL_ROWS 16
 
-static PyObject *message(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     const char *outer, *prefix, *name_data[SMALL_COLUMNS], **names_utf8 = NULL;
     Py_ssize_t outer_len, prefix_len, rows, n, i, k, r, g, n_groups = 0, pos = 0, *name_len = NULL;
     Py_ssize_t small_name_len[SMALL_COLUMNS + 1];
@@ -640,7 +640,7 @@ PyDoc_STRVAR(varint_doc,
 "varint(value) -> bytes\n\n"
 "The protobuf base-128 varint of an int (negative numbers as their 64-bit two's complement).");
 
-static PyObject *varint(PyObject *self, PyObject *value) {
+static PyObject *varint(PyObject *Py_UNUSED(self), PyObject *value) {
     char buf[10];
     uint64_t bits;
     int overflow;
@@ -666,7 +666,7 @@ PyDoc_STRVAR(event_head_doc,
 "written), eventTimeMS (10), requestId (11), ``fqrv_field`` (12, as written), latencyMs (13),\n"
 "status (14), then ``tail`` (error, errorCode and protocol, as written).");
 
-static PyObject *event_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *event_head(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     const char *head, *request_id, *fqrv, *tail;
     Py_ssize_t head_len, request_id_len, fqrv_len, tail_len;
     long long event_time, status_arg;
@@ -722,7 +722,36 @@ static PyObject *event_head(PyObject *self, PyObject *const *args, Py_ssize_t na
     return result;
 }
 
+PyDoc_STRVAR(read_varint_doc,
+"read_varint(data, pos) -> (value, next_pos)\n\n"
+"The protobuf varint of a bytes-like object at pos, and the position after it. ValueError if it is cut short.");
+
+static PyObject *read_varint(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer view;
+    uint64_t value = 0;
+    size_t taken = 0;
+    Py_ssize_t pos;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "read_varint() takes exactly 2 arguments (data, pos)");
+        return NULL;
+    }
+    pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (pos >= 0 && pos < view.len)
+        taken = get_varint((const unsigned char *)view.buf + pos, (size_t)(view.len - pos), &value);
+    PyBuffer_Release(&view);
+    if (taken == 0) {
+        PyErr_Format(PyExc_ValueError, "no whole varint at position %zd", pos);
+        return NULL;
+    }
+    return Py_BuildValue("(Kn)", (unsigned long long)value, pos + (Py_ssize_t)taken);
+}
+
 static PyMethodDef methods[] = {
+    {"read_varint", (PyCFunction)(void (*)(void))read_varint, METH_FASTCALL, read_varint_doc},
     {"message", (PyCFunction)(void (*)(void))message, METH_FASTCALL, message_doc},
     {"event_head", (PyCFunction)(void (*)(void))event_head, METH_FASTCALL, event_head_doc},
     {"set_types", set_types, METH_O, set_types_doc},
@@ -731,7 +760,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_ffwire", "ForestFlow protobuf messages of a frame (schema, Datum records, configs), written in C.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_ffwire", "ForestFlow protobuf messages of a frame (schema, Datum records, configs), written in C.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__ffwire(void) {

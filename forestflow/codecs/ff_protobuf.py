@@ -24,6 +24,8 @@ _FF_TYPES = tuple(FF_DTYPES)
 _SMALL = [bytes((i,)) for i in range(128)]
 #: Protobuf base-128 varint of an int (negative numbers as 64-bit two's complement), in C.
 varint = _ffwire.varint
+#: The varint at a position of a bytes-like object and the position after it: (value, next_pos), in C.
+read_varint = _ffwire.read_varint
 
 
 def _field(tag: bytes, payload: bytes) -> bytes:
@@ -50,7 +52,10 @@ def _readable(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def _converted(outer: bytes, prefix: bytes, schema_tag: int, datum_tag: int, frame: Frame, configs: dict[str, str] | None) -> bytes:
     """The message of a frame whose columns the C writer could not read as they are (e.g. a column
     sliced with a step, fixed-width text, another byte order): written from converted copies."""
-    return _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, _readable(frame.columns), configs)
+    out = _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, _readable(frame.columns), configs)
+    if out is None:  # converted columns are exactly what the writer reads
+        raise TypeError(f"the C writer refused converted columns of {', '.join(frame.columns)}")
+    return out
 
 
 def inference_request_bytes(frame: Frame, configs: dict[str, str], field: bytes = b"") -> bytes:

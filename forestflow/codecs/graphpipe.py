@@ -303,7 +303,7 @@ def _named(request: GPInferRequest, inputs: Sequence[TensorSpec]) -> dict[str, n
     if len(set(names)) != len(names):
         raise InvalidInput(f"input_names: duplicate names in {names}")
     specs = {spec.name: spec for spec in inputs}
-    columns = {}
+    columns: dict[str, np.ndarray] = {}
     for name, tensor in zip(names, tensors):
         spec = specs.get(name)
         if specs and spec is None:
@@ -402,11 +402,13 @@ def _offsets(builder: flatbuffers.Builder, offsets: list[int]) -> int:
     builder.StartVector(4, len(offsets), 4)
     for offset in reversed(offsets):
         builder.PrependUOffsetTRelative(offset)
-    return builder.EndVector()
+    end: int = builder.EndVector()
+    return end
 
 
 def _shape(builder: flatbuffers.Builder, shape: Sequence[int]) -> int:
-    return builder.CreateNumpyVector(np.asarray(shape, dtype="<i8"))
+    vector: int = builder.CreateNumpyVector(np.asarray(shape, dtype="<i8"))
+    return vector
 
 
 def _element_bytes(value: Any) -> bytes:
@@ -564,7 +566,8 @@ def _io(builder: flatbuffers.Builder, spec: TensorSpec) -> int:
     IOMetadata.AddDescription(builder, description)
     IOMetadata.AddShape(builder, shape)
     IOMetadata.AddType(builder, GP_TYPE_OF_DATATYPE.get(spec.datatype, Type.Null))
-    return IOMetadata.End(builder)
+    table: int = IOMetadata.End(builder)
+    return table
 
 
 def encode_metadata(fqrv: FQRV, meta: ServableMetadata, server: str = "forestflow") -> bytes:

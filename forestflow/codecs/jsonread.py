@@ -3,6 +3,7 @@ fields, and error messages that name the path of what is wrong."""
 
 from __future__ import annotations
 
+import builtins
 import re
 from typing import Any, TypeVar
 
@@ -63,24 +64,24 @@ class Obj:
             return None
         return Obj(self.raw(name), self.sub(name))
 
-    def str(self, name: str, required: bool = True, default: str = "") -> str:
+    def str(self, name: builtins.str, required: bool = True, default: builtins.str = "") -> str:
         """A string field."""
-        return self._typed(name, str, "a string", required, default)
+        return self._typed(name, builtins.str, "a string", required, default)
 
-    def int(self, name: str, required: bool = True, default: int = 0) -> int:
+    def int(self, name: builtins.str, required: bool = True, default: int = 0) -> int:
         """An integer field (int64 may arrive as a JSON string, as protobuf JSON prints it)."""
         if not self.has(name):
             if required:
                 raise InvalidInput(f"{self.sub(name)}: required")
             return default
         value = self.raw(name)
-        if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        if isinstance(value, builtins.str) and re.fullmatch(r"-?\d+", value.strip()):
             return int(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
             raise InvalidInput(f"{self.sub(name)}: expected an integer, got {value!r}")
         return int(value)
 
-    def float(self, name: str, required: bool = True, default: float = 0.0) -> float:
+    def float(self, name: builtins.str, required: bool = True, default: float = 0.0) -> float:
         """A number field."""
         if not self.has(name):
             if required:
@@ -91,7 +92,7 @@ class Obj:
             raise InvalidInput(f"{self.sub(name)}: expected a number, got {value!r}")
         return float(value)
 
-    def list(self, name: str, required: bool = False) -> list[Any]:
+    def list(self, name: builtins.str, required: bool = False) -> list[Any]:
         """An array field (absent -> empty)."""
         if not self.has(name):
             if required:
@@ -102,16 +103,16 @@ class Obj:
             raise InvalidInput(f"{self.sub(name)}: expected an array, got {type_name(value)}")
         return value
 
-    def str_map(self, name: str) -> dict[str, str]:
+    def str_map(self, name: builtins.str) -> dict[builtins.str, builtins.str]:
         """A ``map<string,string>`` field (absent -> empty)."""
         if not self.has(name):
             return {}
         value = self.raw(name)
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        if not isinstance(value, dict) or not all(isinstance(v, builtins.str) for v in value.values()):
             raise InvalidInput(f"{self.sub(name)}: expected an object of string values")
         return dict(value)
 
-    def _typed(self, name: str, kind: type[T], label: str, required: bool, default: T) -> T:
+    def _typed(self, name: builtins.str, kind: type[T], label: builtins.str, required: bool, default: T) -> T:
         if not self.has(name):
             if required:
                 raise InvalidInput(f"{self.sub(name)}: required")

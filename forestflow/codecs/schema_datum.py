@@ -114,20 +114,20 @@ def _frame(schema: Sequence[tuple[str, list[str]]], datums: Iterable[Sequence[tu
     for r, tensors in enumerate(datums):
         seen: set[str] = set()
         for key, data in tensors:
-            ff_type = _KEY_TO_TYPE.get(key)
-            if ff_type is None:
+            group = _KEY_TO_TYPE.get(key)
+            if group is None:
                 raise InvalidInput(f"datum[{r}]: unknown tensor type {key!r}; expected one of {', '.join(TENSOR_KEY.values())}")
-            fields = by_type.get(ff_type)
-            if fields is None:
-                raise InvalidInput(f"datum[{r}]: a {ff_type} tensor but the schema has no {ff_type} entry")
-            if ff_type in seen:
-                raise InvalidInput(f"datum[{r}]: two {ff_type} tensors")
-            if len(data) != len(fields):
+            group_fields = by_type.get(group)
+            if group_fields is None:
+                raise InvalidInput(f"datum[{r}]: a {group} tensor but the schema has no {group} entry")
+            if group in seen:
+                raise InvalidInput(f"datum[{r}]: two {group} tensors")
+            if len(data) != len(group_fields):
                 raise InvalidInput(
-                    f"datum[{r}]: the {ff_type} tensor has {len(data)} value(s) for {len(fields)} schema field(s)"
+                    f"datum[{r}]: the {group} tensor has {len(data)} value(s) for {len(group_fields)} schema field(s)"
                 )
-            seen.add(ff_type)
-            for column, value in zip(values[ff_type], data):
+            seen.add(group)
+            for column, value in zip(values[group], data):
                 column.append(value)
         if len(seen) != len(by_type):
             missing = ", ".join(t for t in by_type if t not in seen)
@@ -159,7 +159,7 @@ def _json_tensors(datum: Any, r: int) -> list[tuple[str, Sequence[Any]]]:
     tensors = datum.get("tensors") if isinstance(datum, dict) else None
     if not isinstance(tensors, list) or not tensors:
         raise InvalidInput(f"datum[{r}].tensors: expected a non-empty array")
-    out = []
+    out: list[tuple[str, Sequence[Any]]] = []
     for t, tensor in enumerate(tensors):
         if not isinstance(tensor, dict) or len(tensor) != 1:
             raise InvalidInput(f"datum[{r}].tensors[{t}]: expected an object with one type key, e.g. {{\"Float64\": {{\"data\": [...]}}}}")

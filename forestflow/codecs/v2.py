@@ -62,7 +62,7 @@ def _per_row_dims(spec: TensorSpec | None) -> tuple[int, ...] | None:
 
 def _pd_column(tensor: Tensor, spec: TensorSpec | None) -> np.ndarray:
     """One pd tensor as a batch-first column."""
-    a = tensor.array
+    a: np.ndarray = tensor.array
     per_row = _per_row_dims(spec)
     if per_row == (1,):  # an [N, 1] input (ONNX models) takes one value per row: read it like a scalar
         per_row = ()
@@ -81,7 +81,7 @@ def _pd_column(tensor: Tensor, spec: TensorSpec | None) -> np.ndarray:
     if a.ndim == 2 and a.shape[1] == 1:
         return a[:, 0]
     if a.ndim == 2 and a.shape[0] == 1:
-        return a[0]
+        return a.reshape(-1)
     if spec is None:  # not a model input: handed over as it is, rows on the first axis
         return a
     raise InvalidInput(

@@ -161,8 +161,10 @@ def array_from_raw(name: str, datatype: Any, shape: Any, buf: bytes | memoryview
     if len(buf) != need:
         raise InvalidInput(f"{what} {name!r}: shape {list(dims)} of {datatype} needs {need} bytes, got {len(buf)}")
     if datatype == "BOOL":
-        return (np.frombuffer(buf, dtype=np.uint8) != 0).reshape(dims)
-    return np.frombuffer(buf, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(dims)
+        flags: np.ndarray = (np.frombuffer(buf, dtype=np.uint8) != 0).reshape(dims)
+        return flags
+    array: np.ndarray = np.frombuffer(buf, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(dims)
+    return array
 
 
 def split_bytes(name: str, buf: bytes | memoryview, count: int, what: str = "input") -> list[bytes]:

@@ -23,4 +23,17 @@ static inline char *put_varint(char *out, uint64_t v) {
     return out;
 }
 
+/* Reads the varint at in[0..size); returns the bytes it took, or 0 if it runs past size or past 10 bytes. */
+static inline size_t get_varint(const unsigned char *in, size_t size, uint64_t *value) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < size && i < 10; i++) {
+        v |= (uint64_t)(in[i] & 0x7F) << (7 * i);
+        if (!(in[i] & 0x80)) {
+            *value = v;
+            return i + 1;
+        }
+    }
+    return 0;
+}
+
 #endif

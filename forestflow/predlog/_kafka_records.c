@@ -53,7 +53,7 @@ PyDoc_STRVAR(records_doc,
 "with ``key`` (bytes or None) and ``value`` (bytes), offset deltas 0..n-1, timestamp delta 0, no\n"
 "headers.");
 
-static PyObject *records(PyObject *self, PyObject *entries) {
+static PyObject *records(PyObject *Py_UNUSED(self), PyObject *entries) {
     static PyObject *key_name = NULL, *value_name = NULL;
     Py_ssize_t n, i, read = 0;
     size_t total = 0;
@@ -114,7 +114,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_kafka_records", "The records of a Kafka record batch, written in C.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_kafka_records", "The records of a Kafka record batch, written in C.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__kafka_records(void) { return PyModule_Create(&module); }

@@ -19,6 +19,7 @@ import orjson
 
 from forestflow.codecs.schema_datum import prediction_json, request_json
 from forestflow.codecs.v2 import decode_inputs
+from forestflow.codecs.v2_request import TRANSPORT_PARAMETERS, configs_from, parameters_of, parse_inputs, tensors_of
 from forestflow.codecs.v2_tensor import array_from_json, array_from_raw
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
@@ -49,19 +50,14 @@ def _rest_document(body: bytes | dict[str, Any], json_length: int | None) -> tup
 
 def _request_frame(event: dict[str, Any]) -> tuple[Frame, dict[str, str]]:
     # The front-ends' own parsers: a logged request was accepted by them, so it parses the same way.
-    from forestflow.api.v2_common import TRANSPORT_PARAMETERS, configs_from
-
     body = _body(event["wireRequest"])
     if event.get("protocol") == "v2-grpc":
         from forestflow._proto.grpc_predict_v2 import messages
-        from forestflow.api.v2_grpc import parameters_of, tensors_of
 
         assert isinstance(body, bytes)
         message = messages()["ModelInferRequest"].FromString(body)
         tensors, parameters = tensors_of(message), parameters_of(message.parameters)
     else:
-        from forestflow.api.v2_rest import parse_inputs
-
         doc, binary = _rest_document(body, event.get("wireRequestJsonLength"))
         tensors, parameters = parse_inputs(doc, binary), dict(doc.get("parameters") or {})
     model_parameters = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS}

@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
 
+from forestflow.codecs.ff_protobuf import varint
 from forestflow.predlog.log import LogEntry
 
 
@@ -79,7 +79,7 @@ class FileSink:
                 # file, so the workers of one gateway can share it without interleaving events.
                 fh = self._files[graphpipe] = open(self.gp_path if graphpipe else self.path, "ab", buffering=0)
             if self.fmt == "protobuf":
-                pieces = [piece for e in chosen for piece in (_VarintBytes(len(e.value)), e.value)]
+                pieces = [piece for e in chosen for piece in (varint(len(e.value)), e.value)]
             else:
                 pieces = [piece for e in chosen for piece in (e.value, b"\n")]
             _append(fh.fileno(), pieces)

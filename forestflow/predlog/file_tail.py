@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
-from google.protobuf.internal.decoder import _DecodeVarint  # type: ignore[attr-defined]
 from google.protobuf.message import DecodeError
 
+from forestflow.codecs.ff_protobuf import read_varint
 from forestflow.predlog.convert import to_forestflow
 from forestflow.predlog.encode import event_to_dict
 
@@ -108,7 +108,8 @@ class FileReader:
                 fh.seek(self.position)
                 data = fh.read(min(chunk, size - self.position))
                 used = 0
-                for used, record in self._parse(data):
+                for end, record in self._parse(data):
+                    used = end
                     yield record
                 if used == 0:
                     if len(data) < chunk:
@@ -129,8 +130,8 @@ class FileReader:
         pos = 0
         while pos < len(data):
             try:
-                length, body_start = _DecodeVarint(data, pos)
-            except (IndexError, DecodeError):
+                length, body_start = read_varint(data, pos)
+            except ValueError:
                 return  # the length itself is still being written
             if body_start + length > len(data):
                 return

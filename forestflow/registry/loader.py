@@ -20,7 +20,8 @@ from forestflow.core.locator import mlflow_model_dir
 from forestflow.errors import CreateServableRequestInvalidError, GatewayError
 from forestflow.registry.artifacts import ArtifactCache, ArtifactClaim, ArtifactRequest
 from forestflow.registry.registry import Loaded
-from forestflow.runtime.base import Servable, create_servable
+from forestflow.runtime.base import Servable
+from forestflow.runtime.flavors import create_servable
 from forestflow.runtime.scheduler import ServableScheduler
 from forestflow.settings import Settings
 
@@ -63,7 +64,7 @@ class ServableLoader:
             slots=servable.max_concurrency or settings.scoring_slots,
             live_queue=settings.live_queue,
             shadow_queue=settings.shadow_queue,
-            max_batch_rows=settings.max_batch_rows if getattr(servable, "batchable", False) else 0,
+            max_batch_rows=settings.max_batch_rows if servable.batchable else 0,
             max_threads=settings.scoring_threads,
             coalesce_rows=settings.max_batch_rows,
         )

@@ -231,7 +231,7 @@ PyDoc_STRVAR(score_doc,
 "nodes is int32 (nodes x 8), values float64 (nodes), bits uint8, roots and target int32 (trees),\n"
 "dom_len int64 (features), params float64 (10), prior and model_distrib float64 (classes).");
 
-static PyObject *score(PyObject *self, PyObject *args) {
+static PyObject *score(PyObject *Py_UNUSED(self), PyObject *args) {
     enum { A_X, A_OFFSETS, A_NODES, A_VALUES, A_BITS, A_ROOTS, A_TARGET, A_DOM_LEN, A_PARAMS, A_PRIOR, A_DISTRIB, A_PREDS, A_TIES, A_COUNT };
     static const struct { const char *name; char code; Py_ssize_t size; int ndim, writable; } spec[A_COUNT] = {
         {"X", 'd', 8, 2, 0},       {"offsets", 'd', 8, 1, 0}, {"nodes", 'i', 4, 2, 0},  {"values", 'd', 8, 1, 0},
@@ -299,7 +299,7 @@ PyDoc_STRVAR(check_tables_doc,
 "Raises ValueError unless every root, child, column, target and bitset of the tables is in range:\n"
 "score() walks them without bounds checks, so a scorer checks its tables once, when it is built.");
 
-static PyObject *check_tables(PyObject *self, PyObject *args) {
+static PyObject *check_tables(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *o_nodes, *o_values, *o_bits, *o_roots, *o_target;
     Py_ssize_t n_features, width, n_nodes, n_bits, n_trees, t, k;
     Py_buffer nodes_v, values_v, bits_v, roots_v, target_v;
@@ -360,7 +360,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_h2o_trees", "genmodel's score0 for H2O GBM and DRF MOJOs, in C.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_h2o_trees", "genmodel's score0 for H2O GBM and DRF MOJOs, in C.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__h2o_trees(void) { return PyModule_Create(&module); }

@@ -108,7 +108,7 @@ class ModelColumn:
             return out
         lookup = self.lookup
         try:  # the common case, known strings, in one pass; the rest resolved one by one
-            found = [lookup.get(v, -1) for v in arr.tolist()]
+            found: list[float] = [lookup.get(v, -1) for v in arr.tolist()]
         except TypeError:  # an unhashable value somewhere
             found = [-1] * len(arr)
         if -1 in found:
@@ -161,7 +161,8 @@ def build_matrix(
     if index is None:
         index = {c.name: j for j, c in enumerate(columns)}
     single = frame.num_rows == 1  # one row: plain Python per value beats numpy per column
-    X = [NA] * len(columns) if single else np.full((frame.num_rows, len(columns)), NA)
+    # a list for one row, a matrix for more: typed Any since the two are indexed differently
+    X: Any = [NA] * len(columns) if single else np.full((frame.num_rows, len(columns)), NA)
     offsets = None
     unknown: list[str] = []
     for name, arr in frame.columns.items():

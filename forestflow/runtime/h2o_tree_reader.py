@@ -274,7 +274,7 @@ class _NodeBuilder:
         return len(self.rows) - 1
 
     def set(self, index: int, *values: Any) -> None:
-        self.rows[index] = values  # type: ignore[assignment]
+        self.rows[index] = values
 
     def bitset(self, data: bytes) -> int:
         """The offset of ``data`` in the shared bitset bytes."""
@@ -374,4 +374,5 @@ def _flatten_one(tree: bytes, nodes: _NodeBuilder, tree_version: int) -> int:
 
 
 def _f4(buf: bytes, pos: int) -> float:
-    return struct.unpack_from("<f", buf, pos)[0]
+    value: float = struct.unpack_from("<f", buf, pos)[0]
+    return value

@@ -314,7 +314,7 @@ class OnnxServable(Servable):
 
     def _run(self, session: ort.InferenceSession, names: list[str], feeds: dict[str, np.ndarray], n: int) -> list[np.ndarray]:
         try:
-            results = session.run(names, feeds)
+            results: list[np.ndarray] = session.run(names, feeds)
         except (InvalidArgument, Fail) as exc:
             # Shapes and types are checked before the call: what is left is the model's own rule on
             # the values (an unknown category, say), which onnxruntime reports as a failed node.

@@ -132,9 +132,8 @@ def coerce(values: np.ndarray, plan: InputPlan, feature: str | None = None) -> n
             raise InvalidInput(f"{_where(plan, feature)} takes BOOL: only true/false (or 0/1)")
         return values.astype(np.bool_)
     if target.kind in "iu":
-        if kind == "f":
-            if not np.all(np.isfinite(values) & (values == np.trunc(values))):
-                raise InvalidInput(f"{_where(plan, feature)} takes {plan.datatype}: the values must be whole numbers (no NaN)")
+        if kind == "f" and not np.all(np.isfinite(values) & (values == np.trunc(values))):
+            raise InvalidInput(f"{_where(plan, feature)} takes {plan.datatype}: the values must be whole numbers (no NaN)")
         if values.size and kind != "b":
             info = np.iinfo(target)
             low, high = values.min(), values.max()

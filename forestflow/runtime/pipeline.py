@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy as np
 from forestflow.core import input_report
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.errors import CreateServableRequestInvalidError, GatewayError, PredictionFailed
-from forestflow.runtime.base import Servable, ServableMetadata, create_servable
+from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.pipeline_definition import PipelineSpec, Port, StepSpec, read_definition
 from forestflow.runtime.pipeline_steps import internal_frame
 
@@ -55,8 +56,12 @@ class _Step:
 class PipelineServable(Servable):
     """Several servables run as one, in dependency order, tensors passed by id."""
 
-    def __init__(self, fqrv: Any, artifact_dir: Path, settings: dict[str, Any]) -> None:
+    def __init__(
+        self, fqrv: Any, artifact_dir: Path, settings: dict[str, Any], *, create_step: Callable[[str, Any, Path, dict[str, Any]], Servable]
+    ) -> None:
         super().__init__(fqrv, artifact_dir, settings)
+        #: Builds a step's servable from its flavor name (runtime/flavors.py's create_servable).
+        self._create_step = create_step
         self._steps: list[_Step] = []
         self._spec: PipelineSpec | None = None
         self._meta: ServableMetadata | None = None
@@ -85,7 +90,7 @@ class PipelineServable(Servable):
         implied: list[Port] = []  # request columns read by steps that declare no inputs
         try:
             for step in spec.steps:
-                servable = create_servable(step.flavor.flavor, self.fqrv, self.artifact_dir, step.flavor_settings())
+                servable = self._create_step(step.flavor.flavor, self.fqrv, self.artifact_dir, step.flavor_settings())
                 servable.gateway_settings = self.gateway_settings
                 try:
                     servable.load()

@@ -21,7 +21,7 @@ from typing import Any
 
 from forestflow.core.frame import DATATYPES
 from forestflow.errors import CreateServableRequestInvalidError
-from forestflow.runtime.base import StepPlatform, platform_names, step_platform
+from forestflow.runtime.step_platforms import StepPlatform, platform_names, step_platform
 
 #: AMD's datatype spellings that differ from the V2 names.
 _DATATYPE_ALIASES = {"STRING": "BYTES", "FLOAT32": "FP32", "FLOAT64": "FP64", "FLOAT16": "FP16"}

@@ -61,10 +61,11 @@ class PythonServable(Servable):
         module = importlib.util.module_from_spec(spec)
         try:
             spec.loader.exec_module(module)
-            target = getattr(module, entry)
+            target: Any = getattr(module, entry)
             if inspect.isclass(target):
                 params = inspect.signature(target).parameters
-                instance = target(self.artifact_dir) if params else target()
+                factory: Any = target
+                instance = factory(self.artifact_dir) if params else factory()
                 self._predict = instance.predict
             else:
                 self._predict = target

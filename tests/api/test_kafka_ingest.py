@@ -218,6 +218,7 @@ async def test_bad_messages_get_error_replies_and_later_ones_are_still_answered(
     assert {e.requestId for e in decoded} == {header(got[k], "forestflow-request-id") for k in ("json", "proto", "v2", "own-id")}
 
 
+@pytest.mark.slow
 async def test_a_slow_servable_pauses_consumption_and_it_catches_up(broker: KafkaBroker, tmp_path: Path) -> None:
     requests, replies, group = names("slow")
     await create_topics(broker, (requests, 1), (replies, 1))
@@ -304,6 +305,7 @@ def process_env(settings: dict[str, Any]) -> dict[str, str]:
     return {f"FORESTFLOW_{k.upper()}": str(v).lower() if isinstance(v, bool) else str(v) for k, v in settings.items()}
 
 
+@pytest.mark.slow
 async def test_a_gateway_killed_mid_stream_and_restarted_answers_every_request(
     broker: KafkaBroker, tmp_path: Path, gateway_process: type[GatewayProcess]
 ) -> None:
@@ -375,6 +377,7 @@ async def test_kafka_score_and_replies_commands(broker: KafkaBroker, tmp_path: P
     assert [(x["key"], x["status"]) for x in lines] == [("mine", 200)]
 
 
+@pytest.mark.slow
 async def test_a_broker_outage_mid_stream_loses_no_request(broker: KafkaBroker, tmp_path: Path) -> None:
     requests, replies, group = names("outage")
     await create_topics(broker, (requests, 2), (replies, 1))
@@ -425,6 +428,7 @@ async def test_offers_refused_after_a_stale_room_check_are_retried_not_answered_
     assert stats.overload_retries == rejected > 0
 
 
+@pytest.mark.slow
 async def test_a_broker_absent_at_start_is_waited_for(broker: KafkaBroker, tmp_path: Path) -> None:
     requests, replies, group = names("absent")
     await create_topics(broker, (requests, 1), (replies, 1))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from forestflow._proto import forestflow_pb2 as pb
-from forestflow.codecs.ff_protobuf import inference_request_bytes, prediction_bytes, varint
+from forestflow.codecs.ff_protobuf import inference_request_bytes, prediction_bytes, read_varint, varint
 from forestflow.codecs.schema_datum import TENSOR_KEY, type_groups
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
@@ -107,7 +107,7 @@ def test_text_of_every_str_storage_matches_protobuf_api() -> None:
     assert pb.InferenceRequest.FromString(inference_request_bytes(frame, configs)) == request_to_proto(frame, configs)
     parsed = pb.Prediction.FromString(prediction_bytes(FQ, frame))
     assert parsed == prediction_to_proto(FQ, frame)
-    assert list(getattr(parsed.datum[4].tensors[0], "String").data) == ["🌲 forest"]
+    assert list(parsed.datum[4].tensors[0].String.data) == ["🌲 forest"]
 
 
 @pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 2**31, 2**63 - 1, -1, -(2**31)])
@@ -115,6 +115,19 @@ def test_varint_matches_protobuf(value: int) -> None:
     message = pb.Int64Data()
     message.data.append(value)
     assert message.SerializeToString() == b"\x08" + varint(value)
+
+
+@pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 2**31, 2**63 - 1, 2**64 - 1])
+def test_read_varint_reads_what_varint_writes(value: int) -> None:
+    data = b"\xff" + varint(value) + b"tail"
+    assert read_varint(data, 1) == (value, len(data) - 4)
+    assert read_varint(memoryview(data), 1) == (value, len(data) - 4)
+
+
+@pytest.mark.parametrize(("data", "pos"), [(b"", 0), (b"\x80", 0), (b"\x80\x80", 1), (b"\x01", 1), (b"\x01", -1), (b"\xff" * 11, 0)])
+def test_read_varint_refuses_what_is_cut_short(data: bytes, pos: int) -> None:
+    with pytest.raises(ValueError, match="no whole varint"):
+        read_varint(data, pos)
 
 
 # ---- the C writer (codecs/_ffwire.c) on every layout the frames of the gateway can take ------------

@@ -36,6 +36,7 @@ def one_request(port: int, x: float) -> tuple[str, object]:
         conn.close()
 
 
+@pytest.mark.slow
 def test_sigterm_mid_stream_answers_every_accepted_request(tmp_path: Path, gateway_process: type[GatewayProcess]) -> None:
     gw = gateway_process(tmp_path / "data", env={"FORESTFLOW_DRAIN_GRACE_S": "1.0", "FORESTFLOW_SHUTDOWN_TIMEOUT_S": "10", "FORESTFLOW_SCORING_SLOTS": "8"}).start()
     r = requests.post(gw.url + "/servable", json=python_servable(log_level="FULL"), timeout=60)

@@ -87,7 +87,7 @@ async def test_deadline_and_failed_load_are_counted(gw: InProcessGateway) -> Non
     assert value(parsed, "forestflow_servable_load_failures_total") == 1
 
 
-async def test_grpc_calls_are_counted(v2: tuple[Any, Any]) -> None:
+async def test_grpc_calls_are_counted(v2: tuple[Any, Any]) -> None:  # noqa: F811 (the fixture imported above)
     gw, call = v2
     for _ in range(2):
         await call("ModelInfer", **raw_request([1.0], [b"a"]))

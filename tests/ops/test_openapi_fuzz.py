@@ -60,6 +60,7 @@ def _by_status() -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
+@pytest.mark.slow
 def test_live_gateway_matches_its_openapi(live_schema: schemathesis.BaseSchema) -> None:
     """Every operation: generated cases (and the documented examples) against the live gateway."""
     failures: list[str] = []

@@ -32,6 +32,7 @@ def wait_ready(url: str, timeout_s: float) -> dict[str, Any]:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_not_ready_while_servables_load_at_start(tmp_path: Path, gateway_process: type[GatewayProcess]) -> None:
     data = tmp_path / "data"
     first = gateway_process(data).start()

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import requests
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -45,6 +46,7 @@ def text_of(driver: webdriver.Chrome, selector: str) -> str:
     return str(driver.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", selector))
 
 
+@pytest.mark.slow
 def test_ui_shows_contracts_and_its_chart_follows_a_phase_in(tmp_path: Path, gateway_process: type[GatewayProcess]) -> None:
     gw = gateway_process(tmp_path / "data").start()
     contract = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 2}}, "router": {"FairPhaseInPctBasedRouter": {}}}

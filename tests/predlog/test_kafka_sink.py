@@ -96,6 +96,7 @@ async def test_start_raises_promptly_without_broker() -> None:
     assert await sink.send([entry(make_record(1))]) != []
 
 
+@pytest.mark.slow
 async def test_broker_death_mid_run_hands_back_everything_then_fresh_producer_delivers_once(
     broker: KafkaBroker, topic: str
 ) -> None:
@@ -123,6 +124,7 @@ async def test_broker_death_mid_run_hands_back_everything_then_fresh_producer_de
     assert ids == Counter(f"req-{i}" for i in range(55))
 
 
+@pytest.mark.slow
 async def test_recovers_after_the_broker_process_is_killed_and_comes_back_empty(
     broker: KafkaBroker, topic: str
 ) -> None:
@@ -142,6 +144,7 @@ async def test_recovers_after_the_broker_process_is_killed_and_comes_back_empty(
     assert request_ids(await read_topic(broker.bootstrap, topic, expect=10)) == Counter(f"req-{i}" for i in range(1, 11))
 
 
+@pytest.mark.slow
 async def test_send_is_bounded_when_the_broker_hangs(broker: KafkaBroker, topic: str) -> None:
     sink = kafka_sink(broker.bootstrap, topic, request_timeout_ms=1500)
     await sink.start()
@@ -168,6 +171,7 @@ async def test_send_is_bounded_when_the_broker_hangs(broker: KafkaBroker, topic:
     assert set(ids) == {f"req-{i}" for i in range(40)}
 
 
+@pytest.mark.slow
 async def test_cut_short_send_is_not_delivered_later_and_close_is_bounded(broker: KafkaBroker, topic: str) -> None:
     # A long request timeout: aiokafka itself would keep the batches alive through the outage.
     sink = kafka_sink(broker.bootstrap, topic, request_timeout_ms=10000)

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, PredictionFailed, ServableNotReady
-from forestflow.runtime.base import create_servable
+from forestflow.runtime.flavors import create_servable
 from forestflow.runtime.onnx_flavor import OnnxServable
 from tests import onnx_models
 

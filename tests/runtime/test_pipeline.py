@@ -11,7 +11,9 @@ import pytest
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, PredictionFailed
-from forestflow.runtime.base import Servable, ServableMetadata, StepPlatform, create_servable, register_flavor, register_platform
+from forestflow.runtime.base import Servable, ServableMetadata
+from forestflow.runtime.flavors import create_servable, register_flavor
+from forestflow.runtime.step_platforms import StepPlatform, register_platform
 from forestflow.runtime.pipeline_definition import parse_definition
 from tests.pipeline_support import pipeline_dir, port, toml
 

@@ -80,12 +80,14 @@ async def test_size_cap_and_timeout_stop_git_and_leave_nothing(tmp_path: Path) -
             assert status == 422, payload
             assert "artifact_max_bytes = 20000" in error_text(payload)
             assert cache_entries(gw) == []
-    async with git_http_server(tmp_path / "git", delay_s=1.0) as url:  # a server slower than the timeout
-        async with serve_in_process(tmp_path / "slow", artifact_download_timeout_s=0.5) as gw:
-            status, payload = await deploy(gw, h2o_request(f"{url}/h2o/prostate.git#v1.gbm-bin", "models/model.zip"))
-            assert status == 422, payload
-            assert "artifact_download_timeout_s = 0.5 s" in error_text(payload)
-            assert cache_entries(gw) == []
+    async with (
+        git_http_server(tmp_path / "git", delay_s=1.0) as url,  # a server slower than the timeout
+        serve_in_process(tmp_path / "slow", artifact_download_timeout_s=0.5) as gw,
+    ):
+        status, payload = await deploy(gw, h2o_request(f"{url}/h2o/prostate.git#v1.gbm-bin", "models/model.zip"))
+        assert status == 422, payload
+        assert "artifact_download_timeout_s = 0.5 s" in error_text(payload)
+        assert cache_entries(gw) == []
 
 
 async def test_deploy_whose_client_disconnects_completes(tmp_path: Path) -> None:

@@ -89,7 +89,7 @@ async def _download(locator: S3Locator, files: tuple[str, ...] | None, staging: 
                 target = staging / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 async with response["Body"] as body:
-                    with open(target, "wb") as out:
+                    with open(target, "wb") as out:  # noqa: ASYNC230 (a local staging file, written as chunks arrive)
                         while chunk := await body.read(1 << 16):
                             total += len(chunk)
                             if total > limits.max_bytes:

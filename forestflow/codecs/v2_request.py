@@ -1,0 +1,99 @@
+"""A V2 inference request's parts as both front-ends and the prediction log read them.
+
+The REST JSON ``inputs`` (with binary tensor data), the gRPC message's tensors and parameters, and the
+request parameters that become prediction-log configs: used by api/v2_rest.py and api/v2_grpc.py when
+they decode a request, and by predlog/convert.py when ``logs tail`` converts a logged wire request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forestflow.codecs.v2_tensor import Tensor, array_from_contents, array_from_json, array_from_raw
+from forestflow.errors import InvalidInput
+
+#: Parameters of the binary extension: they steer the encoding and are not model parameters.
+TRANSPORT_PARAMETERS = frozenset({"binary_data_output", "binary_data", "binary_data_size"})
+
+
+def configs_from(parameters: dict[str, Any]) -> dict[str, str]:
+    """Request parameters as prediction-log configs (string values, transport parameters left out)."""
+    out = {}
+    for key, value in parameters.items():
+        if key in TRANSPORT_PARAMETERS:
+            continue
+        out[str(key)] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return out
+
+
+def object_of(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{where}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def tensor_name(item: Any, where: str) -> str:
+    if not isinstance(item, dict):
+        raise InvalidInput(f"{where}: expected a JSON object")
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"{where}.name: required, a string")
+    return name
+
+
+def parse_inputs(doc: dict[str, Any], binary: memoryview) -> list[Tensor]:
+    """Decode ``inputs`` (JSON ``data`` or binary blobs, consumed in input order)."""
+    items = doc.get("inputs")
+    if not isinstance(items, list) or not items:
+        raise InvalidInput("inputs: required, a non-empty list of input tensors")
+    tensors, offset = [], 0
+    for i, item in enumerate(items):
+        name = tensor_name(item, f"inputs[{i}]")
+        params = object_of(item.get("parameters"), f"input {name!r}: parameters")
+        datatype, shape = item.get("datatype"), item.get("shape")
+        size = params.get("binary_data_size")
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise InvalidInput(f"input {name!r}: binary_data_size must be a non-negative integer")
+            if offset + size > len(binary):
+                raise InvalidInput(
+                    f"input {name!r}: binary_data_size {size} runs past the {len(binary)} bytes of binary data"
+                )
+            array = array_from_raw(name, datatype, shape, binary[offset : offset + size])
+            offset += size
+        elif "data" in item:
+            array = array_from_json(name, datatype, shape, item["data"])
+        else:
+            raise InvalidInput(f"input {name!r}: needs data (or parameters.binary_data_size with binary data)")
+        tensors.append(Tensor(name, datatype, array, params))
+    if offset != len(binary):
+        raise InvalidInput(f"{len(binary) - offset} bytes of binary data after the last binary input")
+    return tensors
+
+
+def parameters_of(field: Any) -> dict[str, Any]:
+    """A ``map<string, InferParameter>`` as plain Python values."""
+    out = {}
+    for key, param in field.items():
+        which = param.WhichOneof("parameter_choice")
+        if which is not None:
+            out[key] = getattr(param, which)
+    return out
+
+
+def tensors_of(request: Any) -> list[Tensor]:
+    """The input tensors of a ModelInferRequest, typed (``contents``) or raw."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")
+    tensors = []
+    for i, t in enumerate(request.inputs):
+        shape = list(t.shape)
+        if raw:
+            array = array_from_raw(t.name, t.datatype, shape, raw[i])
+        else:
+            array = array_from_contents(t.name, t.datatype, shape, t.contents)
+        tensors.append(Tensor(t.name, t.datatype, array, parameters_of(t.parameters)))
+    return tensors

@@ -1,0 +1,6 @@
+"""Types of the C extension forestflow/predlog/_kafka_records.c."""
+
+from collections.abc import Sequence
+from typing import Any
+
+def records(entries: Sequence[Any], /) -> bytes: ...

@@ -1,0 +1,11 @@
+"""Types of the C extension forestflow/runtime/_h2o_trees.c (its docstrings say what each call does)."""
+
+import numpy as np
+
+def score(
+    X: np.ndarray, offsets: np.ndarray | None, nodes: np.ndarray, values: np.ndarray, bits: np.ndarray, roots: np.ndarray,
+    target: np.ndarray, dom_len: np.ndarray, params: np.ndarray, prior: np.ndarray, model_distrib: np.ndarray, preds: np.ndarray, ties: np.ndarray, /
+) -> None: ...
+def check_tables(
+    nodes: np.ndarray, values: np.ndarray, bits: np.ndarray, roots: np.ndarray, target: np.ndarray, n_features: int, width: int, /
+) -> None: ...

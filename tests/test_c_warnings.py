@@ -1,0 +1,21 @@
+"""The C extensions compile without a warning under -Wall -Wextra (what setup.py builds them with)."""
+
+from __future__ import annotations
+
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import numpy
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ["forestflow/codecs/_ffwire.c", "forestflow/predlog/_kafka_records.c", "forestflow/runtime/_h2o_trees.c"]
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_extension_compiles_without_warnings(source: str) -> None:
+    includes = [sysconfig.get_paths()["include"], numpy.get_include(), str(ROOT / "forestflow" / "codecs")]
+    command = ["gcc", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-O2", *(f"-I{i}" for i in includes), str(ROOT / source)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
