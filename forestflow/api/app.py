@@ -17,6 +17,7 @@ from forestflow.predlog import make_prediction_log
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.file_store import FileStore
 from forestflow.registry.store import Store
+from forestflow.runtime import jvm
 from forestflow.service import Gateway
 from forestflow.errors import StoreUnavailable
 from forestflow.settings import Settings
@@ -108,6 +109,7 @@ def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.A
         middlewares=[build_middleware(settings.access_log, request_metrics)],
     )
     app[SETTINGS] = settings
+    jvm.configure(settings.jvm_opts, settings.genmodel_jar)  # used only if a model starts the JVM
     if worker is not None:
         app[WORKER] = worker
         app.on_response_prepare.append(_tag_worker)  # which worker answered: for operators and tests
