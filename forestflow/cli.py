@@ -160,6 +160,10 @@ async def _serve(settings: Any, worker: Any = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    from forestflow.api.common import GATEWAY
+
+    # SIGHUP (logrotate's postrotate): the file log reopens its path before its next write.
+    loop.add_signal_handler(signal.SIGHUP, app[GATEWAY].prediction_log.reopen)
     await stop.wait()
     # A worker shares its listener with the supervisor and the other workers: it must not change it.
     await _drain(app, runner, settings, stop, log, sock, owns_listener=worker is None or worker.listen_fd is None)

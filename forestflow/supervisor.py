@@ -109,6 +109,7 @@ class Supervisor:
         self.serve_args = serve_args
         self.count = count
         self._stopping = False
+        self._slots: list[_Slot] = []
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT; raises OSError when a port is taken."""
@@ -119,7 +120,8 @@ class Supervisor:
         grpc_reservation, grpc_port = self._reserve_grpc_port()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
-        slots = [_Slot(i) for i in range(self.count)]
+        slots = self._slots = [_Slot(i) for i in range(self.count)]
+        signal.signal(signal.SIGHUP, self._on_hangup)
         log.info("serving", host=settings.host, port=http.getsockname()[1], grpc_port=grpc_port, workers=self.count, data_dir=str(settings.data_dir))
         try:
             for slot in slots:
@@ -138,6 +140,12 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stopping = True
+
+    def _on_hangup(self, signum: int, frame: Any) -> None:
+        """SIGHUP goes on to every worker: each reopens its prediction log file (log rotation)."""
+        for slot in self._slots:
+            if slot.process is not None and slot.process.poll() is None:
+                slot.process.send_signal(signal.SIGHUP)
 
     def _reserve_grpc_port(self) -> tuple[socket.socket | None, int]:
         """Hold the (checked, free) gRPC port with SO_REUSEPORT for the workers to share.

@@ -158,6 +158,14 @@ class PredictionLog:
         """Start the drain task (the sink connects lazily inside it)."""
         self._task = asyncio.get_running_loop().create_task(self._drain(), name="prediction-log-drain")
 
+    def reopen(self) -> None:
+        """Reopen the sink's files before its next write (SIGHUP after a log rotation); a sink
+        without files (Kafka) ignores it."""
+        reopen = getattr(self.sink, "reopen", None)
+        if reopen is not None:
+            reopen()
+            log.info("prediction_log_reopen_requested", sink=self.sink.name)
+
     async def close(self, timeout_s: float) -> None:
         """Stop taking events, deliver what is buffered within ``timeout_s``, count the rest."""
         self._closing = True
