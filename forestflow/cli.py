@@ -65,6 +65,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from forestflow.supervisor import Supervisor, WorkerIdentity, worker_count
 
     configure_logging(settings.log_level)
+    if settings.kafka_enabled:
+        from forestflow.predlog.kafka_sink import KafkaInternalsChanged, check_aiokafka
+
+        try:
+            check_aiokafka()  # refuse to start rather than deliver events twice
+        except KafkaInternalsChanged as exc:
+            return _fail(str(exc), code=1)
     worker = WorkerIdentity.parse(args.worker, args.listen_fd) if args.worker else None
     from forestflow.errors import GatewayError
 
