@@ -100,6 +100,17 @@ class _Slot:
     restart_at: float = 0.0
 
 
+#: Added to a worker's own stop budget before it is killed: the late-connection pauses of its drain
+#: (2 x 0.5 s), closing the runner and the process exit.
+STOP_MARGIN_S = 5.0
+
+
+def stop_deadline_s(settings: Any) -> float:
+    """How long a SIGTERMed worker gets before SIGKILL: all of its graceful stop (the drain grace,
+    in-flight requests, the prediction log's flush) and a margin."""
+    return settings.drain_grace_s + settings.shutdown_timeout_s + settings.log_flush_timeout_s + STOP_MARGIN_S
+
+
 class Supervisor:
     """Binds the ports, runs ``count`` workers, restarts the ones that die, stops them all on a signal."""
 
@@ -188,7 +199,7 @@ class Supervisor:
         running = [s.process for s in slots if s.process is not None and s.process.poll() is None]
         for process in running:
             process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.settings.shutdown_timeout_s + self.settings.log_flush_timeout_s + 5
+        deadline = time.monotonic() + stop_deadline_s(self.settings)
         for process in running:
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
