@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import hdrs, web
 
-from forestflow.api import v2_common
+from forestflow.api import body_pool, v2_common
 from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, SETTINGS, input_headers, request_id_of, timeout_from
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
 from forestflow.codecs.v2 import Layout, encode_outputs
@@ -69,11 +69,19 @@ def _name(item: Any, where: str) -> str:
     return name
 
 
-def parse_inputs(doc: dict[str, Any], binary: memoryview) -> list[Tensor]:
-    """Decode ``inputs`` (JSON ``data`` or binary blobs, consumed in input order)."""
+def parse_inputs(doc: dict[str, Any], binary: memoryview, max_rows: int | None = None) -> list[Tensor]:
+    """Decode ``inputs`` (JSON ``data`` or binary blobs, consumed in input order).
+
+    With ``max_rows``, a tensor whose shape says more rows (its first dimension) is refused before
+    any column is built."""
     items = doc.get("inputs")
     if not isinstance(items, list) or not items:
         raise InvalidInput("inputs: required, a non-empty list of input tensors")
+    if max_rows is not None:
+        for item in items:
+            shape = item.get("shape") if isinstance(item, dict) else None
+            if isinstance(shape, list) and shape and type(shape[0]) is int and shape[0] > max_rows:
+                raise InvalidInput(f"batch of {shape[0]} records is over the limit of {max_rows}")
     tensors, offset = [], 0
     for i, item in enumerate(items):
         name = _name(item, f"inputs[{i}]")
@@ -234,6 +242,28 @@ class V2Answer:
     request_id: str
 
 
+def decode_request(
+    head: bytes | memoryview, binary: bytes | memoryview, max_rows: int | None = None
+) -> tuple[dict[str, Any], str | int | None, list[Tensor], list[tuple[str, dict[str, Any]]], bool]:
+    """The JSON part of a V2 inference request decoded: ``(parameters, id, input tensors, requested
+    outputs, binary_data_output)``; raises InvalidInput. Runs on the loop or in a worker process."""
+    try:
+        doc = orjson.loads(head)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"body: not valid JSON ({exc.msg} at position {exc.pos})") from None
+    doc = _object(doc, "body")
+    parameters = _object(doc.get("parameters"), "parameters")
+    client_id = doc.get("id")
+    if client_id is not None and not isinstance(client_id, (str, int)):
+        raise InvalidInput("id: expected a string")
+    tensors = parse_inputs(doc, binary if isinstance(binary, memoryview) else memoryview(binary), max_rows)
+    wanted = parse_outputs(doc)
+    binary_default = parameters.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise InvalidInput("parameters.binary_data_output must be true or false")
+    return parameters, client_id, tensors, wanted, binary_default
+
+
 async def infer_payload(
     gateway: Gateway,
     name: str,
@@ -251,20 +281,12 @@ async def infer_payload(
     Kafka front-end.
     """
     head, binary = split_body(body, header_length)
-    try:
-        doc = orjson.loads(head)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"body: not valid JSON ({exc.msg} at position {exc.pos})") from None
-    doc = _object(doc, "body")
-    parameters = _object(doc.get("parameters"), "parameters")
-    client_id = doc.get("id")
-    if client_id is not None and not isinstance(client_id, (str, int)):
-        raise InvalidInput("id: expected a string")
-    tensors = parse_inputs(doc, binary)
-    wanted = parse_outputs(doc)
-    binary_default = parameters.get("binary_data_output", False)
-    if not isinstance(binary_default, bool):
-        raise InvalidInput("parameters.binary_data_output must be true or false")
+    max_rows = gateway.settings.max_rows
+    if len(head) > body_pool.LARGE_BODY_BYTES:  # parsed off the loop: every other request goes on meanwhile
+        decoded = await body_pool.run_off_loop(decode_request, bytes(head), bytes(binary), max_rows)
+    else:
+        decoded = decode_request(head, binary, max_rows)
+    parameters, client_id, tensors, wanted, binary_default = decoded
     if client_id not in (None, ""):
         request_id = str(client_id)
     ks, options = v2_common.output_parameters(wanted)
