@@ -120,6 +120,7 @@ class PredictionLog:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._closed = asyncio.Event()  # set by close(): ends a restart backoff at once
         self._last_warned_drops = 0
         self._rejected_seen = 0
         self._last_warn_at = 0.0
@@ -198,7 +199,10 @@ class PredictionLog:
                     backoff = self.restart_backoff_s
                 log.error("prediction_log_drain_died", sink=self.sink.name, restarts=self.stats.drain_restarts,
                           restart_in_s=backoff, exc_info=exc)
-                await self._sleep_unless_closing(backoff)
+                try:  # close() ends the wait: a shutdown does not sit out the backoff
+                    await asyncio.wait_for(self._closed.wait(), backoff)
+                except TimeoutError:
+                    pass
                 backoff = min(backoff * 2, 30.0)
             finally:
                 self.stats.drain_running = False
@@ -215,6 +219,7 @@ class PredictionLog:
         """Stop taking events, deliver what is buffered within ``timeout_s``, count the rest."""
         self._closing = True
         self._wakeup.set()
+        self._closed.set()
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout_s)

@@ -5,6 +5,7 @@ one line; the ``--workers`` supervisor gives a worker its whole graceful stop be
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -91,3 +92,45 @@ def test_supervisor_waits_for_the_drain_grace_before_sigkill(tmp_path: Path) -> 
             worker.kill()
             worker.wait()
 
+
+
+async def test_close_does_not_wait_out_a_restart_backoff(tmp_path: Path) -> None:
+    """A drain that died just before shutdown: close() restarts it at once and flushes."""
+    from forestflow.predlog.file_sink import FileSink
+    from forestflow.predlog.log import PredictionLog
+    from tests.predlog import make_record
+
+    plog = PredictionLog(FileSink(tmp_path / "p.jsonl"), 1 << 20, restart_backoff_s=30.0)
+    real_send = plog.sink.send
+    calls = [0]
+
+    async def send(entries: list[Any]) -> list[Any]:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise DrainBug("once")
+        return await real_send(entries)
+
+    plog.sink.send = send  # type: ignore[method-assign]
+    plog.start()
+    assert plog.emit(make_record(1))
+    await wait_for(lambda: plog.stats.drain_restarts == 1, 5, "the drain died")
+    started = time.monotonic()
+    await plog.close(10)
+    assert time.monotonic() - started < 5 and plog.stats.delivered == 1 and plog.stats.dropped == 0
+
+
+def test_supervisor_passes_sighup_to_its_workers() -> None:
+    script = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGHUP, lambda *a: (print('hup', flush=True), sys.exit(0)))\n"
+              "print('up', flush=True)\ntime.sleep(60)\n")
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == b"up\n"
+        supervisor = Supervisor(Settings.load(environ={}), [], 1)
+        supervisor._slots = [type("Slot", (), {"process": worker})()]  # type: ignore[list-item]
+        supervisor._on_hangup(signal.SIGHUP, None)
+        assert worker.stdout.readline() == b"hup\n" and worker.wait(10) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
