@@ -94,6 +94,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         count = worker_count(settings.workers)
         if worker is None and count > 1:
             return Supervisor(settings, _worker_args(args), count).run()
+        # Until the gateway installs its own SIGHUP handler (log reopen), a SIGHUP sent during
+        # start-up (logrotate, or the supervisor passing one on) must not end the process.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         _run(_serve(settings, worker), settings.event_loop)
     except PortInUse as exc:
         return _fail(str(exc), code=1)
