@@ -98,8 +98,10 @@ class Administration:
         """Merge reported performance metrics (drives PerformanceBased validity and KeepTopRanked)."""
         async with self.registry.lock:
             entry = self.registry.entry(fqrv)
+            merged = {**entry.metrics.performance_metrics, **values}
+            # Persisted first (a store that is away changes nothing), then applied.
+            await self.persist({metrics_key(fqrv): metrics_to_doc(replace(entry.metrics, performance_metrics=merged))})
             entry.metrics.performance_metrics.update(values)
-            await self.persist({metrics_key(fqrv): metrics_to_doc(entry.metrics)})
             await self.evaluate(self.registry.contracts[fqrv.contract])
 
     async def _update_definition(self, fqrv: FQRV, change: Callable[[ServableDefinition], ServableDefinition]) -> None:

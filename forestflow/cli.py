@@ -40,6 +40,10 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 # ---- serve --------------------------------------------------------------------------------------
+class StartFailed(RuntimeError):
+    """The gateway's background start failed for good (the message is one line)."""
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the gateway until SIGINT/SIGTERM."""
     from forestflow.settings import Settings, SettingsError
@@ -65,6 +69,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from forestflow.supervisor import Supervisor, WorkerIdentity, worker_count
 
     configure_logging(settings.log_level)
+    if settings.kafka_enabled:
+        from forestflow.predlog.kafka_sink import KafkaInternalsChanged, check_aiokafka
+
+        try:
+            check_aiokafka()  # refuse to start rather than deliver events twice
+        except KafkaInternalsChanged as exc:
+            return _fail(str(exc), code=1)
     worker = WorkerIdentity.parse(args.worker, args.listen_fd) if args.worker else None
     from forestflow.errors import GatewayError
 
@@ -83,6 +94,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         count = worker_count(settings.workers)
         if worker is None and count > 1:
             return Supervisor(settings, _worker_args(args), count).run()
+        # Until the gateway installs its own SIGHUP handler (log reopen), a SIGHUP sent during
+        # start-up (logrotate, or the supervisor passing one on) must not end the process.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         _run(_serve(settings, worker), settings.event_loop)
     except PortInUse as exc:
         return _fail(str(exc), code=1)
@@ -92,6 +106,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _fail(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror}")
     except GatewayError as exc:  # e.g. the registry store is unreachable at start
         return _fail(exc.message, code=1)
+    except StartFailed as exc:
+        return _fail(str(exc), code=1)
     finally:
         lock.release()
     return 0
@@ -160,12 +176,32 @@ async def _serve(settings: Any, worker: Any = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    from forestflow.api.common import GATEWAY, STARTING
+
+    # SIGHUP (logrotate's postrotate): the file log reopens its path before its next write.
+    loop.add_signal_handler(signal.SIGHUP, app[GATEWAY].prediction_log.reopen)
+    # A start that fails for good (not a store that is away: that is retried) ends the process
+    # with a non-zero status, rather than leaving it alive and never ready.
+    failed: list[BaseException] = []
+
+    def start_done(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            failed.append(task.exception())  # type: ignore[arg-type]
+            stop.set()
+
+    app[STARTING].add_done_callback(start_done)
     await stop.wait()
+    if failed:
+        await runner.cleanup()
+        sock.close()
+        error = failed[0]
+        raise StartFailed(f"gateway start failed: {type(error).__name__}: {' '.join(str(error).split())}")
     # A worker shares its listener with the supervisor and the other workers: it must not change it.
     await _drain(app, runner, settings, stop, log, sock, owns_listener=worker is None or worker.listen_fd is None)
 
 
 #: How long connections accepted right before the listener closed have to send their request.
+#: (``supervisor.STOP_MARGIN_S`` covers the twice this may be waited.)
 _LATE_REQUEST_S = 0.5
 
 

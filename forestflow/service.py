@@ -170,9 +170,12 @@ class Gateway:
     # ---- health -------------------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        """Serving: started, not draining, every registered servable loaded."""
+        """Serving: started, not draining, every registered servable loaded, the prediction log draining."""
         registry = self.registry
-        return self.started and not self.draining and not registry.failed and not registry.pending and not self.unhealthy()
+        return (
+            self.started and not self.draining and not registry.failed and not registry.pending and not self.unhealthy()
+            and self.prediction_log.running
+        )
 
     def unhealthy(self) -> dict[str, str]:
         """Loaded servables that cannot score now (e.g. their JVM died), with the reason."""
@@ -188,6 +191,7 @@ class Gateway:
             "loading": sorted(str(f) for f in self.registry.pending),
             "failed": {str(f): r for f, r in self.registry.failed.items()},
             "draining": self.draining,
+            "predictionLogRunning": self.prediction_log.running,
         }
 
     # ---- data plane ---------------------------------------------------------------------------------

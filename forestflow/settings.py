@@ -11,6 +11,7 @@ import dataclasses
 import ipaddress
 import os
 import re
+import shlex
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -123,6 +124,15 @@ class Settings:
         'object may override it with "scorer"',
         default="auto",
     )
+    jvm_opts: str = _doc(
+        "extra options of the in-process JVM that scores H2O MOJOs, split like a shell line (e.g. -Xmx1g); "
+        "read when the JVM starts (the first JVM-scored model load)",
+        default="",
+    )
+    genmodel_jar: str = _doc(
+        "jar holding the H2O genmodel classes (e.g. a standalone h2o-genmodel.jar; empty = the h2o wheel's h2o.jar)",
+        default="",
+    )
 
     # Model sources (README "Model sources").
     artifact_roots: str = _doc(
@@ -169,6 +179,11 @@ class Settings:
         _check(not self.repository or Path(self.repository).is_dir(), "repository", self.repository, "an existing directory")
         _check(self.artifact_max_bytes > 0, "artifact_max_bytes", self.artifact_max_bytes, "a positive number of bytes")
         _check(self.artifact_download_timeout_s > 0, "artifact_download_timeout_s", self.artifact_download_timeout_s, "a positive number of seconds")
+        _check(not self.genmodel_jar or Path(self.genmodel_jar).is_file(), "genmodel_jar", self.genmodel_jar, "an existing jar file (or empty)")
+        try:
+            shlex.split(self.jvm_opts)
+        except ValueError:
+            _check(False, "jvm_opts", self.jvm_opts, "JVM options split like a shell line (unbalanced quotes?)")
         _check(self.git_ssh_scheme in ("http", "https"), "git_ssh_scheme", self.git_ssh_scheme, "http or https")
         if not self.admin_token and not self.insecure_admin and not _is_loopback(self.host):
             raise SettingsError(

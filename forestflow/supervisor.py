@@ -100,6 +100,17 @@ class _Slot:
     restart_at: float = 0.0
 
 
+#: Added to a worker's own stop budget before it is killed: the late-connection pauses of its drain
+#: (2 x 0.5 s), closing the runner and the process exit.
+STOP_MARGIN_S = 5.0
+
+
+def stop_deadline_s(settings: Any) -> float:
+    """How long a SIGTERMed worker gets before SIGKILL: all of its graceful stop (the drain grace,
+    in-flight requests, the prediction log's flush) and a margin."""
+    return settings.drain_grace_s + settings.shutdown_timeout_s + settings.log_flush_timeout_s + STOP_MARGIN_S
+
+
 class Supervisor:
     """Binds the ports, runs ``count`` workers, restarts the ones that die, stops them all on a signal."""
 
@@ -109,6 +120,7 @@ class Supervisor:
         self.serve_args = serve_args
         self.count = count
         self._stopping = False
+        self._slots: list[_Slot] = []
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT; raises OSError when a port is taken."""
@@ -119,7 +131,8 @@ class Supervisor:
         grpc_reservation, grpc_port = self._reserve_grpc_port()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
-        slots = [_Slot(i) for i in range(self.count)]
+        slots = self._slots = [_Slot(i) for i in range(self.count)]
+        signal.signal(signal.SIGHUP, self._on_hangup)
         log.info("serving", host=settings.host, port=http.getsockname()[1], grpc_port=grpc_port, workers=self.count, data_dir=str(settings.data_dir))
         try:
             for slot in slots:
@@ -138,6 +151,12 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stopping = True
+
+    def _on_hangup(self, signum: int, frame: Any) -> None:
+        """SIGHUP goes on to every worker: each reopens its prediction log file (log rotation)."""
+        for slot in self._slots:
+            if slot.process is not None and slot.process.poll() is None:
+                slot.process.send_signal(signal.SIGHUP)
 
     def _reserve_grpc_port(self) -> tuple[socket.socket | None, int]:
         """Hold the (checked, free) gRPC port with SO_REUSEPORT for the workers to share.
@@ -180,7 +199,7 @@ class Supervisor:
         running = [s.process for s in slots if s.process is not None and s.process.poll() is None]
         for process in running:
             process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.settings.shutdown_timeout_s + self.settings.log_flush_timeout_s + 5
+        deadline = time.monotonic() + stop_deadline_s(self.settings)
         for process in running:
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))

@@ -66,3 +66,45 @@ def test_serve_with_bad_value_exits_with_one_line(tmp_path: Path) -> None:
 def test_generated_protobuf_code_is_fresh() -> None:
     result = subprocess.run([sys.executable, "scripts/gen_proto.py", "--check"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_jvm_settings_are_settings_with_help(tmp_path: Path) -> None:
+    """FORESTFLOW_JVM_OPTS / FORESTFLOW_GENMODEL_JAR (documented in runtime/jvm.py) were "unknown settings"."""
+    import dataclasses
+
+    from forestflow.runtime import jvm
+
+    jar = tmp_path / "genmodel.jar"
+    jar.write_bytes(b"PK")
+    settings = Settings.load(environ={"FORESTFLOW_JVM_OPTS": "-Xmx1g -Dx='a b'", "FORESTFLOW_GENMODEL_JAR": str(jar)})
+    assert (settings.jvm_opts, settings.genmodel_jar) == ("-Xmx1g -Dx='a b'", str(jar))
+    docs = {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(Settings)}
+    assert "JVM" in docs["jvm_opts"] and "genmodel" in docs["genmodel_jar"]
+    with pytest.raises(SettingsError, match="invalid genmodel_jar"):
+        Settings.load(environ={"FORESTFLOW_GENMODEL_JAR": str(tmp_path / "missing.jar")})
+    saved = dict(jvm._configured)
+    try:
+        jvm.configure(settings.jvm_opts, settings.genmodel_jar)
+        assert jvm._jvm_options()[-2:] == ["-Xmx1g", "-Dx=a b"]
+        assert jvm.genmodel_jar() == jar
+    finally:
+        jvm._configured.clear()
+        jvm._configured.update(saved)
+
+
+@pytest.mark.parametrize("command", [["serve", "--port", "-5"], ["logs", "tail"]])
+def test_serve_and_logs_tail_accept_jvm_variables(tmp_path: Path, command: list[str]) -> None:
+    """Neither command refuses the JVM variables (serve gets as far as the next bad value; the tail
+    finds no log); before they were settings, both exited 2 with "unknown setting"."""
+    jar = tmp_path / "genmodel.jar"
+    jar.write_bytes(b"PK")
+    env = {"FORESTFLOW_JVM_OPTS": "-Xmx256m", "FORESTFLOW_GENMODEL_JAR": str(jar), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [sys.executable, "-m", "forestflow.cli", *command, "--data-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert "unknown setting" not in result.stderr, result.stderr
+    if command[0] == "serve":
+        assert result.returncode == 2 and "invalid port" in result.stderr, result.stderr
+    else:
+        assert result.returncode == 1 and "no prediction log" in result.stderr, result.stderr

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import structlog
 from aiohttp import web
 
-from forestflow.api import admin, basic, dashboard, graphpipe, ops
+from forestflow.api import admin, basic, body_pool, dashboard, graphpipe, ops
 from forestflow.api import v1_rest, v2_grpc, v2_repository, v2_rest, worker_metrics
 from forestflow.api.common import AFTER_START, GATEWAY, SETTINGS, STARTING, WORKER
 from forestflow.api.middleware import build_middleware
@@ -17,6 +17,7 @@ from forestflow.predlog import make_prediction_log
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.file_store import FileStore
 from forestflow.registry.store import Store
+from forestflow.runtime import jvm
 from forestflow.service import Gateway
 from forestflow.errors import StoreUnavailable
 from forestflow.settings import Settings
@@ -96,6 +97,10 @@ async def _begin_start(app: web.Application) -> None:
     app[STARTING] = asyncio.create_task(start(), name="gateway-start")
 
 
+async def _stop_body_pool(app: web.Application) -> None:
+    body_pool.shutdown()  # the processes that decode large bodies, if any started
+
+
 async def _tag_worker(request: web.Request, response: web.StreamResponse) -> None:
     response.headers["X-Forestflow-Worker"] = request.app[WORKER].replica_id
 
@@ -108,10 +113,12 @@ def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.A
         middlewares=[build_middleware(settings.access_log, request_metrics)],
     )
     app[SETTINGS] = settings
+    jvm.configure(settings.jvm_opts, settings.genmodel_jar)  # used only if a model starts the JVM
     if worker is not None:
         app[WORKER] = worker
         app.on_response_prepare.append(_tag_worker)  # which worker answered: for operators and tests
     app.cleanup_ctx.append(_gateway_context)
+    app.on_cleanup.append(_stop_body_pool)
     app.cleanup_ctx.append(v2_repository.repository_context)  # deploys the model repository, if any
     app.cleanup_ctx.append(v2_grpc.grpc_context)  # after the gateway: it serves it, and stops first
     if settings.kafka_ingest_topic_list:  # scoring requests from Kafka; imported only then (aiokafka)

@@ -73,6 +73,8 @@ async def metrics(request: web.Request) -> web.Response:
                 "bufferedEvents": log_stats.buffered,
                 "bufferedBytes": log_stats.buffered_bytes,
                 "sendFailures": log_stats.send_failures,
+                "drainRunning": log_stats.drain_running,
+                "drainRestarts": log_stats.drain_restarts,
             },
             "schedulers": schedulers,
             **_kafka_ingest(request.app),

@@ -199,6 +199,9 @@ class GatewayCollector:
         dropped.add_metric(["encode_error"], stats.encode_errors)
         yield dropped
         yield CounterMetricFamily("forestflow_prediction_log_send_failures", "Failed sends to the sink", value=stats.send_failures)
+        yield CounterMetricFamily(
+            "forestflow_prediction_log_drain_restarts", "Times the drain task died and was restarted", value=stats.drain_restarts
+        )
         yield GaugeMetricFamily("forestflow_prediction_log_connected", "1 when the sink is connected", value=1.0 if stats.connected else 0.0)
 
     def _health(self, gateway: Any) -> Iterator[Metric]:

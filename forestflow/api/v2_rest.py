@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import hdrs, web
 
-from forestflow.api import v2_common
+from forestflow.api import body_pool, v2_common
 from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, SETTINGS, input_headers, request_id_of, timeout_from
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
 from forestflow.codecs.v2 import Layout, encode_outputs
@@ -190,6 +190,28 @@ class V2Answer:
     request_id: str
 
 
+def decode_request(
+    head: bytes | memoryview, binary: bytes | memoryview, max_rows: int | None = None
+) -> tuple[dict[str, Any], str | int | None, list[Tensor], list[tuple[str, dict[str, Any]]], bool]:
+    """The JSON part of a V2 inference request decoded: ``(parameters, id, input tensors, requested
+    outputs, binary_data_output)``; raises InvalidInput. Runs on the loop or in a worker process."""
+    try:
+        doc = orjson.loads(head)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"body: not valid JSON ({exc.msg} at position {exc.pos})") from None
+    doc = object_of(doc, "body")
+    parameters = object_of(doc.get("parameters"), "parameters")
+    client_id = doc.get("id")
+    if client_id is not None and not isinstance(client_id, (str, int)):
+        raise InvalidInput("id: expected a string")
+    tensors = parse_inputs(doc, binary if isinstance(binary, memoryview) else memoryview(binary), max_rows)
+    wanted = parse_outputs(doc)
+    binary_default = parameters.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise InvalidInput("parameters.binary_data_output must be true or false")
+    return parameters, client_id, tensors, wanted, binary_default
+
+
 async def infer_payload(
     gateway: Gateway,
     name: str,
@@ -208,20 +230,12 @@ async def infer_payload(
     Kafka front-end; ``route`` is the routing already decided for it, if any.
     """
     head, binary = split_body(body, header_length)
-    try:
-        doc = orjson.loads(head)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"body: not valid JSON ({exc.msg} at position {exc.pos})") from None
-    doc = object_of(doc, "body")
-    parameters = object_of(doc.get("parameters"), "parameters")
-    client_id = doc.get("id")
-    if client_id is not None and not isinstance(client_id, (str, int)):
-        raise InvalidInput("id: expected a string")
-    tensors = parse_inputs(doc, binary)
-    wanted = parse_outputs(doc)
-    binary_default = parameters.get("binary_data_output", False)
-    if not isinstance(binary_default, bool):
-        raise InvalidInput("parameters.binary_data_output must be true or false")
+    max_rows = gateway.settings.max_rows
+    if len(head) > body_pool.LARGE_BODY_BYTES:  # parsed off the loop: every other request goes on meanwhile
+        decoded = await body_pool.run_off_loop(decode_request, bytes(head), bytes(binary), max_rows)
+    else:
+        decoded = decode_request(head, binary, max_rows)
+    parameters, client_id, tensors, wanted, binary_default = decoded
     if client_id not in (None, ""):
         request_id = str(client_id)
     ks, options = v2_common.output_parameters(wanted)

@@ -43,11 +43,19 @@ def tensor_name(item: Any, where: str) -> str:
     return name
 
 
-def parse_inputs(doc: dict[str, Any], binary: memoryview) -> list[Tensor]:
-    """Decode ``inputs`` (JSON ``data`` or binary blobs, consumed in input order)."""
+def parse_inputs(doc: dict[str, Any], binary: memoryview, max_rows: int | None = None) -> list[Tensor]:
+    """Decode ``inputs`` (JSON ``data`` or binary blobs, consumed in input order).
+
+    With ``max_rows``, a tensor whose shape says more rows (its first dimension) is refused before
+    any column is built."""
     items = doc.get("inputs")
     if not isinstance(items, list) or not items:
         raise InvalidInput("inputs: required, a non-empty list of input tensors")
+    if max_rows is not None:
+        for item in items:
+            shape = item.get("shape") if isinstance(item, dict) else None
+            if isinstance(shape, list) and shape and type(shape[0]) is int and shape[0] > max_rows:
+                raise InvalidInput(f"batch of {shape[0]} records is over the limit of {max_rows}")
     tensors, offset = [], 0
     for i, item in enumerate(items):
         name = tensor_name(item, f"inputs[{i}]")

@@ -14,8 +14,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 
+import structlog
+
 from forestflow.codecs.ff_protobuf import varint
 from forestflow.predlog.log import LogEntry
+
+log = structlog.get_logger("forestflow.predlog")
 
 
 #: Batches up to this many bytes are written on the event loop, larger ones in a worker thread.
@@ -29,22 +33,46 @@ INLINE_WRITE_BYTES = 4 * 1024 * 1024
 _IOV_MAX = 1024
 
 
+class _PartialWrite(Exception):
+    """A write that failed after ``done`` bytes reached the file."""
+
+    def __init__(self, done: int, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.done = done
+        self.cause = cause
+
+
 def _append(fd: int, pieces: list[bytes]) -> None:
     """Append ``pieces`` with as few writev() calls as possible: the kernel gathers them, so the
-    events are not first copied into one Python string (a batch of 100-row events is megabytes)."""
-    while pieces:
-        chunk = pieces[:_IOV_MAX]
-        written = os.writev(fd, chunk)
-        pieces = pieces[_IOV_MAX:]
-        total = sum(map(len, chunk))
-        if written < total:  # a short write (a full disk, a signal): the rest, in order, before the next chunk
-            rest = b"".join(chunk)[written:]
-            while rest:
-                rest = rest[os.write(fd, rest):]
+    events are not first copied into one Python string (a batch of 100-row events is megabytes).
+    A failure raises :class:`_PartialWrite` saying how many bytes were written before it."""
+    done = 0
+    try:
+        while pieces:
+            chunk = pieces[:_IOV_MAX]
+            written = os.writev(fd, chunk)
+            done += written
+            pieces = pieces[_IOV_MAX:]
+            total = sum(map(len, chunk))
+            if written < total:  # a short write (a full disk, a signal): the rest, in order, before the next chunk
+                rest = b"".join(chunk)[written:]
+                while rest:
+                    n = os.write(fd, rest)
+                    done += n
+                    rest = rest[n:]
+    except OSError as exc:
+        raise _PartialWrite(done, exc) from exc
 
 
 class FileSink:
-    """Appends events to a file; each batch is written and flushed in a worker thread."""
+    """Appends events to a file (in a worker thread only when a batch is megabytes).
+
+    Follows rotation: before each batch the path's inode is compared with the open file's (one
+    ``stat``), and a file renamed or removed (logrotate's ``mv``) is closed and the path opened anew;
+    :meth:`reopen` (SIGHUP) forces that. A write that fails half-way returns only the events that
+    did not reach the file, and the next attempt completes a half-written event instead of
+    writing it again: no event is written twice.
+    """
 
     name = "file"
 
@@ -55,6 +83,16 @@ class FileSink:
         #: What PredictionLog encodes entries as for this sink.
         self.encoding = "jsonl" if fmt == "jsonl" else "protobuf"
         self._files: dict[bool, BinaryIO] = {}
+        #: Per file: the entry a failed write left half-written, and how many of its bytes are in.
+        self._resume: dict[bool, tuple[LogEntry, int]] = {}
+        self._inodes: dict[bool, tuple[int, int]] = {}
+        self._reopen_requested = False
+        #: Times a file was reopened (rotation seen, or SIGHUP).
+        self.reopened = 0
+
+    def reopen(self) -> None:
+        """Close and reopen the files before the next batch (SIGHUP, after a rotation)."""
+        self._reopen_requested = True
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,26 +101,83 @@ class FileSink:
         # A batch is an append to the page cache (a writev() without copies): written right here
         # unless it is megabytes. Handing it to a thread costs more, in the hop and the GIL.
         if sum(len(e.value) for e in entries) <= INLINE_WRITE_BYTES:
-            self._write(entries)
-        else:
-            await asyncio.to_thread(self._write, entries)
-        return []
+            return self._write(entries)
+        return await asyncio.to_thread(self._write, entries)
 
-    def _write(self, entries: list[LogEntry]) -> None:
+    def _file(self, graphpipe: bool) -> BinaryIO:
+        """The open file for ``graphpipe`` events, reopened if its path now names another file."""
+        path = self.gp_path if graphpipe else self.path
+        fh = self._files.get(graphpipe)
+        if fh is not None:
+            try:
+                st = os.stat(path)
+                rotated = (st.st_ino, st.st_dev) != self._inodes[graphpipe]
+            except FileNotFoundError:
+                rotated = True
+            if rotated:
+                self._files.pop(graphpipe).close()
+                self._resume.pop(graphpipe, None)  # the old file keeps its torn event; the new one gets it whole
+                self.reopened += 1
+                fh = None
+        if fh is None:
+            # Unbuffered O_APPEND: every batch is one write of whole events at the end of the
+            # file, so the workers of one gateway can share it without interleaving events.
+            fh = self._files[graphpipe] = open(path, "ab", buffering=0)
+            st = os.fstat(fh.fileno())
+            self._inodes[graphpipe] = (st.st_ino, st.st_dev)
+        return fh
+
+    def _write(self, entries: list[LogEntry]) -> list[LogEntry]:
+        """Write a batch; return the entries that did not reach the file."""
+        failed: list[LogEntry] = []
+        if self._reopen_requested:
+            self._reopen_requested = False
+            for fh in self._files.values():
+                fh.close()
+                self.reopened += 1
+            self._files.clear()
+            self._resume.clear()
         for graphpipe in (False, True):
             chosen = [e for e in entries if e.graphpipe == graphpipe]
             if not chosen:
                 continue
-            fh = self._files.get(graphpipe)
-            if fh is None:
-                # Unbuffered O_APPEND: every batch is one write of whole events at the end of the
-                # file, so the workers of one gateway can share it without interleaving events.
-                fh = self._files[graphpipe] = open(self.gp_path if graphpipe else self.path, "ab", buffering=0)
+            try:
+                fh = self._file(graphpipe)
+            except OSError as exc:
+                log.warning("prediction_log_file_open_failed", path=str(self.gp_path if graphpipe else self.path), error=str(exc))
+                failed += chosen
+                continue
             if self.fmt == "protobuf":
-                pieces = [piece for e in chosen for piece in (varint(len(e.value)), e.value)]
+                framed = [(varint(len(e.value)), e.value) for e in chosen]
             else:
-                pieces = [piece for e in chosen for piece in (e.value, b"\n")]
-            _append(fh.fileno(), pieces)
+                framed = [(e.value, b"\n") for e in chosen]
+            skip, prefix = 0, b""
+            resume = self._resume.pop(graphpipe, None)
+            if resume is not None and resume[0] is chosen[0]:
+                skip = resume[1]  # that many bytes of the first event are already in the file
+            elif resume is not None and self.fmt == "jsonl":
+                prefix = b"\n"  # the torn event was dropped meanwhile: end its line
+            pieces = [piece for pair in framed for piece in pair]
+            if skip:
+                pieces[:2] = [b"".join(framed[0])[skip:]]
+            if prefix:
+                pieces.insert(0, prefix)
+            try:
+                _append(fh.fileno(), pieces)
+            except _PartialWrite as exc:
+                if exc.done < len(prefix):
+                    self._resume[graphpipe] = resume  # type: ignore[assignment]
+                    failed += chosen
+                else:
+                    done, index = exc.done - len(prefix) + skip, 0
+                    while index < len(framed) and done >= len(framed[index][0]) + len(framed[index][1]):
+                        done -= len(framed[index][0]) + len(framed[index][1])
+                        index += 1
+                    if done:
+                        self._resume[graphpipe] = (chosen[index], done)
+                    failed += chosen[index:]
+                log.warning("prediction_log_write_failed", path=fh.name, error=str(exc.cause))
+        return failed
 
     async def close(self) -> None:
         files, self._files = self._files, {}

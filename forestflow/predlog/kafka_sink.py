@@ -27,6 +27,8 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.producer.message_accumulator import MessageAccumulator, MessageBatch
+from aiokafka.producer.sender import Sender
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from forestflow.predlog.kafka_batch import RecordBatch
@@ -51,6 +53,35 @@ COMPRESSIONS = ("none", "gzip", "lz4", "zstd")
 _PARTITION_CACHE_KEYS = 4096
 #: Upper bound for stopping a producer (it holds nothing we still want at that point).
 _CLOSE_TIMEOUT_S = 5.0
+
+
+class KafkaInternalsChanged(RuntimeError):
+    """The installed aiokafka lacks a private attribute the sink relies on (one line saying which)."""
+
+
+#: The private parts of aiokafka that :meth:`KafkaSink._discard_pending` uses, as (owner, attribute
+#: names assigned in its ``__init__`` or defined on the class). Without them a failed batch could
+#: not be discarded and would be delivered twice; pyproject pins the aiokafka range they hold in.
+_INTERNALS: tuple[tuple[type, tuple[str, ...], tuple[str, ...]], ...] = (
+    (AIOKafkaProducer, ("_sender", "_message_accumulator", "client"), ("send_batch", "create_batch", "partitions_for")),
+    (Sender, (), ("sender_task",)),
+    (MessageAccumulator, ("_batches", "_pending_batches"), ("fail_all",)),
+    (MessageBatch, ("future", "_msg_futures", "_drain_waiter"), ()),
+)
+
+
+def check_aiokafka() -> None:
+    """Raise :class:`KafkaInternalsChanged` unless aiokafka has what the sink needs to never send twice."""
+    import aiokafka
+
+    for owner, assigned, defined in _INTERNALS:
+        names = owner.__init__.__code__.co_names  # type: ignore[misc]
+        missing = [n for n in assigned if n not in names] + [n for n in defined if not hasattr(owner, n)]
+        if missing:
+            raise KafkaInternalsChanged(
+                f"aiokafka {aiokafka.__version__} lacks {owner.__name__}.{missing[0]}, which the Kafka prediction "
+                "log needs to never deliver an event twice; install the aiokafka version pyproject.toml names"
+            )
 
 
 def _consume_exception(fut: asyncio.Future[Any]) -> None:
@@ -83,6 +114,7 @@ class KafkaSink:
             raise ValueError(f"kafka acks must be 0, 1 or all, got {acks!r}")
         if enable_idempotence and acks != "all":
             raise ValueError(f"the idempotent producer needs acks=all, got acks={acks}")
+        check_aiokafka()
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.gp_topic = gp_topic
@@ -164,12 +196,14 @@ class KafkaSink:
         deadline = loop.time() + self.delivery_timeout_s
         pending: list[tuple[list[LogEntry], asyncio.Future[Any]]] = []
         handed: set[int] = set()  # ids of the entries given to the producer
-        refused: set[int] = set()  # ids of the entries too large to ever be sent
+        # ids of the entries too large to ever be sent (counted in ``rejected``): filled as _pack
+        # goes, so a later timeout inside it does not hand a counted one back too.
+        refused: set[int] = set()
         error: BaseException | None = None
         try:
             try:
                 async with asyncio.timeout_at(deadline):
-                    packed, refused = await self._pack(producer, entries)
+                    packed = await self._pack(producer, entries, refused)
                     for (topic, partition), builder, members in packed:
                         fut = await producer.send_batch(builder, topic, partition=partition)
                         pending.append((members, fut))
@@ -204,10 +238,10 @@ class KafkaSink:
         return failed
 
     async def _pack(
-        self, producer: AIOKafkaProducer, entries: list[LogEntry]
-    ) -> tuple[list[tuple[tuple[str, int], Any, list[LogEntry]]], set[int]]:
-        """Record batches ((topic, partition), batch, its entries in order) and the ids of entries too large to send."""
-        refused: set[int] = set()
+        self, producer: AIOKafkaProducer, entries: list[LogEntry], refused: set[int]
+    ) -> list[tuple[tuple[str, int], Any, list[LogEntry]]]:
+        """Record batches ((topic, partition), batch, its entries in order); the ids of entries too
+        large to send are added to ``refused`` as they are found (and counted in ``rejected``)."""
         # Per topic (by entry.graphpipe): its name, its partitions and key cache (as _partitions gives
         # them), that key cache alone, and its record batches by partition, each [bytes so far, entries].
         # Looked up once per topic, not per entry: this loop runs for every event.
@@ -246,7 +280,7 @@ class KafkaSink:
         return [
             ((topic, partition), RecordBatch(members, self.compression), members)
             for topic, _, _, by_partition in topics.values() for partition, batches in by_partition.items() for _, members in batches
-        ], refused
+        ]
 
     async def _partitions(self, producer: AIOKafkaProducer, topic: str) -> tuple[list[int], dict[bytes, int]]:
         """The topic's partitions and its key cache, emptied when the partitions change."""
@@ -287,11 +321,11 @@ class KafkaSink:
         request already on the wire may still be written; nothing else goes out. The producer is
         unusable afterwards and is replaced on the next start().
         """
-        sender = getattr(producer, "_sender", None)
-        task = getattr(sender, "sender_task", None)
+        # check_aiokafka() proved at construction that these private attributes exist.
+        task = producer._sender.sender_task
         if task is not None and not task.done():
             task.cancel()
-        accumulator = getattr(producer, "_message_accumulator", None)
+        accumulator = producer._message_accumulator
         seen: list[asyncio.Future[Any]] = list(futures)
         if accumulator is not None:
             batches = [b for queue in accumulator._batches.values() for b in queue] + list(accumulator._pending_batches)

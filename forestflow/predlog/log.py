@@ -77,6 +77,10 @@ class LogStats:
     buffered: int = 0
     buffered_bytes: int = 0
     connected: bool = False
+    #: Whether the drain task runs (false from a crash until its restart: readiness fails meanwhile).
+    drain_running: bool = False
+    #: Times the drain task died of an unexpected error and was restarted.
+    drain_restarts: int = 0
 
     @property
     def dropped(self) -> int:
@@ -95,6 +99,7 @@ class PredictionLog:
         retry_backoff_s: float = 0.5,
         warn_interval_s: float = 10.0,
         linger_s: float = 0.0,
+        restart_backoff_s: float = 1.0,
     ) -> None:
         self.sink = sink
         self.capacity_bytes = capacity_bytes
@@ -104,6 +109,10 @@ class PredictionLog:
         #: How long the drain task lets events gather before shipping a batch smaller than
         #: ``batch_size``: one write or produce per batch instead of one per event.
         self.linger_s = linger_s
+        #: First wait before restarting a drain task that died (doubling up to 30 s while it keeps dying).
+        self.restart_backoff_s = restart_backoff_s
+        #: The batch handed to the sink and not yet accounted (put back if the drain dies inside send).
+        self._inflight: list[LogEntry] | None = None
         self.stats = LogStats()
         # A sink may ask for JSON lines (the local file); everything else gets the protobuf event.
         self._jsonl = getattr(sink, "encoding", "protobuf") == "jsonl"
@@ -111,6 +120,7 @@ class PredictionLog:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._closed = asyncio.Event()  # set by close(): ends a restart backoff at once
         self._last_warned_drops = 0
         self._rejected_seen = 0
         self._last_warn_at = 0.0
@@ -155,13 +165,61 @@ class PredictionLog:
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the drain task (the sink connects lazily inside it)."""
-        self._task = asyncio.get_running_loop().create_task(self._drain(), name="prediction-log-drain")
+        """Start the drain task, supervised (the sink connects lazily inside it)."""
+        self.stats.drain_running = True
+        self._task = asyncio.get_running_loop().create_task(self._supervise(), name="prediction-log-drain")
+
+    @property
+    def running(self) -> bool:
+        """Whether events are being drained (false while a dead drain task waits for its restart)."""
+        return self.stats.drain_running
+
+    async def _supervise(self) -> None:
+        """Run the drain; when it dies of an unexpected error, log it, count it and restart it
+        with backoff (readiness fails meanwhile). Events stay buffered, none is lost."""
+        backoff = self.restart_backoff_s
+        while True:
+            started = time.monotonic()
+            self.stats.drain_running = True
+            try:
+                await self._drain()
+                return
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - whatever killed it, delivery must go on
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                self.stats.drain_running = False
+                self.stats.drain_restarts += 1
+                if self._inflight is not None:  # died inside the sink: the batch was not accounted
+                    self._queue.extendleft(reversed(self._inflight))
+                    self._inflight = None
+                self.stats.connected = False
+                if time.monotonic() - started >= 60.0:
+                    backoff = self.restart_backoff_s
+                log.error("prediction_log_drain_died", sink=self.sink.name, restarts=self.stats.drain_restarts,
+                          restart_in_s=backoff, exc_info=exc)
+                try:  # close() ends the wait: a shutdown does not sit out the backoff
+                    await asyncio.wait_for(self._closed.wait(), backoff)
+                except TimeoutError:
+                    pass
+                backoff = min(backoff * 2, 30.0)
+            finally:
+                self.stats.drain_running = False
+
+    def reopen(self) -> None:
+        """Reopen the sink's files before its next write (SIGHUP after a log rotation); a sink
+        without files (Kafka) ignores it."""
+        reopen = getattr(self.sink, "reopen", None)
+        if reopen is not None:
+            reopen()
+            log.info("prediction_log_reopen_requested", sink=self.sink.name)
 
     async def close(self, timeout_s: float) -> None:
         """Stop taking events, deliver what is buffered within ``timeout_s``, count the rest."""
         self._closing = True
         self._wakeup.set()
+        self._closed.set()
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
@@ -211,15 +269,18 @@ class PredictionLog:
             if self.linger_s and len(self._queue) < self.batch_size and not self._closing:
                 await asyncio.sleep(self.linger_s)
             batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
+            self._inflight = batch
             try:
                 failed = await self.sink.send(batch)
             except asyncio.CancelledError:
                 # close() hit its deadline mid-send: put the batch back so it is counted as dropped.
+                self._inflight = None
                 self._queue.extendleft(reversed(batch))
                 raise
             except Exception as exc:
                 log.warning("prediction_log_send_failed", sink=self.sink.name, error=str(exc), events=len(batch))
                 failed = batch
+            self._inflight = None
             # A sink that refuses an event for good counts it in ``rejected``: dropped, not delivered.
             rejected = getattr(self.sink, "rejected", 0) - self._rejected_seen
             self._rejected_seen += rejected

@@ -1,9 +1,10 @@
 """The in-process JVM that scores H2O MOJOs: started once per process, lazily, thread-safely.
 
 The genmodel classes (``hex.genmodel.*``) come from the ``h2o.jar`` the ``h2o`` wheel ships
-(``h2o/backend/bin/h2o.jar``); nothing is downloaded. ``FORESTFLOW_GENMODEL_JAR`` may point at a
-different jar (e.g. a standalone ``h2o-genmodel.jar``) and ``FORESTFLOW_JVM_OPTS`` adds JVM
-options (e.g. ``-Xmx1g``).
+(``h2o/backend/bin/h2o.jar``); nothing is downloaded. The ``genmodel_jar`` setting
+(``FORESTFLOW_GENMODEL_JAR``) may point at a different jar (e.g. a standalone ``h2o-genmodel.jar``)
+and ``jvm_opts`` (``FORESTFLOW_JVM_OPTS``) adds JVM options (e.g. ``-Xmx1g``); the gateway hands
+them over with :func:`configure` when it builds its app.
 
 Importing this module does not import ``jpype`` nor start anything: the JVM starts on the first
 :func:`ensure_jvm` call (the first H2O model load). A JVM cannot survive a ``fork``: a child
@@ -25,11 +26,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["JAVA_DIR", "JVMError", "batch_scorer", "ensure_jvm", "genmodel_jar", "is_started", "jclass", "score_batch"]
+__all__ = ["JAVA_DIR", "JVMError", "batch_scorer", "configure", "ensure_jvm", "genmodel_jar", "is_started", "jclass", "score_batch"]
 
 _lock = threading.Lock()
 _started_pid: int | None = None
 _classes: dict[str, Any] = {}
+#: What :func:`configure` set (the settings); a name absent here is read from the environment.
+_configured: dict[str, str] = {}
 
 #: Our own Java helper: its source and compiled class (scripts/gen_java.py builds it).
 JAVA_DIR = Path(__file__).resolve().parent / "java"
@@ -43,13 +46,26 @@ class JVMError(RuntimeError):
     """The JVM or the genmodel classes are not available."""
 
 
+def configure(jvm_opts: str, genmodel_jar: str) -> None:
+    """Use these values of the ``jvm_opts`` and ``genmodel_jar`` settings (instead of the environment)
+    when the JVM starts; has no effect on a JVM that already runs."""
+    _configured["jvm_opts"] = jvm_opts
+    _configured["genmodel_jar"] = genmodel_jar
+
+
+def _setting(name: str) -> str:
+    if name in _configured:
+        return _configured[name]
+    return os.environ.get(f"FORESTFLOW_{name.upper()}", "")
+
+
 def genmodel_jar() -> Path:
-    """The jar holding the genmodel classes: ``$FORESTFLOW_GENMODEL_JAR`` or the h2o wheel's h2o.jar."""
-    override = os.environ.get("FORESTFLOW_GENMODEL_JAR")
+    """The jar holding the genmodel classes: the ``genmodel_jar`` setting or the h2o wheel's h2o.jar."""
+    override = _setting("genmodel_jar")
     if override:
         path = Path(override)
         if not path.is_file():
-            raise JVMError(f"FORESTFLOW_GENMODEL_JAR={override!r} is not a file")
+            raise JVMError(f"genmodel_jar = {override!r} is not a file (FORESTFLOW_GENMODEL_JAR)")
         return path
     # find_spec locates the package without importing it (importing h2o is slow and not needed).
     spec = importlib.util.find_spec("h2o")
@@ -72,7 +88,7 @@ def _jvm_options() -> list[str]:
     # -Xrs: the JVM leaves SIGINT/SIGTERM/SIGHUP to Python, so the server's own signal handlers
     # (graceful shutdown) keep working after the JVM starts under them.
     options = ["-Xrs", "-Djava.awt.headless=true"]
-    options += shlex.split(os.environ.get("FORESTFLOW_JVM_OPTS", ""))
+    options += shlex.split(_setting("jvm_opts"))
     return options
 
 

@@ -7,8 +7,12 @@ import asyncio
 import base64
 import io
 import json
+import subprocess
+import sys
 import time
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -24,6 +28,7 @@ from forestflow.predlog.tail import add_tail_arguments, run_tail, tail
 from forestflow.settings import Settings
 from tests.kafka_broker import KafkaBroker, free_port
 from tests.predlog import kafka_sink, make_record, produce_raw, read_topic
+from tests.support import ROOT
 
 
 def entry(record: PredictionRecord) -> LogEntry:
@@ -339,3 +344,54 @@ async def test_partition_cache_follows_the_topics_partitions() -> None:
     assert grown[1] == {} and grown[0] == [0, 1, 2, 3]
     assert [sink._partition(k, grown) for k in keys] == [DefaultPartitioner()(k, [0, 1, 2, 3], [0, 1, 2, 3]) for k in keys]
     assert sink._partition(None, grown) in (0, 1, 2, 3)
+
+
+async def test_refused_entry_then_partitions_timeout_is_counted_once(broker: KafkaBroker, topic: str) -> None:
+    """A too-large basic event is refused, then looking up the GraphPipe topic's partitions times
+    out: the refused one is counted once and not handed back (before: both, so the log's
+    ``delivered`` went down by one and the event was refused and counted again on every retry)."""
+    sink = kafka_sink(broker.bootstrap, topic, max_request_size=2000, request_timeout_ms=500)
+    await sink.start()
+    assert sink._producer is not None
+    real = sink._producer.partitions_for
+
+    async def stalled(name: str) -> Any:
+        if name == sink.gp_topic:
+            await asyncio.sleep(3600)
+        return await real(name)
+
+    sink._producer.partitions_for = stalled  # type: ignore[method-assign]
+    big, gp = entry(make_record(1, pad=5000)), entry(make_record(2, graphpipe=True))
+    try:
+        failed = await sink.send([big, gp])
+    finally:
+        await sink.close()
+    assert failed == [gp] and sink.rejected == 1
+    delivered = 2 - len(failed) - sink.rejected  # what PredictionLog computes from these
+    assert delivered == 0
+
+
+def test_missing_aiokafka_internals_refuse_to_start(tmp_path: Path) -> None:
+    """Without a private attribute the sink needs, KafkaSink and ``forestflow serve`` refuse with one line."""
+    script = (
+        "import sys\n"
+        "from aiokafka.producer.message_accumulator import MessageAccumulator\n"
+        "del MessageAccumulator.fail_all\n"
+        "from forestflow.cli import main\n"
+        f"sys.exit(main(['serve', '--port', '0', '--grpc-port', '-1', '--data-dir', {str(tmp_path)!r}]))\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "MessageAccumulator.fail_all" in lines[0], result.stderr
+
+
+def test_missing_aiokafka_internals_refuse_the_sink(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aiokafka.producer.sender import Sender
+
+    from forestflow.predlog.kafka_sink import KafkaInternalsChanged
+
+    monkeypatch.delattr(Sender, "sender_task")
+    with pytest.raises(KafkaInternalsChanged, match="Sender.sender_task"):
+        kafka_sink("127.0.0.1:1", "t")
