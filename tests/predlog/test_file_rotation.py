@@ -8,9 +8,7 @@ import json
 import os
 import signal
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
