@@ -24,7 +24,7 @@ import structlog
 from aiohttp import web
 
 from forestflow._proto.grpc_predict_v2 import SERVICE, messages
-from forestflow.api import v2_common
+from forestflow.api import grpc_probes, v2_common
 from forestflow.api.common import GATEWAY, SETTINGS, WORKER
 from forestflow.api.prom import RequestMetrics
 from forestflow.codecs.v2 import Layout, encode_outputs
@@ -284,6 +284,7 @@ async def grpc_context(app: web.Application) -> AsyncIterator[None]:
         ]
     )
     server.add_generic_rpc_handlers((generic_handler(app[GATEWAY], app.get(GRPC_METRICS)),))
+    grpc_probes.add_probes(server, app[GATEWAY])  # grpc.health.v1 and server reflection
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     port = server.add_insecure_port(f"{host}:{settings.grpc_port}")
     if not port:
