@@ -473,7 +473,7 @@ class BasicMetaData(_message.Message):
     def __init__(self, fqrv: _Optional[_Union[FQRV, _Mapping]] = ..., name: _Optional[str] = ..., server: _Optional[str] = ..., description: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[BasicIOMetadata, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[BasicIOMetadata, _Mapping]]] = ...) -> None: ...
 
 class PredictionEvent(_message.Message):
-    __slots__ = ("prediction", "servedRequest", "inferenceRequest", "loggingSettings", "eventTimeMS", "requestId", "fqrv", "latencyMs", "status", "error", "errorCode", "protocol", "wireRequest", "wireResponse", "wireRequestJsonLength", "wireResponseJsonLength")
+    __slots__ = ("prediction", "servedRequest", "inferenceRequest", "loggingSettings", "eventTimeMS", "requestId", "fqrv", "latencyMs", "status", "error", "errorCode", "protocol", "wireRequest", "wireResponse", "wireRequestJsonLength", "wireResponseJsonLength", "traceId")
     PREDICTION_FIELD_NUMBER: _ClassVar[int]
     SERVEDREQUEST_FIELD_NUMBER: _ClassVar[int]
     INFERENCEREQUEST_FIELD_NUMBER: _ClassVar[int]
@@ -490,6 +490,7 @@ class PredictionEvent(_message.Message):
     WIRERESPONSE_FIELD_NUMBER: _ClassVar[int]
     WIREREQUESTJSONLENGTH_FIELD_NUMBER: _ClassVar[int]
     WIRERESPONSEJSONLENGTH_FIELD_NUMBER: _ClassVar[int]
+    TRACEID_FIELD_NUMBER: _ClassVar[int]
     prediction: Prediction
     servedRequest: bool
     inferenceRequest: InferenceRequest
@@ -506,7 +507,8 @@ class PredictionEvent(_message.Message):
     wireResponse: bytes
     wireRequestJsonLength: int
     wireResponseJsonLength: int
-    def __init__(self, prediction: _Optional[_Union[Prediction, _Mapping]] = ..., servedRequest: _Optional[bool] = ..., inferenceRequest: _Optional[_Union[InferenceRequest, _Mapping]] = ..., loggingSettings: _Optional[_Union[LoggingSettings, _Mapping]] = ..., eventTimeMS: _Optional[int] = ..., requestId: _Optional[str] = ..., fqrv: _Optional[_Union[FQRV, _Mapping]] = ..., latencyMs: _Optional[float] = ..., status: _Optional[int] = ..., error: _Optional[str] = ..., errorCode: _Optional[str] = ..., protocol: _Optional[str] = ..., wireRequest: _Optional[bytes] = ..., wireResponse: _Optional[bytes] = ..., wireRequestJsonLength: _Optional[int] = ..., wireResponseJsonLength: _Optional[int] = ...) -> None: ...
+    traceId: str
+    def __init__(self, prediction: _Optional[_Union[Prediction, _Mapping]] = ..., servedRequest: _Optional[bool] = ..., inferenceRequest: _Optional[_Union[InferenceRequest, _Mapping]] = ..., loggingSettings: _Optional[_Union[LoggingSettings, _Mapping]] = ..., eventTimeMS: _Optional[int] = ..., requestId: _Optional[str] = ..., fqrv: _Optional[_Union[FQRV, _Mapping]] = ..., latencyMs: _Optional[float] = ..., status: _Optional[int] = ..., error: _Optional[str] = ..., errorCode: _Optional[str] = ..., protocol: _Optional[str] = ..., wireRequest: _Optional[bytes] = ..., wireResponse: _Optional[bytes] = ..., wireRequestJsonLength: _Optional[int] = ..., wireResponseJsonLength: _Optional[int] = ..., traceId: _Optional[str] = ...) -> None: ...
 
 class PredictionGP(_message.Message):
     __slots__ = ("inferResponse", "fqrv")
@@ -517,7 +519,7 @@ class PredictionGP(_message.Message):
     def __init__(self, inferResponse: _Optional[bytes] = ..., fqrv: _Optional[_Union[FQRV, _Mapping]] = ...) -> None: ...
 
 class PredictionEventGP(_message.Message):
-    __slots__ = ("prediction", "servedRequest", "inferBytes", "loggingSettings", "eventTimeMS", "requestId", "fqrv", "latencyMs", "status", "error", "errorCode", "protocol")
+    __slots__ = ("prediction", "servedRequest", "inferBytes", "loggingSettings", "eventTimeMS", "requestId", "fqrv", "latencyMs", "status", "error", "errorCode", "protocol", "traceId")
     PREDICTION_FIELD_NUMBER: _ClassVar[int]
     SERVEDREQUEST_FIELD_NUMBER: _ClassVar[int]
     INFERBYTES_FIELD_NUMBER: _ClassVar[int]
@@ -530,6 +532,7 @@ class PredictionEventGP(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ERRORCODE_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    TRACEID_FIELD_NUMBER: _ClassVar[int]
     prediction: PredictionGP
     servedRequest: bool
     inferBytes: bytes
@@ -542,4 +545,5 @@ class PredictionEventGP(_message.Message):
     error: str
     errorCode: str
     protocol: str
-    def __init__(self, prediction: _Optional[_Union[PredictionGP, _Mapping]] = ..., servedRequest: _Optional[bool] = ..., inferBytes: _Optional[bytes] = ..., loggingSettings: _Optional[_Union[LoggingSettings, _Mapping]] = ..., eventTimeMS: _Optional[int] = ..., requestId: _Optional[str] = ..., fqrv: _Optional[_Union[FQRV, _Mapping]] = ..., latencyMs: _Optional[float] = ..., status: _Optional[int] = ..., error: _Optional[str] = ..., errorCode: _Optional[str] = ..., protocol: _Optional[str] = ...) -> None: ...
+    traceId: str
+    def __init__(self, prediction: _Optional[_Union[PredictionGP, _Mapping]] = ..., servedRequest: _Optional[bool] = ..., inferBytes: _Optional[bytes] = ..., loggingSettings: _Optional[_Union[LoggingSettings, _Mapping]] = ..., eventTimeMS: _Optional[int] = ..., requestId: _Optional[str] = ..., fqrv: _Optional[_Union[FQRV, _Mapping]] = ..., latencyMs: _Optional[float] = ..., status: _Optional[int] = ..., error: _Optional[str] = ..., errorCode: _Optional[str] = ..., protocol: _Optional[str] = ..., traceId: _Optional[str] = ...) -> None: ...
