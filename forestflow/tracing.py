@@ -155,3 +155,18 @@ def shadow_span(fqrv: str) -> Any:
 def end_on_done(span: Any) -> Any:
     """A done-callback that ends ``span`` when a shadow copy finishes."""
     return lambda _fut: span.end()
+
+
+def traced_grpc(handler: Any, method: str) -> Any:
+    """A gRPC method handler in a server span continuing the call's traceparent metadata."""
+
+    async def traced(request: Any, context: Any) -> Any:
+        span = ServerSpan(method, carrier_of(context.invocation_metadata()), "v2-grpc")
+        message = request[1] if isinstance(request, tuple) else request  # ModelInfer: (wire bytes, message)
+        try:
+            return await handler(request, context)
+        finally:
+            code = context.code()
+            span.end(code.name if code is not None else "OK", getattr(message, "model_name", "") or None)
+
+    return traced

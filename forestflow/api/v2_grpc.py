@@ -23,6 +23,7 @@ import grpc
 import structlog
 from aiohttp import web
 
+from forestflow import tracing
 from forestflow._proto.grpc_predict_v2 import SERVICE, messages
 from forestflow.api import grpc_probes, v2_common
 from forestflow.api.common import GATEWAY, SETTINGS, WORKER
@@ -212,7 +213,7 @@ def _guard(
             log.exception("grpc_unhandled_error", method=call.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the gateway log")
 
-    return handler
+    return tracing.traced_grpc(handler, call.__name__) if tracing.ON else handler
 
 
 _REFUSED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS,

@@ -105,3 +105,28 @@ async def test_tracing_is_off_unless_configured_and_otel_variables_are_not_setti
             assert r.status == 200
         async with gw.session.post(gw.url + "/acme/demo/1/score", json=score_body([1.5]), headers={"traceparent": PARENT}) as r:
             assert r.status == 200 and "traceparent" not in r.headers
+
+
+async def test_grpc_metadata_traceparent_is_continued(tmp_path: Path) -> None:
+    import grpc
+
+    from forestflow._proto.grpc_predict_v2 import messages
+    from tests.api.test_v2_grpc import raw_request
+    from tests.api.v2_support import v2_gateway
+
+    async with receiver() as (url, spans):
+        async with v2_gateway(tmp_path / "data", otel_exporter_otlp_endpoint=url) as gw:
+            await gw.deploy(python_servable())
+            async with grpc.aio.insecure_channel(gw.grpc_target) as channel:
+                call = channel.unary_unary(
+                    "/inference.GRPCInferenceService/ModelInfer",
+                    request_serializer=lambda m: m.SerializeToString(),
+                    response_deserializer=bytes,
+                )
+                await call(messages()["ModelInferRequest"](**raw_request([1.0], [b"a"])), metadata=(("traceparent", PARENT),), timeout=10)
+        await wait_for(lambda: any(s.name == "ModelInfer" for s in spans), 10, "the ModelInfer span exported")
+    ours = {s.name: s for s in spans if s.trace_id.hex() == TRACE_ID}
+    server = ours["ModelInfer"]
+    assert server.parent_span_id.hex() == "00f067aa0ba902b7"
+    assert attrs(server)["forestflow.status"] == "OK" and attrs(server)["forestflow.contract"] == "acme.demo.1"
+    assert ours["predict"].parent_span_id == server.span_id
