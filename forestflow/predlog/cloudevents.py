@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from functools import lru_cache
+from typing import Any
 
 from forestflow.core.ids import Contract
 
@@ -65,13 +66,24 @@ def _fixed(contract: Contract, served: bool) -> bytes:
     )
 
 
+_ID_NAME = _varint(5) + b"ce_id"
+#: ce_time's name and value length: the value is always 24 characters (2026-11-25T12:37:13.123Z).
+_TIME_NAME = _varint(7) + b"ce_time" + _varint(24)
+_SMALL = [_varint(n) for n in range(64)]  # one byte each: what request ids take
+_second: list[Any] = [-1, b""]  # the second last formatted and its text up to the dot
+
+
 def record_headers(contract: Contract, served: bool, request_id: str, event_time_ms: int) -> bytes:
-    """The encoded headers section of one prediction event's Kafka record."""
-    return (
-        _fixed(contract, served)
-        + _header(b"ce_id", request_id.encode())
-        + _header(b"ce_time", event_time(event_time_ms).encode())
-    )
+    """The encoded headers section of one prediction event's Kafka record (~1 us: runs per event)."""
+    seconds, ms = divmod(event_time_ms, 1000)
+    if seconds != _second[0]:
+        _second[0], _second[1] = seconds, datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.").encode()
+    rid = request_id.encode()
+    n = len(rid)
+    return b"".join((
+        _fixed(contract, served), _ID_NAME, _SMALL[n] if n < 64 else _varint(n), rid,
+        _TIME_NAME, _second[1], b"%03dZ" % ms,
+    ))
 
 
 def reply_headers(request_id: str, source: str, epoch_ms: int) -> list[tuple[str, bytes]]:
