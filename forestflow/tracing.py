@@ -163,7 +163,10 @@ def traced_grpc(handler: Any, method: str) -> Any:
     async def traced(request: Any, context: Any) -> Any:
         span = ServerSpan(method, carrier_of(context.invocation_metadata()), "v2-grpc")
         message = request[1] if isinstance(request, tuple) else request  # ModelInfer: (wire bytes, message)
+        parent = span.traceparent()
         try:
+            if parent is not None:  # the answer's traceparent, as HTTP answers carry it
+                await context.send_initial_metadata((("traceparent", parent),))
             return await handler(request, context)
         finally:
             code = context.code()

@@ -123,10 +123,13 @@ async def test_grpc_metadata_traceparent_is_continued(tmp_path: Path) -> None:
                     request_serializer=lambda m: m.SerializeToString(),
                     response_deserializer=bytes,
                 )
-                await call(messages()["ModelInferRequest"](**raw_request([1.0], [b"a"])), metadata=(("traceparent", PARENT),), timeout=10)
+                answer = call(messages()["ModelInferRequest"](**raw_request([1.0], [b"a"])), metadata=(("traceparent", PARENT),), timeout=10)
+                await answer
+                answer_parent = dict(await answer.initial_metadata())["traceparent"]
         await wait_for(lambda: any(s.name == "ModelInfer" for s in spans), 10, "the ModelInfer span exported")
     ours = {s.name: s for s in spans if s.trace_id.hex() == TRACE_ID}
     server = ours["ModelInfer"]
     assert server.parent_span_id.hex() == "00f067aa0ba902b7"
+    assert answer_parent == f"00-{TRACE_ID}-{server.span_id.hex()}-01"
     assert attrs(server)["forestflow.status"] == "OK" and attrs(server)["forestflow.contract"] == "acme.demo.1"
     assert ours["predict"].parent_span_id == server.span_id
