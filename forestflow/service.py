@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from forestflow import tracing
 from forestflow.administration import Administration
 from forestflow.core import input_report
 from forestflow.core.contract_state import ContractState, ServableEntry
@@ -288,7 +289,11 @@ class Gateway:
                 raise ServableNotReady(f"servable {fqrv} is not loaded")
             submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout)
             self._fan_out(state, shadows, context)
-            out = input_report.checked(entry.settings, await submitted)  # strictInputs: a 400
+            if tracing.ON:  # queue wait and scoring as a child of the request's span
+                with tracing.child("predict", **{"forestflow.fqrv": str(fqrv), "forestflow.rows": frame.num_rows}):
+                    out = input_report.checked(entry.settings, await submitted)
+            else:
+                out = input_report.checked(entry.settings, await submitted)  # strictInputs: a 400
         except GatewayError as error:
             self._log_outcome(entry, context, True, started, error=error)
             if error.__cause__ is not None:
@@ -303,7 +308,11 @@ class Gateway:
             self._log_outcome(entry, context, True, started, error=ClientClosedRequest("the client closed the request"))
             raise
         try:
-            response_json = encode_response_json(fqrv, out) if encode_response_json is not None else None
+            if tracing.ON and encode_response_json is not None:
+                with tracing.child("encode"):
+                    response_json = encode_response_json(fqrv, out)
+            else:
+                response_json = encode_response_json(fqrv, out) if encode_response_json is not None else None
         except GatewayError as error:  # the answer cannot be put in the caller's terms (e.g. an unknown output)
             self._log_outcome(entry, context, True, started, error=error)
             raise
@@ -328,6 +337,8 @@ class Gateway:
                 self._log_outcome(entry, context, False, started, error=error)
                 continue
             # A callback, not a task per copy: nobody waits for shadow work, so it needs no coroutine.
+            if tracing.ON:  # a span of its own, linked to the request's
+                pending.add_done_callback(tracing.end_on_done(tracing.shadow_span(str(entry.fqrv))))
             pending.add_done_callback(partial(self._shadow_done, entry, context, started))
             self._tasks.add(pending)
             pending.add_done_callback(self._tasks.discard)
@@ -374,6 +385,7 @@ class Gateway:
                 self.clock(), latency, 200 if error is None else http_status(error), output,
                 error.message if error else "", error.code if error else "",
                 context.raw_request, raw_response, context.request_json, response_json,
+                tracing.current_trace_id() if tracing.ON else "",
             )
         )
         return latency

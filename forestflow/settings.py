@@ -51,6 +51,12 @@ class Settings:
     )
 
     grpc_port: int = _doc("V2 gRPC port (-1 disables it, 0 = any free port)", default=8081)
+    otel_exporter_otlp_endpoint: str = _doc(
+        "OpenTelemetry collector base URL for traces over OTLP/HTTP protobuf (spans to <url>/v1/traces); "
+        "empty = tracing off unless OTEL_EXPORTER_OTLP_ENDPOINT is set (the other OTEL_* variables are the SDK's)",
+        default="",
+    )
+    otel_traces_sampler_ratio: float = _doc("share of new traces sampled (a caller's sampled traceparent is followed)", default=1.0)
 
     workers: int = _doc(
         "worker processes serving the same ports (0 = one per available core); they share the registry "

@@ -13,6 +13,7 @@ from forestflow.api import v1_rest, v2_grpc, v2_repository, v2_rest, worker_metr
 from forestflow.api.common import AFTER_START, GATEWAY, SETTINGS, STARTING, WORKER
 from forestflow.api.middleware import build_middleware
 from forestflow.api.prom import RequestMetrics, build_registry
+from forestflow import tracing
 from forestflow.predlog import make_prediction_log
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.file_store import FileStore
@@ -117,6 +118,7 @@ def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.A
     if worker is not None:
         app[WORKER] = worker
         app.on_response_prepare.append(_tag_worker)  # which worker answered: for operators and tests
+    app.cleanup_ctx.append(_tracing_context)
     app.cleanup_ctx.append(_gateway_context)
     app.on_cleanup.append(_stop_body_pool)
     app.cleanup_ctx.append(v2_repository.repository_context)  # deploys the model repository, if any
@@ -156,3 +158,15 @@ def make_runner(app: web.Application, settings: Settings) -> web.AppRunner:
     return web.AppRunner(
         app, access_log=None, shutdown_timeout=settings.shutdown_timeout_s, handle_signals=False, handler_cancellation=True
     )
+
+
+async def _tracing_context(app: web.Application) -> AsyncIterator[None]:
+    """OpenTelemetry tracing for the app's life, when configured (forestflow/tracing.py)."""
+    settings = app[SETTINGS]
+    if not tracing.configure(settings.otel_exporter_otlp_endpoint, settings.otel_traces_sampler_ratio):
+        yield
+        return
+    try:
+        yield
+    finally:
+        tracing.shutdown()

@@ -31,6 +31,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
+from forestflow import tracing
 from forestflow.api.common import AFTER_START, GATEWAY, SETTINGS
 from forestflow.api.kafka_messages import Reply, Request, answer, read_request
 from forestflow.api.kafka_replies import ReplyWriter
@@ -266,10 +267,14 @@ class KafkaIngest:
 
     async def _handle(self, part: PartitionState, record: ConsumerRecord, request: Request) -> None:
         delivered = False
+        span = tracing.ServerSpan(f"kafka {record.topic}", tracing.carrier_of(record.headers), "kafka") if tracing.ON else None
+        reply = None
         try:
             reply = await self._score(part, record, request)
             delivered = await self._replies.send(record.key, request, reply)
         finally:
+            if span is not None:
+                span.end(reply.status if reply is not None else 499, str(request.contract) if request.contract else request.v2_model)
             self._inflight -= 1
             if delivered:  # an unconfirmed reply keeps its offset, so the commit never passes it
                 part.inflight.discard(record.offset)

@@ -11,6 +11,7 @@ exist.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import structlog
 from aiokafka import AIOKafkaProducer
@@ -25,6 +26,7 @@ from aiokafka.errors import (
 from forestflow.api.kafka_messages import Reply, Request, error_reply
 from forestflow.api.kafka_state import IngestStats
 from forestflow.errors import PayloadTooLarge
+from forestflow.predlog import cloudevents
 from forestflow.settings import Settings
 
 log = structlog.get_logger("forestflow.kafka")
@@ -78,7 +80,8 @@ class ReplyWriter:
             try:
                 if producer is None:
                     raise KafkaError("no producer")
-                delivery = await producer.send(request.reply_topic, reply.value, key=key, headers=reply.headers)
+                headers = reply.headers + cloudevents.reply_headers(request.request_id, _source(request), int(time.time() * 1000))
+                delivery = await producer.send(request.reply_topic, reply.value, key=key, headers=headers)
                 await delivery
                 self.stats.answered[reply.status] += 1
                 return True
@@ -108,3 +111,10 @@ class ReplyWriter:
         except Exception:  # the broker is away: an outage, not a missing topic
             return False
         return topic not in metadata.topics() or topic in metadata.unauthorized_topics
+
+
+def _source(request: Request) -> str:
+    """The gateway route the request addressed (ce_source of its reply)."""
+    if request.contract is not None:
+        return cloudevents.source_of(request.contract)
+    return f"/v2/models/{request.v2_model}" if request.v2_model else "/"

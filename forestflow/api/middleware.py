@@ -12,6 +12,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from forestflow import tracing
 from forestflow import logs
 from forestflow.api.common import CONTRACT, FQRV_TAG, REQUEST_ID, SCORING_S, SETTINGS
 from forestflow.api.prom import RequestMetrics
@@ -57,10 +58,13 @@ def build_middleware(
         request_id = given if 0 < len(given) <= _MAX_REQUEST_ID and given.isprintable() else new_request_id()
         request[REQUEST_ID] = request_id
         status = 500
+        span = tracing.ServerSpan(f"{request.method} {request.path}", request.headers, "http") if tracing.ON else None
         try:
             response = await handler(request)
             status = response.status
             response.headers.setdefault("X-Request-Id", request_id)
+            if span is not None and (parent := span.traceparent()):
+                response.headers["traceparent"] = parent
             return response
         except GatewayError as error:
             status_response = error_response(error, request_id)
@@ -81,6 +85,8 @@ def build_middleware(
             status = 500
             return error_response(InternalError(request.get(FQRV_TAG), "internal error; see the gateway log with this request_id"), request_id)
         finally:
+            if span is not None:
+                span.end(status, request.get(CONTRACT), request.get(FQRV_TAG))
             if metrics is not None:
                 metrics.record(
                     request.match_info.route.resource,
@@ -101,6 +107,7 @@ def build_middleware(
                     request.get(CONTRACT),
                     request.get(FQRV_TAG),
                     round((time.perf_counter() - started) * 1000, 3),
+                    span.trace_id if span is not None else None,
                 )
 
     return middleware

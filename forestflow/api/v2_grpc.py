@@ -23,8 +23,9 @@ import grpc
 import structlog
 from aiohttp import web
 
+from forestflow import tracing
 from forestflow._proto.grpc_predict_v2 import SERVICE, messages
-from forestflow.api import v2_common
+from forestflow.api import grpc_probes, v2_common
 from forestflow.api.common import GATEWAY, SETTINGS, WORKER
 from forestflow.api.prom import RequestMetrics
 from forestflow.codecs.v2 import Layout, encode_outputs
@@ -187,7 +188,7 @@ def _guard(
             log.exception("grpc_unhandled_error", method=call.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the gateway log")
 
-    return handler
+    return tracing.traced_grpc(handler, call.__name__) if tracing.ON else handler
 
 
 _REFUSED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS,
@@ -259,6 +260,7 @@ async def grpc_context(app: web.Application) -> AsyncIterator[None]:
         ]
     )
     server.add_generic_rpc_handlers((generic_handler(app[GATEWAY], app.get(GRPC_METRICS)),))
+    grpc_probes.add_probes(server, app[GATEWAY])  # grpc.health.v1 and server reflection
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     port = server.add_insecure_port(f"{host}:{settings.grpc_port}")
     if not port:

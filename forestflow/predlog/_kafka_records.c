@@ -3,10 +3,13 @@
  *
  * aiokafka appends records one Python call at a time (a method call, keyword arguments, a
  * metadata object per record); the prediction log hands over hundreds of events a batch, all
- * with the same timestamp and no headers, so here one call writes every record of a batch:
+ * with the same timestamp, so here one call writes every record of a batch:
  *
  *   length (varint) | attributes 0 | timestampDelta 0 | offsetDelta (varint) |
- *   keyLength (varint, -1 for none) | key | valueLength (varint) | value | headers 0
+ *   keyLength (varint, -1 for none) | key | valueLength (varint) | value | headers
+ *
+ * where headers are the entry's ``headers`` bytes as they are (the header count and each header,
+ * already encoded: the CloudEvents headers of predlog/cloudevents.py), a single 0 for none.
  *
  * Every varint is zigzag-encoded, as the Kafka protocol has them. The header and the CRC are
  * written in Python (kafka_batch.py), after compression.
@@ -21,61 +24,63 @@
 
 static uint64_t zigzag(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v >> 63); }
 
-/* A record's key (None for none) and value: new references, released on failure. */
-static int key_and_value(PyObject *entry, PyObject *key_name, PyObject *value_name, PyObject **key, PyObject **value) {
-    *key = PyObject_GetAttr(entry, key_name);
-    if (*key == NULL)
-        return -1;
-    *value = PyObject_GetAttr(entry, value_name);
-    if (*value == NULL) {
-        Py_DECREF(*key);
-        return -1;
+/* A record's key (None for none), value and encoded headers: new references, released on failure. */
+static int key_and_value(PyObject *entry, PyObject *names[3], PyObject **parts) {
+    int i;
+    for (i = 0; i < 3; i++) {
+        parts[i] = PyObject_GetAttr(entry, names[i]);
+        if (parts[i] == NULL)
+            goto fail;
     }
-    if ((*key != Py_None && !PyBytes_Check(*key)) || !PyBytes_Check(*value)) {
-        PyErr_SetString(PyExc_TypeError, "an entry's key must be bytes or None and its value bytes");
-        Py_DECREF(*key);
-        Py_DECREF(*value);
-        return -1;
+    if ((parts[0] != Py_None && !PyBytes_Check(parts[0])) || !PyBytes_Check(parts[1]) || !PyBytes_Check(parts[2]) ||
+        PyBytes_GET_SIZE(parts[2]) < 1) {
+        PyErr_SetString(PyExc_TypeError, "an entry's key must be bytes or None, its value bytes and its headers non-empty bytes");
+        goto fail;
     }
     return 0;
+fail:
+    while (i-- > 0)
+        Py_DECREF(parts[i]);
+    return -1;
 }
 
 /* Bytes of the record at offsetDelta i, without its length prefix. */
-static size_t body_len(Py_ssize_t i, PyObject *key, PyObject *value) {
+static size_t body_len(Py_ssize_t i, PyObject *key, PyObject *value, PyObject *headers) {
     size_t key_len = key == Py_None ? 1 : varint_len(zigzag(PyBytes_GET_SIZE(key))) + (size_t)PyBytes_GET_SIZE(key);
     return 1 + 1 + varint_len(zigzag(i)) + key_len + varint_len(zigzag(PyBytes_GET_SIZE(value))) +
-           (size_t)PyBytes_GET_SIZE(value) + 1;
+           (size_t)PyBytes_GET_SIZE(value) + (size_t)PyBytes_GET_SIZE(headers);
 }
 
 PyDoc_STRVAR(records_doc,
 "records(entries) -> bytes\n\n"
 "The records section of a Kafka record batch (magic 2) holding ``entries`` in order: each an object\n"
-"with ``key`` (bytes or None) and ``value`` (bytes), offset deltas 0..n-1, timestamp delta 0, no\n"
-"headers.");
+"with ``key`` (bytes or None), ``value`` (bytes) and ``headers`` (the record's headers section,\n"
+"encoded; b'\\x00' for none), offset deltas 0..n-1, timestamp delta 0.");
 
 static PyObject *records(PyObject *Py_UNUSED(self), PyObject *entries) {
-    static PyObject *key_name = NULL, *value_name = NULL;
+    static PyObject *names[3] = {NULL, NULL, NULL};
     Py_ssize_t n, i, read = 0;
     size_t total = 0;
-    PyObject *seq, **pairs = NULL, *result = NULL; /* pairs: key, value of each entry (new references) */
+    PyObject *seq, **pairs = NULL, *result = NULL; /* pairs: key, value, headers of each entry (new references) */
     char *out;
-    if (key_name == NULL && ((key_name = PyUnicode_InternFromString("key")) == NULL ||
-                             (value_name = PyUnicode_InternFromString("value")) == NULL))
+    if (names[2] == NULL && ((names[0] = PyUnicode_InternFromString("key")) == NULL ||
+                             (names[1] = PyUnicode_InternFromString("value")) == NULL ||
+                             (names[2] = PyUnicode_InternFromString("headers")) == NULL))
         return NULL;
     seq = PySequence_Fast(entries, "records() takes a sequence of entries");
     if (seq == NULL)
         return NULL;
     n = PySequence_Fast_GET_SIZE(seq);
-    pairs = PyMem_Malloc(((size_t)n * 2 + 1) * sizeof(PyObject *));
+    pairs = PyMem_Malloc(((size_t)n * 3 + 1) * sizeof(PyObject *));
     if (pairs == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     for (; read < n; read++) {
         size_t body;
-        if (key_and_value(PySequence_Fast_GET_ITEM(seq, read), key_name, value_name, &pairs[2 * read], &pairs[2 * read + 1]) < 0)
+        if (key_and_value(PySequence_Fast_GET_ITEM(seq, read), names, &pairs[3 * read]) < 0)
             goto done;
-        body = body_len(read, pairs[2 * read], pairs[2 * read + 1]);
+        body = body_len(read, pairs[3 * read], pairs[3 * read + 1], pairs[3 * read + 2]);
         total += varint_len(zigzag((int64_t)body)) + body;
     }
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
@@ -83,8 +88,8 @@ static PyObject *records(PyObject *Py_UNUSED(self), PyObject *entries) {
         goto done;
     out = PyBytes_AS_STRING(result);
     for (i = 0; i < n; i++) {
-        PyObject *key = pairs[2 * i], *value = pairs[2 * i + 1];
-        out = put_varint(out, zigzag((int64_t)body_len(i, key, value)));
+        PyObject *key = pairs[3 * i], *value = pairs[3 * i + 1], *headers = pairs[3 * i + 2];
+        out = put_varint(out, zigzag((int64_t)body_len(i, key, value, headers)));
         *out++ = 0; /* attributes */
         *out++ = 0; /* timestampDelta */
         out = put_varint(out, zigzag(i));
@@ -98,10 +103,11 @@ static PyObject *records(PyObject *Py_UNUSED(self), PyObject *entries) {
         out = put_varint(out, zigzag(PyBytes_GET_SIZE(value)));
         memcpy(out, PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value));
         out += PyBytes_GET_SIZE(value);
-        *out++ = 0; /* no headers */
+        memcpy(out, PyBytes_AS_STRING(headers), (size_t)PyBytes_GET_SIZE(headers));
+        out += PyBytes_GET_SIZE(headers);
     }
 done:
-    for (i = 0; i < 2 * read; i++)
+    for (i = 0; i < 3 * read; i++)
         Py_DECREF(pairs[i]);
     PyMem_Free(pairs);
     Py_DECREF(seq);

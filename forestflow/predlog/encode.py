@@ -103,6 +103,8 @@ def _protocol_field(protocol: str) -> bytes:
 def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
     """The fields PredictionEvent and PredictionEventGP share (servedRequest, loggingSettings, 10-17)."""
     tail = _protocol_field(record.protocol)
+    if record.trace_id:
+        tail += embedded(30, record.trace_id.encode())
     if record.error:
         tail = embedded(15, record.error.encode()) + embedded(16, record.error_code.encode()) + tail
     return event_head(
@@ -222,6 +224,8 @@ def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_
         event["error"] = record.error
         event["errorCode"] = record.error_code
     event["protocol"] = record.protocol
+    if record.trace_id:
+        event["traceId"] = record.trace_id
     if wire:
         event.update(_wire_event_json(record))
     if record.response is not None:  # what pipelines add (runtime/pipeline.py): step metadata, intermediate tensors

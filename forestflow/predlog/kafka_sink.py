@@ -94,6 +94,8 @@ class KafkaSink:
     """A :class:`~forestflow.predlog.log.Sink` that writes to two Kafka topics with aiokafka."""
 
     name = "kafka"
+    #: Records carry CloudEvents binary-mode headers (predlog/cloudevents.py).
+    cloudevents = True
 
     def __init__(
         self,

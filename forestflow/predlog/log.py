@@ -17,6 +17,7 @@ from typing import Protocol
 
 import structlog
 
+from forestflow.predlog.cloudevents import record_headers
 from forestflow.predlog.encode import encode_event, encode_event_json
 from forestflow.predlog.record import PredictionRecord
 
@@ -24,21 +25,25 @@ log = structlog.get_logger("forestflow.predlog")
 
 #: Fixed per-event overhead counted against the buffer besides key and value bytes.
 EVENT_OVERHEAD_BYTES = 64
+#: An encoded Kafka headers section holding no header (a zero count).
+NO_HEADERS = b"\x00"
 
 
 class LogEntry:
     """An encoded event waiting for its sink."""
 
-    __slots__ = ("graphpipe", "key", "value", "size")
+    __slots__ = ("graphpipe", "key", "value", "headers", "size")
 
-    def __init__(self, graphpipe: bool, key: bytes | None, value: bytes) -> None:
+    def __init__(self, graphpipe: bool, key: bytes | None, value: bytes, headers: bytes = NO_HEADERS) -> None:
         # A plain __init__, not a dataclass's: one Python call per logged event instead of two
         # (__init__ and __post_init__).
         self.graphpipe = graphpipe
         self.key = key
         self.value = value
+        #: The Kafka record's headers section, encoded (predlog/cloudevents.py); NO_HEADERS for none.
+        self.headers = headers
         #: Bytes this entry holds against the buffer budget (computed once: the drain sums it per batch).
-        self.size = len(value) + (len(key) if key else 0) + EVENT_OVERHEAD_BYTES
+        self.size = len(value) + (len(key) if key else 0) + len(headers) - 1 + EVENT_OVERHEAD_BYTES
 
     def __repr__(self) -> str:
         return f"LogEntry(graphpipe={self.graphpipe}, key={self.key!r}, value=<{len(self.value)} bytes>, size={self.size})"
@@ -116,6 +121,8 @@ class PredictionLog:
         self.stats = LogStats()
         # A sink may ask for JSON lines (the local file); everything else gets the protobuf event.
         self._jsonl = getattr(sink, "encoding", "protobuf") == "jsonl"
+        #: Whether records carry CloudEvents headers (a sink with record headers: Kafka).
+        self._cloudevents = getattr(sink, "cloudevents", False)
         self._queue: deque[LogEntry] = deque()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -136,7 +143,10 @@ class PredictionLog:
             self.stats.encode_errors += 1
             log.exception("prediction_log_encode_failed", fqrv=str(record.fqrv), request_id=record.request_id)
             return False
-        entry = LogEntry(record.raw_request is not None, None if key_text is None else key_text.encode(), value)
+        entry = LogEntry(
+            record.raw_request is not None, None if key_text is None else key_text.encode(), value,
+            record_headers(record.fqrv.contract, record.served, record.request_id, record.event_time_ms) if self._cloudevents else NO_HEADERS,
+        )
         size = entry.size
         stats = self.stats
         if self._closing or stats.buffered_bytes + size > self.capacity_bytes:

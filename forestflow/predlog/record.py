@@ -58,6 +58,8 @@ class PredictionRecord:
     #: V2: :class:`WireBody` values, logged as they were on the wire by both encoders.
     request_json: bytes | None = None
     response_json: bytes | None = None
+    #: The OpenTelemetry trace id (hex) of the request, "" when tracing is off.
+    trace_id: str = ""
 
     @property
     def key(self) -> str | None:

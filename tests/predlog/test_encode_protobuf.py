@@ -39,6 +39,8 @@ def event_to_proto(record: PredictionRecord) -> Any:
         event.error = record.error
         event.errorCode = record.error_code
     event.protocol = record.protocol
+    if record.trace_id:
+        event.traceId = record.trace_id
     if record.is_graphpipe:
         event.inferBytes = record.raw_request
         if record.raw_response is not None:
@@ -64,10 +66,11 @@ def more_records() -> list[PredictionRecord]:
         error_code="",
         protocol="",
     )
-    return [*base, odd]
+    traced = [dataclasses.replace(base[i], trace_id="4bf92f3577b34da6a3ce929d0e0e4736") for i in (0, 4)]
+    return [*base, odd, *traced]
 
 
-@pytest.mark.parametrize("record", more_records(), ids=["ok", "vector", "failed", "shadow", "gp", "gp-failed", "odd"])
+@pytest.mark.parametrize("record", more_records(), ids=["ok", "vector", "failed", "shadow", "gp", "gp-failed", "odd", "traced", "gp-traced"])
 def test_event_matches_protobuf_api(record: PredictionRecord) -> None:
     decoded = decode_event(encode_event(record), record.is_graphpipe)
     assert decoded == event_to_proto(record)
@@ -81,4 +84,5 @@ def test_record_fields_keep_the_order_the_service_builds_them_in() -> None:
     assert [f.name for f in dataclasses.fields(PredictionRecord)] == [
         "fqrv", "served", "request", "configs", "logging", "request_id", "protocol", "event_time_ms", "latency_ms",
         "status", "response", "error", "error_code", "raw_request", "raw_response", "request_json", "response_json",
+        "trace_id",
     ]
