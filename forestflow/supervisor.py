@@ -108,7 +108,7 @@ STOP_MARGIN_S = 5.0
 def stop_deadline_s(settings: Any) -> float:
     """How long a SIGTERMed worker gets before SIGKILL: all of its graceful stop (the drain grace,
     in-flight requests, the prediction log's flush) and a margin."""
-    return settings.drain_grace_s + settings.shutdown_timeout_s + settings.log_flush_timeout_s + STOP_MARGIN_S
+    return float(settings.drain_grace_s + settings.shutdown_timeout_s + settings.log_flush_timeout_s + STOP_MARGIN_S)
 
 
 class Supervisor:

@@ -31,7 +31,7 @@ HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 #: How often Watch looks at the status again.
 WATCH_INTERVAL_S = 1.0
 
-_Status = health_pb2.HealthCheckResponse.ServingStatus
+_Status: Any = health_pb2.HealthCheckResponse.ServingStatus
 
 
 def serving_status(gateway: Gateway, service: str) -> int | None:
@@ -46,10 +46,11 @@ def serving_status(gateway: Gateway, service: str) -> int | None:
             if error.kind in (Kind.NOT_FOUND, Kind.INVALID):
                 return None
             raise
-    return _Status.SERVING if ready else _Status.NOT_SERVING
+    status: int = _Status.SERVING if ready else _Status.NOT_SERVING
+    return status
 
 
-class HealthService(health_pb2_grpc.HealthServicer):
+class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]  # grpcio-health-checking ships no types
     """``grpc.health.v1.Health`` answered from the gateway's state at each call."""
 
     def __init__(self, gateway: Gateway) -> None:

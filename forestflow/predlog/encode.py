@@ -179,7 +179,8 @@ def decode_event(payload: bytes, graphpipe: bool = False) -> Any:
 
 def event_to_dict(payload: bytes, graphpipe: bool = False) -> dict[str, Any]:
     """An event as a JSON-ready dict (camelCase, as ``forestflow logs tail`` prints it)."""
-    return json_format.MessageToDict(decode_event(payload, graphpipe))
+    document: dict[str, Any] = json_format.MessageToDict(decode_event(payload, graphpipe))
+    return document
 
 
 #: encode_event_json's ``kafka_key`` when the caller has not computed it.

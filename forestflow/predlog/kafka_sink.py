@@ -297,7 +297,8 @@ class KafkaSink:
         """The partition aiokafka's default partitioner picks for ``key`` (random when None)."""
         partitions, by_key = known
         if key is None:
-            return _PARTITIONER(key, partitions, partitions)
+            chosen: int = _PARTITIONER(key, partitions, partitions)
+            return chosen
         partition = by_key.get(key)
         if partition is None:
             if len(by_key) >= _PARTITION_CACHE_KEYS:

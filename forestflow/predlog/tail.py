@@ -64,7 +64,7 @@ def _line(record: Any, graphpipe: bool | None, fmt: str = "logged") -> dict[str,
 async def _partitions(consumer: AIOKafkaConsumer, topic: str, deadline: float | None) -> set[int] | None:
     """The topic's partitions, waiting for the topic to appear (None if the deadline passes)."""
     while True:
-        parts = consumer.partitions_for_topic(topic)
+        parts: set[int] | None = consumer.partitions_for_topic(topic)
         if parts:
             return parts
         await consumer.topics()  # refreshes the cluster metadata

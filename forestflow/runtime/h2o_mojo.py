@@ -129,7 +129,8 @@ class H2OMojoServable(Servable):
 
     def _scorer_choice(self) -> str:
         """auto, jvm or native: the servable's own ``"scorer"``, else the gateway's ``h2o_scorer``."""
-        body = self.settings.get("H2OMojo") if isinstance(self.settings.get("H2OMojo"), dict) else self.settings
+        nested = self.settings.get("H2OMojo")
+        body: dict[str, Any] = nested if isinstance(nested, dict) else self.settings
         choice = body.get("scorer", self.settings.get("gatewayScorer", "auto"))
         if choice not in SCORERS:
             raise CreateServableRequestInvalidError(f"scorer {choice!r} is not one of {', '.join(SCORERS)}")
