@@ -115,7 +115,7 @@ async def test_metadata_without_an_active_release_answers_at_once(gw: InProcessG
     metadata_request = bytes(convert.serialize_metadata_request())
     started = time.monotonic()
     _, errors = await post_raw(gw, metadata_request)  # ForestFlow hung here for 240 s
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 30  # at once, not after ForestFlow's 240 s ask timeout
     assert errors == [{"code": 422, "message": b"no active servable for contract acme.demo.1"}]
     await deploy(gw, python_servable(validity=[{"NeverValid": {}}]))
     # Nothing answers, but a loaded release describes the contract (the one definition V2 uses too).
