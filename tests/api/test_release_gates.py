@@ -164,3 +164,19 @@ async def test_shadow_agreement_is_measured_and_gates_a_release(tmp_path: Path) 
                 break
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
+
+
+async def test_the_evaluation_timer_honours_evaluation_interval_s(tmp_path: Path) -> None:
+    interval = 0.3
+    async with serve_in_process(tmp_path / "data", access_log=False, log_level="warning", evaluation_interval_s=interval) as gw:
+        await deploy(gw, release="v1", contract_settings=KEEP_ALL)
+        valid_at = time.time() + 0.5
+        await deploy(gw, release="v2", validity=[{"TimeBasedValidity": {"validAfterMS": int(valid_at * 1000)}}])
+        while True:  # only the timer makes v2 valid: nothing else changes the contract meanwhile
+            status, body = await score(gw)
+            assert status == 200
+            if answered_by(body) == "v2":
+                break
+            assert time.time() < valid_at + interval + 1.0, "v2 not valid within an evaluation interval (+1 s)"
+            await asyncio.sleep(0.02)
+        assert time.time() >= valid_at
