@@ -170,6 +170,16 @@ class Administration:
     async def evaluate(self, state: ContractState) -> None:
         """Evaluate one contract (the caller holds the lock); persist and unload what expired."""
         expiry = self.registry.evaluate(state, self.clock())
+        for fqrv in expiry.rolled_back:
+            metrics = state.servables[fqrv.release].metrics
+            log.warning(
+                "release_rolled_back",
+                fqrv=str(fqrv),
+                error_rate=round(metrics.window.error_rate, 4),
+                errors=metrics.error_count,
+                shade_errors=metrics.shade_error_count,
+                routed=[str(FQRV(state.contract, r)) for r in state.picker.keys()],
+            )
         if not expiry.releases:
             return
         try:

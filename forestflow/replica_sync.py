@@ -216,8 +216,15 @@ class ReplicaSync:
         peer_counters = getattr(self.store, "peer_counters", None)
         if peer_counters is None:
             return entry.metrics
-        score, shade = peer_counters(entry.fqrv)
-        return replace(entry.metrics, score_count=entry.metrics.score_count + score, shade_count=entry.metrics.shade_count + shade)
+        m = entry.metrics
+        score, shade, errors, shade_errors = (tuple(peer_counters(entry.fqrv)) + (0, 0, 0, 0))[:4]
+        return replace(
+            m,
+            score_count=m.score_count + score,
+            shade_count=m.shade_count + shade,
+            error_count=m.error_count + errors,
+            shade_error_count=m.shade_error_count + shade_errors,
+        )
 
 
 def _same_artifact(a: ServableDefinition, b: ServableDefinition) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -27,12 +28,14 @@ from forestflow.core import input_report
 from forestflow.core.contract_state import ContractState, ServableEntry
 from forestflow.core.definition import ServableDefinition
 from forestflow.core.frame import Frame
+from forestflow.core.gates import agreeing_rows
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import LogLevel, ServableMetrics
 from forestflow.errors import (
     ClientClosedRequest,
     GatewayError,
     InvalidInput,
+    Kind,
     NoActiveServablesForContract,
     ServableNotReady,
     StoreUnavailable,
@@ -91,6 +94,8 @@ class Gateway:
         self.loader = loader
         self._tasks: set[asyncio.Future[Any]] = set()  # shadow copies, waited for briefly at stop
         self._timers: list[asyncio.Task[None]] = []
+        #: (shadow entry, shadow answer, served answer) waiting to be compared off the request path.
+        self._comparisons: deque[tuple[ServableEntry, Frame, Frame]] = deque(maxlen=10_000)
         self.started = False
         self.draining = False
 
@@ -131,6 +136,7 @@ class Gateway:
         self._timers = [
             asyncio.create_task(self._every(self.settings.evaluation_interval_s, self.admin.evaluate_all), name="evaluate"),
             asyncio.create_task(self._every(self.settings.metrics_flush_interval_s, self.admin.flush_metrics), name="flush"),
+            asyncio.create_task(self._every(COMPARE_INTERVAL_S, self.compare_shadows), name="compare-shadows"),
         ]
         watch = getattr(self.store, "watch", None)
         if watch is not None:  # follow the changes of other processes sharing the store (replicas, workers)
@@ -317,6 +323,10 @@ class Gateway:
             self._log_outcome(entry, context, True, started, error=error)
             raise
         latency = self._log_outcome(entry, context, True, started, output=out, response_json=response_json)
+        context.served = out
+        if context.waiting:  # shadow copies that finished first: compare them now (off this path)
+            self._comparisons.extend((shadow, answer, out) for shadow, answer in context.waiting)
+            context.waiting = None
         return InferResult(fqrv, out, latency, response_json)
 
     def _fan_out(self, state: ContractState, releases: list[str], context: _RequestContext) -> None:
@@ -332,7 +342,9 @@ class Gateway:
             try:
                 pending = loaded.scheduler.offer(context.frame, Priority.SHADOW, timeout)
             except ShadowDropped:
-                continue  # counted by the scheduler; nothing was scored, so nothing to log
+                # Counted by the scheduler too; nothing was scored, so nothing to log.
+                _count_outcome(entry, False, True, None)
+                continue
             except GatewayError as error:  # e.g. the servable is being unloaded
                 self._log_outcome(entry, context, False, started, error=error)
                 continue
@@ -347,12 +359,39 @@ class Gateway:
         self, entry: ServableEntry, context: _RequestContext, started: float, pending: asyncio.Future[Frame]
     ) -> None:
         if pending.cancelled():
+            _count_outcome(entry, False, True, None)
             return
         error = pending.exception() or input_report.strict_inputs_error(entry.settings, pending.result())
         if error is None:
-            self._log_outcome(entry, context, False, started, output=pending.result())
+            answer = pending.result()
+            self._log_outcome(entry, context, False, started, output=answer)
+            if context.served is not None:
+                self._comparisons.append((entry, answer, context.served))
+            elif context.waiting is None:
+                context.waiting = [(entry, answer)]
+            else:
+                context.waiting.append((entry, answer))
         elif isinstance(error, GatewayError):
             self._log_outcome(entry, context, False, started, error=error)
+        else:
+            _count_outcome(entry, False, True, None)
+
+    async def compare_shadows(self) -> None:
+        """Compare the finished shadow copies with the served answers (the gateway's timer).
+
+        Each copy's first output per row is checked against the served one; the result goes to
+        the shadow release's ``agreement`` window.
+        """
+        comparisons = self._comparisons
+        while comparisons:
+            entry, answer, served = comparisons.popleft()
+            try:
+                agreeing, rows = agreeing_rows(answer, served)
+            except Exception:  # an answer that cannot be compared must not stop the others
+                log.exception("shadow_compare_failed", fqrv=str(entry.fqrv))
+                continue
+            if rows:
+                entry.metrics.window.record_agreement(agreeing, rows)
 
     def _log_outcome(
         self,
@@ -365,6 +404,7 @@ class Gateway:
         response_json: bytes | None = None,
     ) -> float:
         latency = (time.perf_counter() - started) * 1000
+        _count_outcome(entry, served, error is None, error, latency)
         logging = entry.settings.logging
         if logging.log_level is LogLevel.NONE:
             return latency
@@ -416,6 +456,29 @@ class Gateway:
         return self.replica_sync.stats_metrics(entry)
 
 
+#: How often finished shadow copies are compared with the served answers.
+COMPARE_INTERVAL_S = 0.25
+
+
+def _count_outcome(
+    entry: ServableEntry, served: bool, ok: bool, error: GatewayError | None, latency_ms: float | None = None
+) -> None:
+    """Count one event's outcome in the release's counters and window.
+
+    A live request fails on a server-side error (5xx: the model, not ready, overloaded, deadline);
+    the caller's mistakes (4xx) and clients going away are neither successes nor failures. Any
+    shadow copy that did not produce an answer is a failure.
+    """
+    metrics = entry.metrics
+    if not ok and served:
+        if error is None or error.kind is Kind.CANCELLED or http_status(error) < 500:
+            return
+        metrics.error_count += 1
+    elif not ok:
+        metrics.shade_error_count += 1
+    metrics.window.record(ok, latency_ms)
+
+
 @dataclass(slots=True)
 class Route:
     """Which release answers one request and which get shadow copies (:meth:`Gateway.route`)."""
@@ -436,3 +499,7 @@ class _RequestContext:
     encode_raw_response: Callable[[FQRV, Frame], bytes] | None
     request_json: bytes | None = None
     encode_response_json: Callable[[FQRV, Frame], bytes] | None = None
+    #: The served answer, once there is one (shadow copies are compared with it).
+    served: Frame | None = None
+    #: Shadow answers that arrived before the served one.
+    waiting: list[tuple[ServableEntry, Frame]] | None = None

@@ -27,6 +27,9 @@ def test_restart_restores_contracts_settings_counters(tmp_path: Path, gateway_pr
     assert requests.get(second.url + "/contracts/list", timeout=10).json() == {
         "Contracts": {"contracts": [{"organization": "acme", "project": "demo", "contractNumber": 1}]}
     }
+    # Counters are persisted; the observed sliding windows (errorRate, p99LatencyMs) start afresh.
+    for item in before:
+        item["ServableMetrics"]["performanceMetrics"] = {}
     assert requests.get(second.url + "/acme/demo/1/stats", timeout=10).json() == before
     settings = requests.get(second.url + "/acme/demo/1/v2/settings", timeout=10).json()
     assert settings["ServableSettings"]["loggingSettings"] == logging

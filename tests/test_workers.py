@@ -252,3 +252,46 @@ def _alive(pid: int) -> bool:
         return False
     return True
 
+
+
+def test_failure_counters_are_the_sum_of_every_workers_counts(tmp_path: Path) -> None:
+    gates = ROOT / "tests" / "fixtures" / "servables" / "gates"
+    gw = start_workers(tmp_path)
+    try:
+        keep = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 3}}, "router": {"FairPhaseInPctBasedRouter": {}}}
+        assert fresh("POST", gw.url + "/servable", json=python_servable(contract_settings=keep)).status_code == 200
+        failing = python_servable(
+            release="v2", directory=gates, module="raises.py", log_level="FULL",
+            validity=[{"MinServedEventsBasedValidity": {"validAfterMinServedEvents": 2}}],
+        )
+        assert fresh("POST", gw.url + "/servable", json=failing).status_code == 200
+        wait_until(
+            lambda: all(r.json()["servables"] == 2 for r in seen_workers(gw, "/health/ready").values()), 5, "both workers loaded both"
+        )
+
+        def score(i: int) -> str:
+            response = fresh("POST", gw.url + SCORE, json=score_body([float(i)], configs={"reqid": f"r{i}"}))
+            assert response.status_code == 200, response.text
+            assert response.json()["Prediction"]["fqrv"]["releaseVersion"] == "v1"
+            return response.headers["X-Forestflow-Worker"]
+
+        with ThreadPoolExecutor(4) as pool:
+            answered_by = list(pool.map(score, range(60)))
+        assert set(answered_by) == {"w0", "w1"}, "both workers scored some of the requests"
+        names = ("scoreCount", "shadeCount", "errorCount", "shadeErrorCount")
+        expected = {"v1": (60, 0, 0, 0), "v2": (0, 60, 0, 60)}
+        seen: list[tuple[str, dict[str, tuple[int, ...]]]] = []
+
+        def settled() -> bool:
+            response = fresh("GET", gw.url + "/acme/demo/1/stats")
+            counts = {
+                e["ServableMetrics"]["fqrv"]["releaseVersion"]: tuple(int(e["ServableMetrics"][n]) for n in names)
+                for e in response.json()
+            }
+            seen.append((response.headers["X-Forestflow-Worker"], counts))
+            recent = seen[-8:]
+            return len(recent) == 8 and {w for w, _ in recent} == {"w0", "w1"} and all(c == expected for _, c in recent)
+
+        wait_until(settled, 8, f"both workers' /stats to sum to {expected}")
+    finally:
+        assert gw.stop() == 0

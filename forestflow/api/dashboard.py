@@ -46,6 +46,9 @@ def _servables(gateway: Any, now_ms: int) -> list[dict[str, Any]]:
                     "routingSharePct": round(100 * weights.get(release, 0) / total, 1) if total else 0.0,
                     "scoreCount": m.score_count,
                     "shadeCount": m.shade_count,
+                    "errorCount": m.error_count,
+                    "shadeErrorCount": m.shade_error_count,
+                    "performanceMetrics": m.performance_view(),
                     "logLevel": entry.settings.logging.log_level.name,
                     "createdAtMs": m.created_at_ms,
                 }

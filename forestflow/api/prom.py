@@ -157,6 +157,18 @@ class GatewayCollector:
         valid = GaugeMetricFamily("forestflow_servable_valid", "1 when every validity rule holds", labels=["fqrv"])
         scored = CounterMetricFamily("forestflow_servable_scores", "Requests a servable answered", labels=["fqrv"])
         shaded = CounterMetricFamily("forestflow_servable_shades", "Shadow copies a servable received", labels=["fqrv"])
+        errors = CounterMetricFamily("forestflow_servable_errors", "Live requests a servable failed (5xx)", labels=["fqrv"])
+        shade_errors = CounterMetricFamily(
+            "forestflow_servable_shade_errors", "Shadow copies that failed, timed out or were dropped", labels=["fqrv"]
+        )
+        agreement = GaugeMetricFamily(
+            "forestflow_servable_agreement", "Share of recent shadow rows agreeing with the served answer", labels=["fqrv"]
+        )
+        rollbacks = CounterMetricFamily(
+            "forestflow_release_rollbacks", "Times a routed release became invalid and left routing", labels=["fqrv"]
+        )
+        for fqrv_label, count in list(gateway.registry.rollbacks.items()):
+            rollbacks.add_metric([fqrv_label], count)
         for state in list(gateway.contracts.values()):
             for entry in list(state.servables.values()):
                 label = [str(entry.fqrv)]
@@ -164,6 +176,11 @@ class GatewayCollector:
                 valid.add_metric(label, 1.0 if is_valid(entry.settings.policy, entry.metrics, now) else 0.0)
                 scored.add_metric(label, entry.metrics.score_count)
                 shaded.add_metric(label, entry.metrics.shade_count)
+                errors.add_metric(label, entry.metrics.error_count)
+                shade_errors.add_metric(label, entry.metrics.shade_error_count)
+                observed = entry.metrics.window.observed()
+                if "agreement" in observed:
+                    agreement.add_metric(label, observed["agreement"])
         queue = GaugeMetricFamily("forestflow_queue_depth", "Jobs waiting per servable and priority", labels=["fqrv", "priority"])
         running = GaugeMetricFamily("forestflow_scoring_running", "predict calls running per servable", labels=["fqrv"])
         dropped = CounterMetricFamily("forestflow_shadow_dropped", "Shadow copies dropped on a full queue", labels=["fqrv"])
@@ -179,7 +196,7 @@ class GatewayCollector:
             rejected.add_metric([label], scheduler.stats.live_rejected)
             deadline.add_metric([label], scheduler.stats.deadline_exceeded)
             load.add_metric([label], loaded.load_seconds)
-        yield from (phase, valid, scored, shaded, queue, running, dropped, rejected, deadline, load)
+        yield from (phase, valid, scored, shaded, errors, shade_errors, agreement, rollbacks, queue, running, dropped, rejected, deadline, load)
         yield CounterMetricFamily(
             "forestflow_servable_load_failures", "Servable loads that failed", value=gateway.loader.load_failures
         )

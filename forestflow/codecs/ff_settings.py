@@ -23,6 +23,7 @@ from forestflow.core.policies import (
     LinearTimeBasedPhaseIn,
     LoggingSettings,
     LogLevel,
+    MaxErrorRateValidity,
     MinServedEventsBasedValidity,
     NeverValid,
     Ordering,
@@ -73,6 +74,7 @@ _VALIDITY = (
     "TimeBasedValidity",
     "PerformanceBasedValidity",
     "MinServedEventsBasedValidity",
+    "MaxErrorRateValidity",
 )
 
 
@@ -86,7 +88,15 @@ def parse_validity(value: Any, path: str) -> ValidityRule:
     if name == "TimeBasedValidity":
         return TimeBasedValidity(o.int("validAfterMS"))
     if name == "PerformanceBasedValidity":
-        return PerformanceBasedValidity(o.float("minThreshold"), o.str("metricName", required=False))
+        metric = o.str("metric", required=False) or o.str("metricName", required=False)
+        return PerformanceBasedValidity(o.float("minThreshold"), metric)
+    if name == "MaxErrorRateValidity":
+        rate, events = o.float("maxErrorRate"), o.int("minEvents")
+        if not 0.0 <= rate <= 1.0:
+            raise InvalidInput(f"{o.path}.maxErrorRate: must be between 0 and 1, got {rate}")
+        if events < 1:
+            raise InvalidInput(f"{o.path}.minEvents: must be >= 1, got {events}")
+        return MaxErrorRateValidity(rate, events)
     n = o.int("validAfterMinServedEvents")
     if n < 0:
         raise InvalidInput(f"{o.path}.validAfterMinServedEvents: must be >= 0")
@@ -151,6 +161,8 @@ def validity_to_json(rule: ValidityRule) -> dict[str, Any]:
             return {"PerformanceBasedValidity": body}
         case MinServedEventsBasedValidity(valid_after_min_served_events=n):
             return {"MinServedEventsBasedValidity": {"validAfterMinServedEvents": str(n)}}
+        case MaxErrorRateValidity(max_error_rate=rate, min_events=n):
+            return {"MaxErrorRateValidity": {"maxErrorRate": rate, "minEvents": str(n)}}
     return {type(rule).__name__: {}}
 
 
@@ -304,9 +316,11 @@ def metrics_to_json(fqrv: FQRV, m: ServableMetrics) -> dict[str, Any]:
         "fqrv": fqrv_to_json(fqrv),
         "scoreCount": str(m.score_count),
         "shadeCount": str(m.shade_count),
+        "errorCount": str(m.error_count),
+        "shadeErrorCount": str(m.shade_error_count),
         "createdAtMS": str(m.created_at_ms),
         "currentPhaseInPct": m.current_phase_in_pct,
-        "performanceMetrics": dict(m.performance_metrics),
+        "performanceMetrics": m.performance_view(),
     }
     if m.became_valid_at_ms is not None:
         out["becameValidAtMS"] = str(m.became_valid_at_ms)

@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Union
 
+from forestflow.core.gates import ReleaseWindow
+
 
 # ---- validity -----------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
@@ -32,10 +34,12 @@ class TimeBasedValidity:
 
 @dataclass(frozen=True, slots=True)
 class PerformanceBasedValidity:
-    """Valid once a reported performance metric reaches ``min_threshold``.
+    """Valid once a performance metric reaches ``min_threshold``.
 
-    ``metric_name`` names the ``performanceMetrics`` entry; when empty, the servable's only
-    metric (or, with several, the lowest of them) is compared.
+    ``metric_name`` (JSON ``metric`` or ``metricName``) names the ``performanceMetrics`` entry:
+    one set by ``PUT .../performance`` or, when none is, one the gateway observes (``agreement``,
+    ``errorRate``, ``p99LatencyMs``). When empty, the servable's only reported metric (or, with
+    several, the lowest of them) is compared, as ForestFlow read it.
     """
 
     min_threshold: float
@@ -44,13 +48,29 @@ class PerformanceBasedValidity:
 
 @dataclass(frozen=True, slots=True)
 class MinServedEventsBasedValidity:
-    """Valid once the servable has scored (served + shadow) at least this many requests."""
+    """Valid once the servable has scored (served + shadow) at least this many requests successfully."""
 
     valid_after_min_served_events: int
 
 
+@dataclass(frozen=True, slots=True)
+class MaxErrorRateValidity:
+    """Valid while, over the last ``max(min_events, 100)`` events, at least ``min_events`` were seen
+    and at most ``max_error_rate`` of them failed; checked at every evaluation, so a release
+    that starts failing leaves routing (rollback) until ``min_events`` fresh events are under
+    the bound again."""
+
+    max_error_rate: float
+    min_events: int
+
+
 ValidityRule = Union[
-    ImmediatelyValid, NeverValid, TimeBasedValidity, PerformanceBasedValidity, MinServedEventsBasedValidity
+    ImmediatelyValid,
+    NeverValid,
+    TimeBasedValidity,
+    PerformanceBasedValidity,
+    MinServedEventsBasedValidity,
+    MaxErrorRateValidity,
 ]
 
 
@@ -166,7 +186,23 @@ class ServableMetrics:
     shade_count: int = 0
     became_valid_at_ms: int | None = None
     current_phase_in_pct: int = 0
+    #: Set by ``PUT .../performance`` (shared by replicas); they win over the observed values.
     performance_metrics: dict[str, float] = field(default_factory=dict)
+    #: Live requests that failed (5xx: model errors, 503 not ready/overloaded, 504).
+    error_count: int = 0
+    #: Shadow copies that failed, timed out or were dropped.
+    shade_error_count: int = 0
+    #: This process's sliding windows (not persisted): error rate, latency, shadow agreement.
+    window: ReleaseWindow = field(default_factory=ReleaseWindow, compare=False, repr=False)
+
+    @property
+    def successful_events(self) -> int:
+        """Served and shadow events that did not fail."""
+        return self.score_count + self.shade_count - self.error_count - self.shade_error_count
+
+    def performance_view(self) -> dict[str, float]:
+        """Observed metrics overlaid with the reported ones (reported win for the keys they name)."""
+        return {**self.window.observed(), **self.performance_metrics}
 
 
 def rule_holds(rule: ValidityRule, metrics: ServableMetrics, now_ms: int) -> bool:
@@ -179,12 +215,17 @@ def rule_holds(rule: ValidityRule, metrics: ServableMetrics, now_ms: int) -> boo
         case TimeBasedValidity(valid_after_ms=after):
             return now_ms >= after
         case MinServedEventsBasedValidity(valid_after_min_served_events=n):
-            return metrics.score_count + metrics.shade_count >= n
+            return metrics.successful_events >= n
         case PerformanceBasedValidity(min_threshold=threshold, metric_name=name):
             values = metrics.performance_metrics
             if name:
-                return name in values and values[name] >= threshold
+                value = values.get(name)
+                if value is None:
+                    value = metrics.window.observed().get(name)
+                return value is not None and value >= threshold
             return bool(values) and min(values.values()) >= threshold
+        case MaxErrorRateValidity(max_error_rate=rate, min_events=n):
+            return metrics.window.error_rate_ok(rate, n)
     raise TypeError(f"unknown validity rule {rule!r}")
 
 
@@ -224,7 +265,7 @@ def to_expire(policy: ExpirationPolicy, valid: dict[str, ServableMetrics]) -> li
                 return []
 
             def score(k: str) -> tuple[float, tuple[int, int]]:
-                value = valid[k].performance_metrics.get(metric, 0.0)
+                value = valid[k].performance_view().get(metric, 0.0)
                 # Ties go to the newer servable in both orderings.
                 return (value if ordering is Ordering.DESC else -value, recency_key(valid[k]))
 

@@ -3,7 +3,7 @@
 The file holds the registry documents (``servable/*``, ``contract/*`` and the *shared* part of
 ``metrics/*``: createdAtMS, becameValidAtMS, performanceMetrics), a ``version`` bumped by every
 change of those documents, and what each process keeps for itself: ``counters``
-(``<fqrv>@<replica>`` -> ``[scoreCount, shadeCount]``) and ``routing`` (``<contract>@<replica>`` ->
+(``<fqrv>@<replica>`` -> ``[scoreCount, shadeCount, errorCount, shadeErrorCount]``) and ``routing`` (``<contract>@<replica>`` ->
 router state). A gateway of one process is replica ``w0``; ``forestflow serve --workers N`` runs
 ``w0`` .. ``w<N-1>``, so a restart gives each worker its own counters and router position back.
 
@@ -29,11 +29,12 @@ import orjson
 import structlog
 
 from forestflow.core.ids import FQRV
-from forestflow.registry.store import SHARED_METRICS, merge_shared_metrics
+from forestflow.registry.store import COUNTERS, SHARED_METRICS, add_counters, counters_doc, counters_of, merge_shared_metrics
 
 log = structlog.get_logger("forestflow.registry.file")
 
 FORMAT = 2
+_ZERO = (0,) * len(COUNTERS)
 
 
 @dataclass(slots=True)
@@ -57,7 +58,7 @@ class FileStore:
         #: The registry version this process has loaded (or written on top of).
         self.version = 0
         self._known: dict[str, Any] = {}
-        self._peer_counts: dict[str, tuple[int, int]] = {}
+        self._peer_counts: dict[str, tuple[int, ...]] = {}
         self._seen_stat: tuple[int, int, int] | None = None
         self._on_change: Callable[[], Awaitable[None]] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -96,9 +97,10 @@ class FileStore:
         self._on_change = on_change
         self._task = asyncio.create_task(self._follow(), name="file-store-follow")
 
-    def peer_counters(self, fqrv: FQRV) -> tuple[int, int]:
-        """``(scoreCount, shadeCount)`` summed over the other processes, as of the last look."""
-        return self._peer_counts.get(str(fqrv), (0, 0))
+    def peer_counters(self, fqrv: FQRV) -> tuple[int, ...]:
+        """The counters (:data:`~forestflow.registry.store.COUNTERS` order) summed over the other
+        processes, as of the last look."""
+        return self._peer_counts.get(str(fqrv), _ZERO)
 
     async def check(self) -> None:
         """One look at the file: refresh the peers' counters; call back if the registry moved."""
@@ -179,7 +181,7 @@ class FileStore:
                 servable = f"servable/{name}"
                 if servable not in docs and changes.get(servable) is None:
                     continue  # deleted meanwhile: do not bring its counters back
-                counters[f"{name}@{self.replica_id}"] = [int(doc.get("scoreCount", 0)), int(doc.get("shadeCount", 0))]
+                counters[f"{name}@{self.replica_id}"] = counters_of(doc)
                 merged = merge_shared_metrics(docs.get(key), self._known.get(key), doc)
                 if merged != docs.get(key):
                     docs[key] = merged
@@ -202,23 +204,21 @@ class FileStore:
         out = dict(contents.documents)
         for key, doc in contents.documents.items():
             if key.startswith("metrics/"):
-                score, shade = own.get(key.removeprefix("metrics/"), (0, 0))
-                out[key] = {**doc, "scoreCount": score, "shadeCount": shade}
+                out[key] = {**doc, **counters_doc(own.get(key.removeprefix("metrics/"), _ZERO))}
         suffix = "@" + self.replica_id
         for field_name, state in contents.routing.items():
             if field_name.endswith(suffix):
                 out[f"routing/{field_name.removesuffix(suffix)}"] = state
         return out
 
-    def _count_peers(self, contents: _Contents) -> dict[str, tuple[int, int]]:
+    def _count_peers(self, contents: _Contents) -> dict[str, tuple[int, ...]]:
         """This replica's counters by fqrv; the other replicas' sums go to :meth:`peer_counters`."""
-        own: dict[str, tuple[int, int]] = {}
-        peers: dict[str, tuple[int, int]] = {}
-        for field_name, pair in contents.counters.items():
+        own: dict[str, tuple[int, ...]] = {}
+        peers: dict[str, tuple[int, ...]] = {}
+        for field_name, values in contents.counters.items():
             fqrv, _, replica = field_name.rpartition("@")
             target = own if replica == self.replica_id else peers
-            score, shade = target.get(fqrv, (0, 0))
-            target[fqrv] = (score + int(pair[0]), shade + int(pair[1]))
+            target[fqrv] = add_counters(target.get(fqrv, _ZERO), values)
         self._peer_counts = peers
         return own
 
@@ -231,7 +231,7 @@ def _from_single_process_format(documents: dict[str, Any]) -> _Contents:
         if kind == "routing":
             contents.routing[f"{name}@w0"] = doc
         elif kind == "metrics":
-            contents.counters[f"{name}@w0"] = [int(doc.get("scoreCount", 0)), int(doc.get("shadeCount", 0))]
+            contents.counters[f"{name}@w0"] = counters_of(doc)
             contents.documents[key] = {k: doc[k] for k in SHARED_METRICS if k in doc}
         else:
             contents.documents[key] = doc

@@ -6,7 +6,7 @@ Layout under a namespace (default ``forestflow``):
   of ``metrics/*`` (createdAtMS, becameValidAtMS, performanceMetrics).
 - ``<ns>:meta``     hash: ``epoch`` (random, set when the registry is first written or re-seeded)
   and ``version`` (bumped in the same MULTI/EXEC as every change of ``<ns>:docs``).
-- ``<ns>:counters`` hash, ``<fqrv>@<replica>`` -> ``"<scoreCount> <shadeCount>"``: every replica
+- ``<ns>:counters`` hash, ``<fqrv>@<replica>`` -> ``"<scoreCount> <shadeCount> <errorCount> <shadeErrorCount>"``: every replica
   writes only its own counters, so none is lost to another's stale write; peers' sums feed /stats.
 - ``<ns>:changes``  pub/sub channel; every change publishes ``<epoch>:<version>``.
 
@@ -37,7 +37,9 @@ from redis.exceptions import RedisError, WatchError
 
 from forestflow.core.ids import FQRV
 from forestflow.errors import StoreUnavailable
-from forestflow.registry.store import merge_shared_metrics
+from forestflow.registry.store import COUNTERS, add_counters, counters_doc, counters_of, merge_shared_metrics
+
+_ZERO = (0,) * len(COUNTERS)
 
 log = structlog.get_logger("forestflow.registry.redis")
 
@@ -89,7 +91,7 @@ class RedisStore:
         self.version = 0
         self._known: dict[str, Any] = {}
         self._own_counters: dict[str, str] = {}
-        self._peer_counts: dict[str, tuple[int, int]] = {}
+        self._peer_counts: dict[str, tuple[int, ...]] = {}
         self._on_change: Callable[[], Awaitable[None]] | None = None
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -118,8 +120,7 @@ class RedisStore:
         out = dict(docs)
         for key, doc in docs.items():
             if key.startswith("metrics/"):
-                score, shade = own.get(key.removeprefix("metrics/"), (0, 0))
-                out[key] = {**doc, "scoreCount": score, "shadeCount": shade}
+                out[key] = {**doc, **counters_doc(own.get(key.removeprefix("metrics/"), _ZERO))}
         return out
 
     async def apply(self, changes: dict[str, Any | None]) -> None:
@@ -147,22 +148,22 @@ class RedisStore:
         await self._pool.disconnect()
 
     # ---- counters ---------------------------------------------------------------------------------
-    def peer_counters(self, fqrv: FQRV) -> tuple[int, int]:
-        """``(scoreCount, shadeCount)`` summed over the other replicas, as of the last sync round."""
-        return self._peer_counts.get(str(fqrv), (0, 0))
+    def peer_counters(self, fqrv: FQRV) -> tuple[int, ...]:
+        """The counters (:data:`~forestflow.registry.store.COUNTERS` order) summed over the other
+        replicas, as of the last sync round."""
+        return self._peer_counts.get(str(fqrv), _ZERO)
 
-    def _read_counters(self, counters: dict[str, str]) -> dict[str, tuple[int, int]]:
-        own: dict[str, tuple[int, int]] = {}
-        peers: dict[str, tuple[int, int]] = {}
+    def _read_counters(self, counters: dict[str, str]) -> dict[str, tuple[int, ...]]:
+        own: dict[str, tuple[int, ...]] = {}
+        peers: dict[str, tuple[int, ...]] = {}
         for field, value in counters.items():
             fqrv, _, replica = field.rpartition("@")
             try:
-                score, shade = (int(v) for v in value.split())
+                values = [int(v) for v in value.split()]
             except ValueError:
                 continue
             target = own if replica == self.replica_id else peers
-            s, h = target.get(fqrv, (0, 0))
-            target[fqrv] = (s + score, h + shade)
+            target[fqrv] = add_counters(target.get(fqrv, _ZERO), values)
         self._peer_counts = peers
         return own
 
@@ -195,7 +196,7 @@ class RedisStore:
                 servable = f"servable/{fqrv}"
                 if changes.get(servable, stored.get(servable)) is None and servable not in writes:
                     continue  # deleted meanwhile: do not bring its counters back
-                counters[f"{fqrv}@{self.replica_id}"] = f"{int(doc.get('scoreCount', 0))} {int(doc.get('shadeCount', 0))}"
+                counters[f"{fqrv}@{self.replica_id}"] = " ".join(str(v) for v in counters_of(doc))
                 current = orjson.loads(stored[key]) if stored.get(key) else None
                 merged = merge_shared_metrics(current, self._known.get(key), doc)
                 if merged != current:

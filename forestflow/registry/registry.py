@@ -43,6 +43,8 @@ class Expiry:
 
     releases: list[FQRV] = field(default_factory=list)
     unload: list[Loaded] = field(default_factory=list)
+    #: Releases that had routing weight before and lost it because a validity rule stopped holding.
+    rolled_back: list[FQRV] = field(default_factory=list)
 
 
 class Registry:
@@ -59,6 +61,8 @@ class Registry:
         self.lock = asyncio.Lock()
         #: Set when counters or routing moved since they were last persisted.
         self.counters_dirty = False
+        #: Rollbacks (a routed release became invalid) per fqrv, since start (``/metrics``).
+        self.rollbacks: dict[str, int] = {}
 
     # ---- lookups ----------------------------------------------------------------------------------
     def contract_state(self, contract: Contract) -> ContractState:
@@ -151,8 +155,15 @@ class Registry:
         and unloads what is returned.
         """
         stamps_before = {r: e.metrics.became_valid_at_ms for r, e in state.servables.items()}
+        routed_before = {r for r, e in state.servables.items() if e.metrics.current_phase_in_pct > 0}
         result: Evaluation = state.evaluate(now_ms)
         expiry = Expiry()
+        for release in sorted(routed_before):
+            entry = state.servables.get(release)
+            if entry is not None and entry.metrics.current_phase_in_pct == 0:
+                fqrv = FQRV(state.contract, release)
+                expiry.rolled_back.append(fqrv)
+                self.rollbacks[str(fqrv)] = self.rollbacks.get(str(fqrv), 0) + 1
         for release in result.expired:
             fqrv = FQRV(state.contract, release)
             expiry.releases.append(fqrv)
@@ -160,6 +171,6 @@ class Registry:
             if loaded is not None:
                 expiry.unload.append(loaded)
         stamped = any(stamps_before.get(r) != e.metrics.became_valid_at_ms for r, e in state.servables.items())
-        if stamped or result.routing_changed:
+        if stamped or result.routing_changed or expiry.rolled_back:
             self.counters_dirty = True
         return expiry

@@ -40,6 +40,8 @@ def metrics_to_doc(m: ServableMetrics) -> dict[str, Any]:
         "createdAtMS": m.created_at_ms,
         "scoreCount": m.score_count,
         "shadeCount": m.shade_count,
+        "errorCount": m.error_count,
+        "shadeErrorCount": m.shade_error_count,
         "becameValidAtMS": m.became_valid_at_ms,
         "currentPhaseInPct": m.current_phase_in_pct,
         "performanceMetrics": m.performance_metrics,
@@ -57,12 +59,37 @@ def metrics_from_doc(doc: dict[str, Any] | None, created_at_ms: int) -> Servable
         became_valid_at_ms=doc.get("becameValidAtMS"),
         current_phase_in_pct=int(doc.get("currentPhaseInPct", 0)),
         performance_metrics=performance_from_doc(doc),
+        error_count=int(doc.get("errorCount", 0)),
+        shade_error_count=int(doc.get("shadeErrorCount", 0)),
     )
 
 
 def performance_from_doc(doc: dict[str, Any]) -> dict[str, float]:
     """The performance metrics of a ``metrics/<fqrv>`` document (shared by every replica)."""
     return {str(k): float(v) for k, v in (doc.get("performanceMetrics") or {}).items()}
+
+
+#: The per-replica counters of a ``metrics/*`` document, in the order the stores keep them.
+COUNTERS = ("scoreCount", "shadeCount", "errorCount", "shadeErrorCount")
+
+
+def counters_of(doc: dict[str, Any]) -> list[int]:
+    """A metrics document's counters, in :data:`COUNTERS` order (0 for those it lacks)."""
+    return [int(doc.get(name, 0) or 0) for name in COUNTERS]
+
+
+def counters_doc(values: Any) -> dict[str, int]:
+    """Counter values (any length up to :data:`COUNTERS`; older stores kept two) by name."""
+    out = dict.fromkeys(COUNTERS, 0)
+    for name, value in zip(COUNTERS, values):
+        out[name] = int(value)
+    return out
+
+
+def add_counters(a: tuple[int, ...], b: Any) -> tuple[int, ...]:
+    """Element-wise sum of two counter tuples (the shorter padded with zeros)."""
+    b = [int(v) for v in b]
+    return tuple(x + (b[i] if i < len(b) else 0) for i, x in enumerate(a))
 
 
 #: Fields of a ``metrics/*`` document that all replicas share (counters are per replica).

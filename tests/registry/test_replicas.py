@@ -18,10 +18,11 @@ import pytest
 import requests
 
 from tests.registry.redis_server import RedisServer
-from tests.support import GatewayProcess, python_servable, score_body
+from tests.support import FIXTURES, GatewayProcess, python_servable, score_body
 
 SYNC_INTERVAL_S = 0.5
 NEVER = {"validityPolicy": [{"NeverValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}}
+GATES = FIXTURES / "servables" / "gates"
 KEEP_THREE = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 3}}, "router": {"FairPhaseInPctBasedRouter": {}}}
 ALWAYS = {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}}
 
@@ -112,7 +113,7 @@ def test_changes_through_one_replica_reach_the_other_and_stats_sum_both(
     expected = dict(answered)
     assert set(by_replica) == {a.url, b.url}  # both replicas answered some: each alone has a part
     wait_until(lambda: score_counts(a) == expected and score_counts(b) == expected, 3.0, f"stats sum to {expected}")
-    assert requests.get(a.url + "/acme/demo/1/stats", timeout=5).json() == requests.get(b.url + "/acme/demo/1/stats", timeout=5).json()
+    assert shared_stats(a) == shared_stats(b)
 
 
 @pytest.mark.slow
@@ -218,3 +219,46 @@ def test_redis_outage_under_traffic(
             t.join()
     for name, counts in statuses.items():
         assert set(counts) == {200} and counts[200] > 100, (name, counts)
+
+
+def shared_stats(replica: Any) -> list[dict[str, Any]]:
+    """``/stats`` without what each replica observes alone (its sliding windows: errorRate, p99LatencyMs, agreement)."""
+    items = requests.get(replica.url + "/acme/demo/1/stats", timeout=5).json()
+    for item in items:
+        metrics = item["ServableMetrics"]["performanceMetrics"]
+        for key in ("errorRate", "p99LatencyMs", "agreement"):
+            metrics.pop(key, None)
+    return items
+
+
+def failure_counts(gw: GatewayProcess) -> dict[str, tuple[int, int, int, int]]:
+    """``release -> (scoreCount, shadeCount, errorCount, shadeErrorCount)`` from ``/stats``."""
+    stats = requests.get(gw.url + "/acme/demo/1/stats", timeout=10).json()
+    names = ("scoreCount", "shadeCount", "errorCount", "shadeErrorCount")
+    return {
+        e["ServableMetrics"]["fqrv"]["releaseVersion"]: tuple(int(e["ServableMetrics"][n]) for n in names)  # type: ignore[misc]
+        for e in stats
+    }
+
+
+def test_failure_counters_are_summed_over_replicas(
+    tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer
+) -> None:
+    a, b = replicas(gateway_process, tmp_path, redis_server, "a", "b")
+    assert deploy(a, python_servable(contract_settings=KEEP_THREE)).status_code == 200
+    failing = python_servable(
+        release="v2", directory=GATES, module="raises.py", log_level="FULL",
+        validity=[{"MinServedEventsBasedValidity": {"validAfterMinServedEvents": 2}}],
+    )
+    assert deploy(a, failing).status_code == 200
+    wait_until(
+        lambda: releases(b) == ["v1", "v2"] and requests.get(b.url + "/health/ready", timeout=5).status_code == 200,
+        3.0, "B has v1 and v2 loaded",
+    )
+    sent = 0
+    for gw in (a, b, a, b, a, b):
+        status, got = score(gw)
+        assert status == 200 and got == "v1"
+        sent += 1
+    expected = {"v1": (sent, 0, 0, 0), "v2": (0, sent, 0, sent)}
+    wait_until(lambda: failure_counts(a) == expected and failure_counts(b) == expected, 3.0, f"stats sum to {expected}")
