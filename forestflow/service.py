@@ -43,7 +43,7 @@ from forestflow.errors import (
     http_status,
 )
 from forestflow.predlog.log import PredictionLog
-from forestflow.predlog.record import PredictionRecord
+from forestflow.predlog.record import PredictionRecord, Wire
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.loader import ServableLoader
 from forestflow.registry.registry import Loaded, Registry
@@ -257,18 +257,15 @@ class Gateway:
         protocol: str,
         timeout_s: float | None = None,
         release: str | None = None,
-        raw_request: bytes | None = None,
-        encode_raw_response: Callable[[FQRV, Frame], bytes] | None = None,
-        request_json: bytes | None = None,
-        encode_response_json: Callable[[FQRV, Frame], bytes] | None = None,
+        wire: Wire | None = None,
         route: Route | None = None,
     ) -> InferResult:
         """Score one batch on the contract's routed servable (or ``release`` directly).
 
         Shadow copies go to every other logging servable and are never awaited. Both the answer
-        and failures are logged for servables that log. A BASIC JSON front-end passes its body as
-        ``request_json`` and its Prediction encoder as ``encode_response_json``: the log then
-        reuses both instead of encoding the request and the answer a second time. A front-end that
+        and failures are logged for servables that log. A front-end that has the request's body
+        passes it with its answer encoder as ``wire`` (:class:`Wire`): the log then reuses both
+        instead of encoding the request and the answer a second time. A front-end that
         decoded the request against the release that scores passes the ``route`` it took
         (:meth:`route`); otherwise the request is routed here.
         """
@@ -278,9 +275,7 @@ class Gateway:
             route = self.route(contract, release)
         state, answered, shadows = route.state, route.answered, route.shadows
         timeout = timeout_s if timeout_s is not None else self.settings.request_timeout_ms / 1000
-        context = _RequestContext(
-            frame, configs, request_id, protocol, raw_request, encode_raw_response, request_json, encode_response_json
-        )
+        context = _RequestContext(frame, configs, request_id, protocol, wire)
         if answered is None:
             self._fan_out(state, shadows, context)
             raise NoActiveServablesForContract(contract)
@@ -313,12 +308,13 @@ class Gateway:
             # The client went away: its job is withdrawn, and the prediction log still says so.
             self._log_outcome(entry, context, True, started, error=ClientClosedRequest("the client closed the request"))
             raise
+        encode = wire.encode if wire is not None and not wire.graphpipe else None  # the caller's answer, once
         try:
-            if tracing.ON and encode_response_json is not None:
+            if tracing.ON and encode is not None:
                 with tracing.child("encode"):
-                    response_json = encode_response_json(fqrv, out)
+                    response_json = encode(fqrv, out)
             else:
-                response_json = encode_response_json(fqrv, out) if encode_response_json is not None else None
+                response_json = encode(fqrv, out) if encode is not None else None
         except GatewayError as error:  # the answer cannot be put in the caller's terms (e.g. an unknown output)
             self._log_outcome(entry, context, True, started, error=error)
             raise
@@ -408,14 +404,19 @@ class Gateway:
         logging = entry.settings.logging
         if logging.log_level is LogLevel.NONE:
             return latency
-        raw_response = None
-        if context.raw_request is not None and context.encode_raw_response is not None and output is not None:
-            raw_response = context.encode_raw_response(entry.fqrv, output)
-        if response_json is None and context.encode_response_json is not None and output is not None:
-            try:  # a shadow's answer, encoded for the log alone
-                response_json = context.encode_response_json(entry.fqrv, output)
-            except GatewayError as failed:  # e.g. a shadow that cannot classify: logged as that failure
-                output, error = None, failed
+        wire = context.wire
+        raw_request = raw_response = request_json = None
+        if wire is not None and wire.graphpipe:
+            raw_request = wire.request
+            if output is not None:
+                raw_response = wire.encode(entry.fqrv, output)
+        elif wire is not None:
+            request_json = wire.request
+            if response_json is None and output is not None:
+                try:  # a shadow's answer, encoded for the log alone
+                    response_json = wire.encode(entry.fqrv, output)
+                except GatewayError as failed:  # e.g. a shadow that cannot classify: logged as that failure
+                    output, error = None, failed
         # Positional: a class called with keywords costs three times as much in CPython 3.11 (the
         # keywords go through a dict to __init__), and this runs for every logged prediction.
         # The order is PredictionRecord's field order.
@@ -424,7 +425,7 @@ class Gateway:
                 entry.fqrv, served, context.frame, context.configs, logging, context.request_id, context.protocol,
                 self.clock(), latency, 200 if error is None else http_status(error), output,
                 error.message if error else "", error.code if error else "",
-                context.raw_request, raw_response, context.request_json, response_json,
+                raw_request, raw_response, request_json, response_json,
                 tracing.current_trace_id() if tracing.ON else "",
             )
         )
@@ -495,10 +496,7 @@ class _RequestContext:
     configs: dict[str, str]
     request_id: str
     protocol: str
-    raw_request: bytes | None
-    encode_raw_response: Callable[[FQRV, Frame], bytes] | None
-    request_json: bytes | None = None
-    encode_response_json: Callable[[FQRV, Frame], bytes] | None = None
+    wire: Wire | None
     #: The served answer, once there is one (shadow copies are compared with it).
     served: Frame | None = None
     #: Shadow answers that arrived before the served one.

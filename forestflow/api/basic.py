@@ -16,6 +16,7 @@ from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.input_report import missing_inputs, unknown_inputs
+from forestflow.predlog.record import Wire
 from forestflow.runtime.base import ServableMetadata
 from forestflow.runtime.pipeline import RESPONSE_METADATA
 from forestflow.service import Gateway, InferResult
@@ -70,8 +71,7 @@ async def score_payload(
         request_id=request_id,
         protocol=protocol,
         timeout_s=timeout_s,
-        request_json=None if as_proto else body,
-        encode_response_json=None if as_proto else _prediction_json,
+        wire=None if as_proto else Wire(body, _prediction_json),
     )
     if as_proto:
         return result, prediction_bytes(result.fqrv, result.frame)

@@ -36,6 +36,7 @@ from forestflow.core.contract_state import ContractState
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.core.ids import FQRV
 from forestflow.errors import GatewayError, InvalidInput, NoActiveServablesForContract, PayloadTooLarge, http_status
+from forestflow.predlog.record import Wire
 from forestflow.service import Gateway
 
 log = structlog.get_logger("forestflow.graphpipe")
@@ -91,8 +92,7 @@ async def _infer(request: web.Request, gateway: Gateway, state: ContractState, p
         protocol="graphpipe",
         timeout_s=timeout_from(request),
         route=route,
-        raw_request=body,
-        encode_raw_response=encode_logged,
+        wire=Wire(body, encode_logged, graphpipe=True),
     )
     request[FQRV_TAG] = str(result.fqrv)
     request[SCORING_S] = result.latency_ms / 1000

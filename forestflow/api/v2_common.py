@@ -18,7 +18,7 @@ from forestflow.codecs.v2_tensor import Tensor
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput, NoActiveServablesForContract, NotFound
-from forestflow.predlog.record import WireBody
+from forestflow.predlog.record import Wire, WireBody
 from forestflow.runtime.base import ServableMetadata
 from forestflow.runtime.classification import CLASSIFICATION, classify, positive_count, require_classifier
 from forestflow.runtime.pipeline import RESPONSE_METADATA
@@ -180,8 +180,7 @@ async def infer(
         protocol=protocol,
         timeout_s=timeout_s,
         route=route,
-        request_json=wire_request,
-        encode_response_json=partial(_with_layout, encode_response, layout) if encode_response is not None else None,
+        wire=Wire(wire_request, partial(_with_layout, encode_response, layout)) if wire_request is not None and encode_response is not None else None,
     )
     return result, layout
 

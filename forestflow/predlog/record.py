@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from forestflow.core.frame import Frame
@@ -27,6 +28,22 @@ class WireBody(bytes):
         if json_length is not None:
             wire.json_length = json_length
         return wire
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """A request's body as it came on the wire and the encoder of an answer in the same protocol.
+
+    A front-end hands it to ``Gateway.infer`` so the prediction log keeps the request as sent
+    instead of encoding it again. JSON (BASIC ``/score``) and V2 (``request`` a :class:`WireBody`):
+    the served answer is encoded once, on the request path, for the caller and the log alike.
+    GraphPipe (``graphpipe``): the request is logged as PredictionEventGP's bytes and answers are
+    encoded for the log only (the front-end builds its own reply).
+    """
+
+    request: bytes
+    encode: Callable[[FQRV, Frame], bytes]
+    graphpipe: bool = False
 
 
 @dataclass(slots=True)
