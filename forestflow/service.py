@@ -32,7 +32,6 @@ from forestflow.errors import (
     ClientClosedRequest,
     GatewayError,
     InvalidInput,
-    NoActiveServablesForContract,
     ServableNotReady,
     StoreUnavailable,
     UnknownServable,
@@ -234,7 +233,7 @@ class Gateway:
         )
         if answered is None:
             self._fan_out(state, shadows, context)
-            raise NoActiveServablesForContract(contract)
+            raise self.registry.inactive_error(contract)
         entry = state.servables[answered]
         entry.metrics.score_count += 1
         self.registry.counters_dirty = True

@@ -132,7 +132,7 @@ def _model_inputs(gateway: Gateway, contract: Contract) -> tuple[TensorSpec, ...
             return gateway.metadata(entry.fqrv).inputs
         except UnknownServable:
             continue
-    raise NoActiveServablesForContract(contract)
+    raise gateway.registry.inactive_error(contract)  # 503 while its releases load, else 422
 
 
 def _io_json(specs: Sequence[TensorSpec]) -> list[dict[str, Any]]:

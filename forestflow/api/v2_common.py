@@ -67,7 +67,7 @@ def servable_metadata(gateway: Gateway, contract: Contract, version: str | None)
         return fqrv, gateway.metadata(fqrv)
     fqrv = _representative(gateway, contract)
     if fqrv is None:
-        raise NoActiveServablesForContract(contract)
+        raise gateway.registry.inactive_error(contract)  # 503 while its releases load, else 422
     return fqrv, gateway.metadata(fqrv)
 
 
