@@ -19,16 +19,24 @@ from typing import Any
 import requests
 
 from tests.registry.redis_server import RedisServer
-from tests.registry.test_replicas import deploy, replicas, wait_until
+from tests.registry.test_replicas import SYNC_INTERVAL_S, deploy, wait_until
 from tests.support import ECHO_DIR, GatewayProcess, python_servable, score_body
 
 SCORE = "/acme/demo/1/score"
 INFER = "/v2/models/acme.demo.1/infer"
-KEEP_TWO = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 2}}, "router": {"LatestPhaseInPctBasedRouter": {}}}
+KEEP_TWO = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 2}}, "router": {"FairPhaseInPctBasedRouter": {}}}
 KEEP_ONE = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 1}}, "router": {"LatestPhaseInPctBasedRouter": {}}}
 PHASE_IN = {"LinearTimeBasedPhaseIn": {"phaseInOverSecs": 1}}
-#: Each prediction takes a few milliseconds, so requests are in flight when a release expires.
+#: Each prediction takes a few milliseconds and each servable scores one at a time, so requests
+#: are running and queued on a release when it expires.
 SLEEP_S = 0.005
+ENV = {"FORESTFLOW_SCORING_SLOTS": "1", "FORESTFLOW_ACCESS_LOG": "0"}
+
+
+def replicas(gateway_process: type[GatewayProcess], tmp_path: Path, redis: RedisServer) -> list[GatewayProcess]:
+    """Replicas A and B sharing ``redis``."""
+    env = {**ENV, "FORESTFLOW_REDIS_URL": redis.url, "FORESTFLOW_REDIS_SYNC_INTERVAL_S": str(SYNC_INTERVAL_S)}
+    return [gateway_process(tmp_path / name, env=env).start() for name in ("a", "b")]
 
 
 def release_body(release: str, **kw: Any) -> dict[str, Any]:
@@ -112,7 +120,7 @@ def assert_no_failures(clients: Clients, minimum: int) -> None:
 
 
 def test_rollout_on_two_workers_answers_every_request(tmp_path: Path, gateway_process: type[GatewayProcess]) -> None:
-    gw = gateway_process(tmp_path / "data", env={"FORESTFLOW_ACCESS_LOG": "0"}, args=["--workers", "2"]).start(timeout_s=60)
+    gw = gateway_process(tmp_path / "data", env=ENV, args=["--workers", "2"]).start(timeout_s=60)
     assert deploy(gw, release_body("v1")).status_code == 200
     # Keep-alive sessions, two on each worker (the kernel gives each new connection to one).
     by_worker: dict[str, list[requests.Session]] = {}
@@ -140,7 +148,7 @@ def test_rollout_on_two_workers_answers_every_request(tmp_path: Path, gateway_pr
 def test_rollout_on_two_redis_replicas_answers_every_request(
     tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer
 ) -> None:
-    a, b = replicas(gateway_process, tmp_path, redis_server, "a", "b")
+    a, b = replicas(gateway_process, tmp_path, redis_server)
     assert deploy(a, release_body("v1")).status_code == 200
     wait_until(lambda: requests.post(b.url + SCORE, json=score_body([1.0]), timeout=5).status_code == 200, 5.0, "B serves v1")
     sessions = [(b.url, requests.Session(), False), (b.url, requests.Session(), True), (b.url, requests.Session(), False),
@@ -174,7 +182,7 @@ def test_slow_loading_release_on_a_follower_answers_every_request(
 ) -> None:
     """A release whose load takes 2 s replaces the only one (KeepLatest 1): the follower keeps
     answering with the old release until the new one is loaded there, then switches."""
-    a, b = replicas(gateway_process, tmp_path, redis_server, "a", "b")
+    a, b = replicas(gateway_process, tmp_path, redis_server)
     assert deploy(a, python_servable(contract_settings=KEEP_ONE)).status_code == 200
     wait_until(lambda: _releases(b) == ["v1"], 5.0, "B learns v1")
     slow = python_servable(release="v2", module="slow_load.py", directory=ECHO_DIR)
@@ -196,7 +204,7 @@ def test_slow_loading_release_on_a_follower_answers_every_request(
 def test_a_contract_whose_only_release_is_loading_answers_503_not_422(
     tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer
 ) -> None:
-    a, b = replicas(gateway_process, tmp_path, redis_server, "a", "b")
+    a, b = replicas(gateway_process, tmp_path, redis_server)
     slow = python_servable(release="v1", module="slow_load.py")
     slow["flavor"]["Python"]["entryPoint"] = "SlowLoad"
     assert deploy(a, slow).status_code == 200
