@@ -144,14 +144,15 @@ def shape(name: str, work: Path, args: argparse.Namespace) -> bool:
             (pa, admin_url), (pb, client_url) = start(work, "replica-a", env), start(work, "replica-b", env)
             procs = [pa, pb]
         requests.post(admin_url + "/servable", json=release(1), timeout=120).raise_for_status()
-        # r1 answers on every process of the clients' gateway: 20 answers in a row on new connections
-        # (the kernel hands each new connection to one worker).
-        deadline, in_a_row = time.monotonic() + 60, 0
-        while in_a_row < 20:
+        # r1 answers on every process of the clients' gateway (each new connection goes to one worker).
+        expected = 2 if name == "workers" else 1
+        deadline, answered = time.monotonic() + 60, set()
+        while len(answered) < expected:
             r = requests.post(client_url + f"{BASE}/score", data=payloads.score_body(1), headers={"Connection": "close"}, timeout=30)
-            in_a_row = in_a_row + 1 if r.status_code == 200 else 0
+            if r.status_code == 200:
+                answered.add(r.headers.get("X-Forestflow-Worker", "w0"))
             if time.monotonic() > deadline:
-                raise SystemExit(f"{name}: r1 does not answer on the clients' gateway")
+                raise SystemExit(f"{name}: r1 does not answer on every process of the clients' gateway")
         started = time.monotonic()
         statuses, reasons, admin = asyncio.run(run_shape(admin_url, client_url, args))
         elapsed = time.monotonic() - started
