@@ -13,6 +13,8 @@ against what the sink really holds (lines of the file; end offsets of the Kafka 
     python bench/soak.py                    # 10 minutes (about 11 with start-up)
     python bench/soak.py --minutes 60       # the long run
     python bench/soak.py --minutes 0.5      # a quick check of the harness
+    python bench/soak.py --rollout          # deploys under traffic on one gateway, --workers 2 and
+                                            # two Redis replicas (bench/rollout.py): 0 failures
 
 Targets for the long run: RSS growth after warm-up under 50 MB, no unexpected answer (anything but
 a success), no event lost (delivered == held by the sink, nothing dropped).
@@ -388,6 +390,10 @@ def report(gw: Gateway, args: argparse.Namespace, stats: dict[str, Any], at_sink
 
 
 def main() -> int:
+    if "--rollout" in sys.argv[1:]:  # the rollout loop on every deployment shape (bench/rollout.py)
+        from bench import rollout
+
+        return rollout.main([a for a in sys.argv[1:] if a != "--rollout"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the traffic phase (default %(default)s)")
     parser.add_argument("--rate", type=float, default=60.0, help="requests per second, both gateways together (default %(default)s)")

@@ -120,8 +120,6 @@ class Administration:
             if state is None or fqrv.release not in state.servables:
                 return []
             await self._remove(state, [fqrv.release])
-            if state.servables:
-                await self.evaluate(state)
         return [fqrv]
 
     async def _remove(self, state: ContractState, releases: list[str]) -> None:
@@ -136,12 +134,19 @@ class Administration:
             changes[contract_key(state.contract)] = None
             changes[routing_key(state.contract)] = None
         await self.persist(changes)
-        for loaded in self.registry.remove(state.contract, releases):
-            await self.loader.unload(loaded)
+        # Out of routing at once; the others are re-evaluated (routing rebuilt) before the removed
+        # ones are unloaded, and each unload lets the requests already routed to it finish first.
+        unload = self.registry.remove(state.contract, releases)
         for release in releases:
             log.info("servable_removed", fqrv=f"{state.contract}.{release}")
-        if not remaining:
-            self.registry.drop_contract(state.contract)
+        try:
+            if not remaining:
+                self.registry.drop_contract(state.contract)
+            else:
+                await self.evaluate(state)
+        finally:
+            for loaded in unload:
+                await self.loader.unload(loaded)
 
     # ---- contracts --------------------------------------------------------------------------------
     async def create_contract(self, contract: Contract, settings: ContractSettings) -> None:

@@ -138,6 +138,17 @@ class NoActiveServablesForContract(GatewayError):
         super().__init__(f"no active servable for contract {contract}", contract=contract)
 
 
+class ContractNotReady(NoActiveServablesForContract):
+    """The contract has nothing loaded to answer with right now (a release still loading here, or
+    failed to load): a 503 with Retry-After, not the 422 of a contract whose servables are all
+    invalid by policy. A subclass, so code that falls back when nothing is active still does."""
+
+    kind = Kind.UNAVAILABLE
+
+    def __init__(self, contract: Any, reason: str = "its servables are still loading") -> None:
+        GatewayError.__init__(self, f"no servable of contract {contract} is ready to answer: {reason}", contract=contract)
+
+
 class ContractValidationError(GatewayError):
     """Contract settings that cannot be applied (already exists, or invalid)."""
 

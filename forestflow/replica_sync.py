@@ -53,6 +53,8 @@ class ReplicaSync:
         #: Definitions whose load failed (not retried until the definition changes).
         self._failed_defs: dict[FQRV, ServableDefinition] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        #: Contracts keeping releases the store deleted until their new releases are loaded here.
+        self._deferred: set[Contract] = set()
         self.closed = False
 
     def close(self) -> None:
@@ -103,6 +105,15 @@ class ReplicaSync:
             elif state.settings != settings:
                 state.update_settings(settings)
                 touched.add(contract)
+        # Make-before-break: a contract that gets releases to load keeps serving the ones the
+        # store deleted until those loads are done (then the snapshot is applied again).
+        incoming = {f.contract for f in self._syncing} if not wait else set()
+        if not wait:
+            for fqrv, defn in wanted.items():
+                held = registry.loaded.get(fqrv)
+                if (held is None or not _same_artifact(held.definition, defn)) and self._failed_defs.get(fqrv) != defn:
+                    incoming.add(fqrv.contract)
+        self._deferred = set()
         unload: list[Loaded] = []
         for contract, state in list(registry.contracts.items()):
             for release, entry in list(state.servables.items()):
@@ -116,7 +127,12 @@ class ReplicaSync:
                     continue
                 if defn is None and servable_key(entry.fqrv) in present:
                     continue  # its document did not parse: keep serving what we have
-                unload.extend(registry.remove(contract, [release]))  # deleted elsewhere, or redeployed from another artifact
+                if defn is None and contract in incoming:
+                    self._deferred.add(contract)  # deleted elsewhere: it goes once the new ones are loaded
+                    continue
+                # Deleted elsewhere, or redeployed from another artifact: out of routing now,
+                # unloaded after the evaluation below, once the requests it has finished.
+                unload.extend(registry.remove(contract, [release]))
                 touched.add(contract)
                 log.info("servable_removed_by_sync", fqrv=str(entry.fqrv))
             if not state.servables and contract_key(contract) not in present and not any(f.contract == contract for f in registry.pending):
@@ -130,8 +146,6 @@ class ReplicaSync:
             else:
                 del self._syncing[fqrv]  # the loader discards it when done
         new = [d for f, d in wanted.items() if f not in registry.loaded and f not in registry.pending and self._failed_defs.get(f) != d]
-        for loaded in unload:
-            await self.loader.unload(loaded)
         if wait:
             results = await asyncio.gather(*(self.loader.load(d) for d in new), return_exceptions=True)
             for defn, result in zip(new, results):
@@ -146,6 +160,8 @@ class ReplicaSync:
         for contract in touched:
             if contract in registry.contracts:
                 await self._evaluate_quietly(registry.contracts[contract])
+        for loaded in unload:
+            await self.loader.unload(loaded)
 
     def _new_contract_state(self, contract: Contract, settings: ContractSettings) -> ContractState:
         state = self.registry.ensure_contract(contract, settings)
@@ -197,10 +213,13 @@ class ReplicaSync:
                     return
                 if loaded is None:
                     self._record_failure(current, error or RuntimeError("load failed"))
-                    return
-                state = self._install(current, loaded)
-                log.info("servable_synced", fqrv=str(fqrv))
-                await self._evaluate_quietly(state)
+                else:
+                    state = self._install(current, loaded)
+                    log.info("servable_synced", fqrv=str(fqrv))
+                    await self._evaluate_quietly(state)
+                if self._deferred:  # the removals that waited for this load may go now
+                    self.registry.pending.discard(fqrv)
+                    await self._reconcile(self._snapshot, wait=False)
         finally:
             if fqrv not in self._syncing:
                 self.registry.pending.discard(fqrv)

@@ -36,7 +36,6 @@ from forestflow.errors import (
     GatewayError,
     InvalidInput,
     Kind,
-    NoActiveServablesForContract,
     ServableNotReady,
     StoreUnavailable,
     UnknownServable,
@@ -278,7 +277,7 @@ class Gateway:
         context = _RequestContext(frame, configs, request_id, protocol, wire)
         if answered is None:
             self._fan_out(state, shadows, context)
-            raise NoActiveServablesForContract(contract)
+            raise self.registry.inactive_error(contract)
         entry = state.servables[answered]
         entry.metrics.score_count += 1
         self.registry.counters_dirty = True

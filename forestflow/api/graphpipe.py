@@ -35,7 +35,7 @@ from forestflow.codecs.graphpipe import (
 from forestflow.core.contract_state import ContractState
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.core.ids import FQRV
-from forestflow.errors import GatewayError, InvalidInput, NoActiveServablesForContract, PayloadTooLarge, http_status
+from forestflow.errors import GatewayError, InvalidInput, PayloadTooLarge, http_status
 from forestflow.predlog.record import Wire
 from forestflow.service import Gateway
 
@@ -79,7 +79,7 @@ async def _infer(request: web.Request, gateway: Gateway, state: ContractState, p
     route = gateway.route(contract, state=state)
     meta = gateway.decoding_metadata(route)
     if meta is None:
-        raise NoActiveServablesForContract(contract)
+        raise gateway.registry.inactive_error(contract)  # 503 while its releases load, else 422
     frame = frame_from_request(parsed, meta.inputs)
     configs = parse_config(parsed.config)
     frame.parameters = dict(configs)
@@ -132,7 +132,7 @@ def _describing(gateway: Gateway, state: ContractState) -> FQRV:
     """The release whose metadata describes the contract (:meth:`Gateway.describing_release`)."""
     fqrv = gateway.describing_release(state)
     if fqrv is None:
-        raise NoActiveServablesForContract(state.contract)
+        raise gateway.registry.inactive_error(state.contract)  # 503 while its releases load, else 422
     return fqrv
 
 

@@ -58,7 +58,7 @@ def servable_metadata(gateway: Gateway, contract: Contract, version: str | None)
         return fqrv, gateway.metadata(fqrv)
     described = gateway.describing_release(gateway.contract_state(contract))
     if described is None:
-        raise NoActiveServablesForContract(contract)
+        raise gateway.registry.inactive_error(contract)  # 503 while its releases load, else 422
     return described, gateway.metadata(described)
 
 

@@ -49,6 +49,8 @@ class ContractState:
         self.settings = settings
         self.servables: dict[str, ServableEntry] = {}
         self.picker = WeightedPicker()
+        #: Set by a settings change: the next evaluation builds the router afresh.
+        self._fresh_router = False
         #: Requests that reached this contract (drives SAMPLE shadowing).
         self.request_count = 0
 
@@ -58,13 +60,19 @@ class ContractState:
         self.servables[entry.fqrv.release] = entry
 
     def remove(self, release: str) -> ServableEntry | None:
-        """Remove a servable; returns it, or None if unknown."""
+        """Remove a servable; returns it, or None if unknown.
+
+        It leaves routing at once (the router goes on with the others until the next
+        evaluation), so no request is routed to a release that is about to be unloaded.
+        """
+        self.picker = self.picker.without(release)
         return self.servables.pop(release, None)
 
     def update_settings(self, settings: ContractSettings) -> None:
-        """Replace the contract settings; the router is rebuilt fresh at the next evaluation."""
+        """Replace the contract settings; the router is rebuilt fresh at the next evaluation
+        (until then the current one keeps answering: a contract never routes to nothing between)."""
         self.settings = settings
-        self.picker = WeightedPicker()
+        self._fresh_router = True
 
     # ---- evaluation ---------------------------------------------------------------------------
     def valid_releases(self, now_ms: int) -> list[str]:
@@ -93,6 +101,9 @@ class ContractState:
         survivors = {r: self.servables[r].metrics for r in valid if r not in expired}
         weights = router_weights(self.settings.router, survivors)
         before = [(i.key, i.weight) for i in self.picker.items]
+        if self._fresh_router:
+            self._fresh_router = False
+            self.picker = WeightedPicker()
         self.picker = self.picker.reweighted(weights)
         after = [(i.key, i.weight) for i in self.picker.items]
         return Evaluation(expired=expired, routing_changed=before != after)
@@ -101,10 +112,13 @@ class ContractState:
     def route(self) -> str | None:
         """Count the request and pick the release that answers it (None: nothing is active)."""
         self.request_count += 1
-        picked = self.picker.next()
-        # A router restored from the store can name a release whose servable is not loaded yet
-        # (while the gateway starts): nothing answers for it then.
-        return picked if picked in self.servables else None
+        # A router restored from the store can name releases whose servables are not held here
+        # yet (while the gateway starts or a follower loads them): the next routed one answers.
+        for _ in range(max(1, len(self.picker.items))):
+            picked = self.picker.next()
+            if picked is None or picked in self.servables:
+                return picked
+        return None
 
     def shadow_targets(self, answered: str | None, sample_every: int) -> list[str]:
         """Releases that get a shadow copy of the current request.

@@ -68,6 +68,13 @@ class WeightedPicker:
         items = sorted((_Item(k, w, served[k]) for k, w in weights), key=lambda i: i.weight)
         return WeightedPicker(items, 0, self.elements_served)
 
+    def without(self, key: str) -> WeightedPicker:
+        """The picker without ``key`` (a release leaving routing); the others keep their counters."""
+        if key not in self.keys():
+            return self
+        items = [_Item(i.key, i.weight, i.served) for i in self.items if i.key != key]
+        return WeightedPicker(items, 0, sum(i.served for i in items))
+
     def to_state(self) -> dict[str, Any]:
         """Plain-data form for persistence."""
         return {

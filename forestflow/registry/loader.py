@@ -80,7 +80,13 @@ class ServableLoader:
             raise CreateServableRequestInvalidError(f"loading {defn.fqrv} failed: {type(exc).__name__}: {exc}") from exc
 
     async def unload(self, loaded: Loaded) -> None:
-        """Close the scheduler (queued work fails), release the model and its artifact."""
+        """Let the work already routed to it finish (at most the request timeout), then close the
+        scheduler (what is still queued fails), release the model and its artifact.
+
+        The caller has taken the servable out of routing first (make-before-break).
+        """
+        if not await loaded.scheduler.drain(self.settings.request_timeout_ms / 1000):
+            log.warning("servable_drain_timed_out", fqrv=str(loaded.definition.fqrv))
         await loaded.scheduler.close()
         await asyncio.to_thread(loaded.servable.unload)
         if loaded.artifact is not None:

@@ -18,7 +18,7 @@ from forestflow.core.contract_state import ContractState, Evaluation, ServableEn
 from forestflow.core.definition import ServableDefinition
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import ContractSettings, ServableMetrics
-from forestflow.errors import NoActiveServablesForContract, UnknownContract, UnknownServable
+from forestflow.errors import ContractNotReady, NoActiveServablesForContract, UnknownContract, UnknownServable
 from forestflow.registry.artifacts import ArtifactClaim
 from forestflow.runtime.base import Servable
 from forestflow.runtime.scheduler import ServableScheduler
@@ -98,8 +98,17 @@ class Registry:
         state = self.contract_state(contract)
         release = state.latest_valid()
         if release is None:
-            raise NoActiveServablesForContract(contract)
+            raise self.inactive_error(contract)
         return state.servables[release].fqrv
+
+    def inactive_error(self, contract: Contract) -> NoActiveServablesForContract:
+        """Why nothing answers for a contract: 503 ContractNotReady while one of its releases is
+        loading here (or failed to load), else 422 NoActiveServablesForContract (all invalid)."""
+        if any(f.contract == contract for f in self.pending):
+            return ContractNotReady(contract)
+        if any(f.contract == contract for f in self.failed):
+            return ContractNotReady(contract, "a release failed to load on this gateway")
+        return NoActiveServablesForContract(contract)
 
     def is_held(self, fqrv: FQRV) -> bool:
         """Whether the release is loaded or being loaded."""

@@ -125,6 +125,39 @@ class ServableScheduler:
         self.queues: dict[Priority, deque[_Job]] = {Priority.LIVE: deque(), Priority.SHADOW: deque()}
         self.stats = SchedulerStats()
         self.closed = False
+        #: Callers of :meth:`drain` waiting for the admitted work to finish.
+        self._idle_waiters: list[asyncio.Future[None]] = []
+
+    def idle(self) -> bool:
+        """No admitted work is waiting or scoring (abandoned calls aside: nobody reads them)."""
+        return self.running == 0 and not self._gathered and not any(self.queues.values())
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until the work already admitted has finished, at most ``timeout_s``; True if it has.
+
+        Called once the servable has left routing and before :meth:`close`, so requests already
+        routed to a release that expires or is deleted get their answer instead of a 503.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self.idle():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._idle_waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, remaining)
+            except TimeoutError:
+                return self.idle()
+        return True
+
+    def _wake_if_idle(self) -> None:
+        if self._idle_waiters and self.idle():
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def queued(self, priority: Priority) -> int:
         """Jobs waiting at one priority."""
@@ -243,6 +276,7 @@ class ServableScheduler:
                     stop += 1
                 self._run_together(group[start:stop])
                 start = stop
+        self._wake_if_idle()
 
     def _run_together(self, jobs: list[tuple[Frame, asyncio.Future[Frame]]]) -> None:
         if len(jobs) == 1:
@@ -320,6 +354,7 @@ class ServableScheduler:
             self.queues[job.priority].remove(job)
         except ValueError:
             pass  # already started or already taken out
+        self._wake_if_idle()
 
     def _dispatch(self) -> None:
         """Start queued jobs while slots are free: all live work before any shadow work."""
@@ -379,6 +414,7 @@ class ServableScheduler:
                 released = True
                 self.running -= 1
                 self._dispatch()
+                self._wake_if_idle()
 
         def on_done(fut: asyncio.Future[Frame]) -> None:
             nonlocal abandoned
