@@ -20,16 +20,27 @@ setup(
         # It reads numpy arrays' memory through numpy's C API (their buffers cost more to build than a
         # small column costs to write).
         Extension(
-            "forestflow.codecs._ffwire", ["forestflow/codecs/_ffwire.c"], include_dirs=[numpy.get_include()], depends=[VARINT_H],
+            "forestflow.codecs._ffwire",
+            ["forestflow/codecs/_ffwire.c"],
+            include_dirs=[numpy.get_include()],
+            depends=[VARINT_H],
             extra_compile_args=WARNINGS + ["-O2"],
         ),
         # The prediction log's Kafka record batches (predlog/kafka_batch.py).
         Extension(
-            "forestflow.predlog._kafka_records", ["forestflow/predlog/_kafka_records.c"],
-            include_dirs=["forestflow/codecs"], depends=[VARINT_H], extra_compile_args=WARNINGS + ["-O2"],
+            "forestflow.predlog._kafka_records",
+            ["forestflow/predlog/_kafka_records.c"],
+            include_dirs=["forestflow/codecs"],
+            depends=[VARINT_H],
+            extra_compile_args=WARNINGS + ["-O2"],
         ),
         # The native H2O tree scorer (runtime/h2o_native.py): plain IEEE doubles (no fused multiply-add,
         # no -ffast-math), so the results equal genmodel's.
-        Extension("forestflow.runtime._h2o_trees", ["forestflow/runtime/_h2o_trees.c"], extra_compile_args=WARNINGS + ["-O2", "-ffp-contract=off"], libraries=["m"]),
+        Extension(
+            "forestflow.runtime._h2o_trees",
+            ["forestflow/runtime/_h2o_trees.c"],
+            extra_compile_args=WARNINGS + ["-O2", "-ffp-contract=off"],
+            libraries=["m"],
+        ),
     ],
 )

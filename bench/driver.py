@@ -58,7 +58,13 @@ def _wrk(url: str, body: bytes, content_type: str, concurrency: int, duration_s:
         argv = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(duration_s))}s", "--latency", "-s", str(script), url]
         if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
             argv = ["taskset", "-c", "1", *argv]
-        done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "BENCH_BODY": str(body_file), "BENCH_CT": content_type}, timeout=duration_s + 60)
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "BENCH_BODY": str(body_file), "BENCH_CT": content_type},
+            timeout=duration_s + 60,
+        )
     line = next((text for text in done.stderr.splitlines() if text.startswith("{")), None)
     if line is None:
         raise RuntimeError(f"wrk failed: {done.stdout}\n{done.stderr}")

@@ -110,6 +110,7 @@ def rates(fns: dict[str, Callable[[], Any]], rows: int, seconds: float, rounds: 
     Alternating keeps the comparison fair on a shared machine whose load drifts; one warm-up
     round each first.
     """
+
     def round_rate(fn: Callable[[], Any]) -> float:
         calls, start = 0, CLOCK()
         while True:
@@ -145,14 +146,15 @@ def main() -> None:
     global CLOCK
     CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
     print(f"# rows/s by {args.clock} clock")
-    print(f"{'model':<24} {'batch':>5} {'native rows/s':>14} {'jvm rows/s':>11} {'easypredict':>12} "
-          f"{'native/jvm':>10} {'score0 native':>14} {'score0 jvm':>11} {'ratio':>6}")
+    print(
+        f"{'model':<24} {'batch':>5} {'native rows/s':>14} {'jvm rows/s':>11} {'easypredict':>12} "
+        f"{'native/jvm':>10} {'score0 native':>14} {'score0 jvm':>11} {'ratio':>6}"
+    )
     loads = []
     for name, dataset in MODELS.items():
         native, native_load = load(name, "native")
         servable, jvm_load = load(name, "jvm")
-        loads.append(f"{name}: native {native_load * 1000:.0f} ms, "
-                     f"jvm {jvm_load * 1000:.0f} ms")
+        loads.append(f"{name}: native {native_load * 1000:.0f} ms, jvm {jvm_load * 1000:.0f} ms")
         source = data_rows(dataset)
         easy = easypredict_scorer(servable)
         for n in BATCHES:
@@ -163,21 +165,31 @@ def main() -> None:
             for s in (servable, native):
                 got = s.predict(frame.slice(0, 1))
                 assert (got["predict"][0] == first) if isinstance(first, float) else (got["predict"][0] == first[0])
-            flavor = rates({
-                "native": lambda native=native, frame=frame: native.predict(frame),
-                "jvm": lambda servable=servable, frame=frame: servable.predict(frame),
-                "easy": lambda easy=easy, typed=typed: easy(typed),
-            }, n, args.seconds)
+            flavor = rates(
+                {
+                    "native": lambda native=native, frame=frame: native.predict(frame),
+                    "jvm": lambda servable=servable, frame=frame: servable.predict(frame),
+                    "easy": lambda easy=easy, typed=typed: easy(typed),
+                },
+                n,
+                args.seconds,
+            )
             # The scorers alone, on the encoded matrix (input mapping and output columns left out).
             X, _, _ = build_matrix(frame, servable._columns, None)
             model, size = servable._model, servable._preds_size
-            raw = rates({
-                "native": lambda native=native, X=X: native._native.score(X),
-                "jvm": lambda model=model, X=X, size=size: jvm.score_batch(model, X, None, size),
-            }, n, args.seconds)
-            print(f"{name:<24} {n:>5} {flavor['native']:>14,.0f} {flavor['jvm']:>11,.0f} {flavor['easy']:>12,.0f} "
-                  f"{flavor['native'] / flavor['jvm']:>9.1f}x {raw['native']:>14,.0f} {raw['jvm']:>11,.0f} "
-                  f"{raw['native'] / raw['jvm']:>5.1f}x")
+            raw = rates(
+                {
+                    "native": lambda native=native, X=X: native._native.score(X),
+                    "jvm": lambda model=model, X=X, size=size: jvm.score_batch(model, X, None, size),
+                },
+                n,
+                args.seconds,
+            )
+            print(
+                f"{name:<24} {n:>5} {flavor['native']:>14,.0f} {flavor['jvm']:>11,.0f} {flavor['easy']:>12,.0f} "
+                f"{flavor['native'] / flavor['jvm']:>9.1f}x {raw['native']:>14,.0f} {raw['jvm']:>11,.0f} "
+                f"{raw['native'] / raw['jvm']:>5.1f}x"
+            )
     print("# load (read + warm-up) per model:")
     for line in loads:
         print("#   " + line)

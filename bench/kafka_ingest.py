@@ -77,15 +77,15 @@ async def _create_topics(bootstrap: str, *names: str) -> None:
         await admin.close()
 
 
-async def kafka_cell(server: Server, bootstrap: str, topic: str, body: bytes, n: int, window: int | None,
-                     broker_pids: list[int]) -> KafkaResult:
+async def kafka_cell(
+    server: Server, bootstrap: str, topic: str, body: bytes, n: int, window: int | None, broker_pids: list[int]
+) -> KafkaResult:
     """Produce ``n`` requests (at most ``window`` outstanding, or all at once) and wait for ``n`` replies."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
     replies = f"bench.replies.{uuid.uuid4().hex[:8]}"  # a fresh topic, read from its start
     await _create_topics(bootstrap, replies)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                fetch_max_wait_ms=10)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=10)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, linger_ms=1 if window else 5)
     await consumer.start()
     await producer.start()
@@ -118,8 +118,7 @@ async def kafka_cell(server: Server, bootstrap: str, topic: str, body: bytes, n:
         for i in range(n):
             await slots.acquire()
             now_ms = int(time.time() * 1000)
-            pending.append(await producer.send(topic, body, key=f"{i}:{now_ms}".encode(), headers=headers,
-                                               timestamp_ms=now_ms))
+            pending.append(await producer.send(topic, body, key=f"{i}:{now_ms}".encode(), headers=headers, timestamp_ms=now_ms))
             if len(pending) >= 1000:
                 await asyncio.gather(*pending)
                 pending.clear()
@@ -140,14 +139,27 @@ async def kafka_cell(server: Server, bootstrap: str, topic: str, body: bytes, n:
     return KafkaResult(n, n / elapsed, pct(0.5), pct(0.99), errors, cpu / n * 1e6, broker_cpu / n * 1e6, client_cpu / n * 1e6)
 
 
-HEADER = (f"{'cell':12} {'rows':>4} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'cpu us':>7} {'errors':>6} "
-          f"{'broker us':>9} {'client us':>9}")
+HEADER = (
+    f"{'cell':12} {'rows':>4} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'cpu us':>7} {'errors':>6} "
+    f"{'broker us':>9} {'client us':>9}"
+)
 
 
-def show(name: str, rows: int, rps: float, p50: float, p99: float, cpu_us: float, errors: int,
-         broker_us: float = float("nan"), client_us: float = float("nan")) -> None:
-    print(f"{name:12} {rows:>4} {rps:>8.0f} {p50:>7.2f} {p99:>7.2f} {cpu_us:>7.0f} {errors:>6} {broker_us:>9.0f} {client_us:>9.0f}",
-          flush=True)
+def show(
+    name: str,
+    rows: int,
+    rps: float,
+    p50: float,
+    p99: float,
+    cpu_us: float,
+    errors: int,
+    broker_us: float = float("nan"),
+    client_us: float = float("nan"),
+) -> None:
+    print(
+        f"{name:12} {rows:>4} {rps:>8.0f} {p50:>7.2f} {p99:>7.2f} {cpu_us:>7.0f} {errors:>6} {broker_us:>9.0f} {client_us:>9.0f}",
+        flush=True,
+    )
 
 
 def main() -> int:
@@ -155,10 +167,15 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="short cells; asserts nothing about speed")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of the HTTP cell")
-    parser.add_argument("--requests", type=int, default=20000,
-                        help="requests of the Kafka flood cell (the w16 cell sends half as many)")
-    parser.add_argument("--no-scale", dest="scale", action="store_false",
-                        help="as many Kafka requests for every row count (default: --requests / rows, at least 1)")
+    parser.add_argument(
+        "--requests", type=int, default=20000, help="requests of the Kafka flood cell (the w16 cell sends half as many)"
+    )
+    parser.add_argument(
+        "--no-scale",
+        dest="scale",
+        action="store_false",
+        help="as many Kafka requests for every row count (default: --requests / rows, at least 1)",
+    )
     args = parser.parse_args()
     if args.smoke:
         args.rows, args.duration, args.requests = [1], 1.0, 500
@@ -203,15 +220,30 @@ def main() -> int:
                 w16 = asyncio.run(kafka_cell(gw, broker.bootstrap, topic, body, max(1, n // 2), 16, broker.pids))
                 show("kafka w16", rows, w16.rps, w16.p50_ms, w16.p99_ms, w16.cpu_us, w16.errors, w16.broker_us, w16.client_us)
                 flood = asyncio.run(kafka_cell(gw, broker.bootstrap, topic, body, n, None, broker.pids))
-                show("kafka flood", rows, flood.rps, flood.p50_ms, flood.p99_ms, flood.cpu_us, flood.errors,
-                     flood.broker_us, flood.client_us)
-                print(f"# {rows} row(s): kafka w16 / http c16 req/s {w16.rps / http.rps:.2f}, cpu per request "
-                      f"{w16.cpu_us / http.cpu_us:.2f}; kafka flood / http c16 req/s {flood.rps / http.rps:.2f}, "
-                      f"cpu per request {flood.cpu_us / http.cpu_us:.2f}", flush=True)
+                show(
+                    "kafka flood",
+                    rows,
+                    flood.rps,
+                    flood.p50_ms,
+                    flood.p99_ms,
+                    flood.cpu_us,
+                    flood.errors,
+                    flood.broker_us,
+                    flood.client_us,
+                )
+                print(
+                    f"# {rows} row(s): kafka w16 / http c16 req/s {w16.rps / http.rps:.2f}, cpu per request "
+                    f"{w16.cpu_us / http.cpu_us:.2f}; kafka flood / http c16 req/s {flood.rps / http.rps:.2f}, "
+                    f"cpu per request {flood.cpu_us / http.cpu_us:.2f}",
+                    flush=True,
+                )
                 ok = ok and not (http.errors or w16.errors or flood.errors)
             ingest = requests.get(gw.url + "/metrics/json", timeout=10).json()["kafkaIngest"]
-            print(f"# kafka ingest: consumed {ingest['consumed']}, answered {ingest['answered']}, dropped {ingest['dropped']}, "
-                  f"pauses {ingest['pauses']} ({ingest['pausedSeconds']} s), overload retries {ingest['overloadRetries']}", flush=True)
+            print(
+                f"# kafka ingest: consumed {ingest['consumed']}, answered {ingest['answered']}, dropped {ingest['dropped']}, "
+                f"pauses {ingest['pauses']} ({ingest['pausedSeconds']} s), overload retries {ingest['overloadRetries']}",
+                flush=True,
+            )
         finally:
             gw.stop()
     print(f"# done in {time.monotonic() - started:.0f} s")

@@ -31,13 +31,13 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_P99_MS = 100.0
 
-MODEL = '''
+MODEL = """
 import numpy as np
 from forestflow.core.frame import Frame
 
 def predict(frame):
     return Frame({"double": np.asarray(frame["x"], dtype=np.float64) * 2})
-'''
+"""
 
 
 def free_port() -> int:
@@ -69,11 +69,13 @@ def big_body(rows: int) -> bytes:
 
 
 def small_body(i: int) -> bytes:
-    return orjson.dumps({
-        "schema": [{"type": "Float64", "fields": ["x"]}],
-        "datum": [{"tensors": [{"Float64": {"data": [float(i % 100)]}}]}],
-        "configs": {},
-    })
+    return orjson.dumps(
+        {
+            "schema": [{"type": "Float64", "fields": ["x"]}],
+            "datum": [{"tensors": [{"Float64": {"data": [float(i % 100)]}}]}],
+            "configs": {},
+        }
+    )
 
 
 def pct(data: list[float], q: float) -> float:
@@ -106,7 +108,9 @@ async def small_phase(session: aiohttp.ClientSession, url: str, rate: float, sec
     return latencies, errors
 
 
-async def big_client(session: aiohttp.ClientSession, url: str, body: bytes, stop: asyncio.Event, out: list[float], statuses: list[int]) -> None:
+async def big_client(
+    session: aiohttp.ClientSession, url: str, body: bytes, stop: asyncio.Event, out: list[float], statuses: list[int]
+) -> None:
     while not stop.is_set():
         started = time.perf_counter()
         async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
@@ -129,9 +133,10 @@ async def run(args: argparse.Namespace, base: str) -> int:
         alone, alone_errors = await small_phase(session, score, args.rate, args.duration)
         # The two big clients run in another process: posting and reading their bodies must not
         # stall the loop that times the small requests.
-        big_proc = subprocess.Popen(
+        big_proc = subprocess.Popen(  # noqa: ASYNC220 (started once, before the timed phase)
             [sys.executable, __file__, "--big-client", base + "/v2/models/bench.big.1/infer", "--rows", str(args.rows)],
-            stdout=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert big_proc.stdout is not None
         assert big_proc.stdout.readline().strip() == "posting"
@@ -140,10 +145,18 @@ async def run(args: argparse.Namespace, base: str) -> int:
         big_proc.send_signal(signal.SIGINT)
         result = orjson.loads(big_proc.communicate(timeout=120)[0].strip().splitlines()[-1])
         big_ms, statuses = result["ms"], result["statuses"]
-    print(f"big body: {body_mib:.1f} MiB ({args.rows} rows x 4 FP64 columns), {len(big_ms)} answered "
-          f"(statuses {sorted(set(statuses))}), mean {sum(big_ms) / max(1, len(big_ms)):.0f} ms")
-    print(f"1-row /score alone:       p50 {pct(alone, 50):7.1f} ms  p99 {pct(alone, 99):7.1f} ms  ({len(alone)} requests, {alone_errors} errors)")
-    print(f"1-row /score beside them: p50 {pct(beside, 50):7.1f} ms  p99 {pct(beside, 99):7.1f} ms  ({len(beside)} requests, {beside_errors} errors)")
+    print(
+        f"big body: {body_mib:.1f} MiB ({args.rows} rows x 4 FP64 columns), {len(big_ms)} answered "
+        f"(statuses {sorted(set(statuses))}), mean {sum(big_ms) / max(1, len(big_ms)):.0f} ms"
+    )
+    print(
+        f"1-row /score alone:       p50 {pct(alone, 50):7.1f} ms  p99 {pct(alone, 99):7.1f} ms  "
+        f"({len(alone)} requests, {alone_errors} errors)"
+    )
+    print(
+        f"1-row /score beside them: p50 {pct(beside, 50):7.1f} ms  p99 {pct(beside, 99):7.1f} ms  "
+        f"({len(beside)} requests, {beside_errors} errors)"
+    )
     ok = pct(beside, 99) < TARGET_P99_MS and not alone_errors and not beside_errors and set(statuses) == {200}
     print(f"target p99 beside big bodies < {TARGET_P99_MS:.0f} ms: {'met' if ok else 'NOT met'}")
     return 0 if ok else 1
@@ -176,11 +189,19 @@ def main() -> int:
         return big_clients(args.big_client, args.rows)
     port = free_port()
     data = Path(tempfile.mkdtemp(prefix="ff-bench-data-"))
-    env = {**os.environ, "FORESTFLOW_ALLOW_PYTHON": "1", "FORESTFLOW_GRPC_PORT": "-1", "FORESTFLOW_ACCESS_LOG": "0",
-           "FORESTFLOW_ARTIFACT_ROOTS": tempfile.gettempdir(), "FORESTFLOW_LOG_LEVEL": "warning",
-           "FORESTFLOW_DRAIN_GRACE_S": "0", "FORESTFLOW_MAX_ROWS": "1000000"}
-    proc = subprocess.Popen([sys.executable, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data)],
-                            env=env, cwd=ROOT)
+    env = {
+        **os.environ,
+        "FORESTFLOW_ALLOW_PYTHON": "1",
+        "FORESTFLOW_GRPC_PORT": "-1",
+        "FORESTFLOW_ACCESS_LOG": "0",
+        "FORESTFLOW_ARTIFACT_ROOTS": tempfile.gettempdir(),
+        "FORESTFLOW_LOG_LEVEL": "warning",
+        "FORESTFLOW_DRAIN_GRACE_S": "0",
+        "FORESTFLOW_MAX_ROWS": "1000000",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data)], env=env, cwd=ROOT
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         import urllib.request

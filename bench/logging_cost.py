@@ -51,6 +51,7 @@ def gateway_pair(work: Path, sink: str, start: Starter[ServerT] | None = None) -
     test broker, for Kafka, runs on core 1 with the load generators.
     """
     if start is None:
+
         def start(name: str, env: dict[str, str]) -> Server:
             return start_gateway(work / f"data-{name}", env, work, f"gateway-{name}")
 
@@ -72,7 +73,9 @@ def gateway_pair(work: Path, sink: str, start: Starter[ServerT] | None = None) -
         yield servers[0], servers[1]
 
 
-def side_by_side(none: Server, full: Server, path: str, body: bytes, ctype: str, concurrency: int, seconds: float) -> tuple[Result, Result]:
+def side_by_side(
+    none: Server, full: Server, path: str, body: bytes, ctype: str, concurrency: int, seconds: float
+) -> tuple[Result, Result]:
     """Both gateways loaded at once; each result carries its gateway's CPU per request."""
     results: dict[str, Result] = {}
     before = {"none": none.cpu_s(), "full": full.cpu_s()}
@@ -116,14 +119,24 @@ class Cost:
     def line(self, concurrency: int) -> str:
         """The cell as one printed line (median, quartiles, both CPU figures, verdict)."""
         q1, _, q3 = statistics.quantiles(self.costs, n=4) if len(self.costs) > 1 else (self.median,) * 3
-        return (f"logging FULL-{self.sink} cost {self.endpoint} {self.rows}-row c{concurrency} <= {TARGET:.0%}: "
-                f"{self.median * 100:.1f}% (quartiles {q1 * 100:.1f} / {q3 * 100:.1f}; CPU per request NONE "
-                f"{self.none_us:.0f} us, FULL {self.full_us:.0f} us; errors {self.errors}) "
-                f"{'HOLDS' if self.holds else 'MISSED'}")
+        return (
+            f"logging FULL-{self.sink} cost {self.endpoint} {self.rows}-row c{concurrency} <= {TARGET:.0%}: "
+            f"{self.median * 100:.1f}% (quartiles {q1 * 100:.1f} / {q3 * 100:.1f}; CPU per request NONE "
+            f"{self.none_us:.0f} us, FULL {self.full_us:.0f} us; errors {self.errors}) "
+            f"{'HOLDS' if self.holds else 'MISSED'}"
+        )
 
 
-def measure(work: Path, sinks: list[str], endpoint_names: list[str], row_counts: list[int], rounds: int,
-            seconds: float, concurrency: int, report: Callable[[Cost], None] = lambda cost: None) -> list[Cost]:
+def measure(
+    work: Path,
+    sinks: list[str],
+    endpoint_names: list[str],
+    row_counts: list[int],
+    rounds: int,
+    seconds: float,
+    concurrency: int,
+    report: Callable[[Cost], None] = lambda cost: None,
+) -> list[Cost]:
     """Every (sink, rows, endpoint) cell, each handed to ``report`` as soon as it is measured."""
     out: list[Cost] = []
     for sink in sinks:
@@ -141,8 +154,15 @@ def measure(work: Path, sinks: list[str], endpoint_names: list[str], row_counts:
                         costs.append(1 - a.cpu_us / b.cpu_us)
                         cpu.append((a.cpu_us, b.cpu_us))
                         errors += a.errors + b.errors
-                    cost = Cost(sink, name, rows, costs, statistics.median(c[0] for c in cpu),
-                                statistics.median(c[1] for c in cpu), errors)
+                    cost = Cost(
+                        sink,
+                        name,
+                        rows,
+                        costs,
+                        statistics.median(c[0] for c in cpu),
+                        statistics.median(c[1] for c in cpu),
+                        errors,
+                    )
                     report(cost)
                     out.append(cost)
     return out
@@ -160,14 +180,29 @@ def main() -> int:
     add_cell_arguments(parser)
     parser.add_argument("--rounds", type=int, default=7, help="side-by-side measurements per cell (median)")
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--concurrency", type=int, default=LOGGING_CONCURRENCY,
-                        help="per gateway (two gateways share the core); bench/run.py's logging lines use the default")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=LOGGING_CONCURRENCY,
+        help="per gateway (two gateways share the core); bench/run.py's logging lines use the default",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ff-logcost-"))
-    print(f"# logs under {work}; each line: median logging cost (1 - NONE CPU/req / FULL CPU/req), quartiles, "
-          f"CPU per request of both, over {args.rounds} rounds of {args.seconds:.0f} s", flush=True)
-    costs = measure(work, args.sinks, args.endpoints, args.rows, args.rounds, args.seconds, args.concurrency,
-                    lambda cost: print(cost.line(args.concurrency), flush=True))
+    print(
+        f"# logs under {work}; each line: median logging cost (1 - NONE CPU/req / FULL CPU/req), quartiles, "
+        f"CPU per request of both, over {args.rounds} rounds of {args.seconds:.0f} s",
+        flush=True,
+    )
+    costs = measure(
+        work,
+        args.sinks,
+        args.endpoints,
+        args.rows,
+        args.rounds,
+        args.seconds,
+        args.concurrency,
+        lambda cost: print(cost.line(args.concurrency), flush=True),
+    )
     print(f"# {sum(c.holds for c in costs)} of {len(costs)} cells hold")
     return 0
 

@@ -65,6 +65,7 @@ async def _fire(url: str, body: bytes, ctype: str, count: int) -> None:
     """Exactly ``count`` POSTs at CONCURRENCY; any answer but 200 stops the bench."""
     left = [count]
     async with aiohttp.ClientSession() as session:
+
         async def worker() -> None:
             while left[0] > 0:
                 left[0] -= 1
@@ -89,10 +90,27 @@ class CountedGateway(Server):
         out = work / f"{name}.callgrind"
         port = free_port()
         roots = {"FORESTFLOW_ARTIFACT_ROOTS": f"{ROOT},{work}"}
-        argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-                PYTHON, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(work / f"data-{name}")]
-        proc = subprocess.Popen(argv, env={**os.environ, **roots, **PINNED, **env}, cwd=ROOT,
-                                stdout=open(work / f"{name}.log", "wb"), stderr=subprocess.STDOUT)
+        argv = [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={out}",
+            PYTHON,
+            "-m",
+            "forestflow.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(work / f"data-{name}"),
+        ]
+        proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **roots, **PINNED, **env},
+            cwd=ROOT,
+            stdout=open(work / f"{name}.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
         gateway = cls(proc, f"http://127.0.0.1:{port}", out)
         wait_http(gateway.url + "/health/ready", 600)
         return gateway
@@ -146,9 +164,11 @@ class InstructionCost:
     def line(self) -> str:
         """The cell as one printed line."""
         verdict = "HOLDS" if self.cost <= TARGET else "MISSED"
-        return (f"logging FULL-{self.sink} instructions {self.endpoint} {self.rows}-row <= {TARGET:.0%}: {self.cost * 100:.1f}% "
-                f"(instructions per request NONE {self.none / 1000:.1f}k, FULL {self.full / 1000:.1f}k, "
-                f"+{(self.full - self.none) / 1000:.1f}k) {verdict}")
+        return (
+            f"logging FULL-{self.sink} instructions {self.endpoint} {self.rows}-row <= {TARGET:.0%}: {self.cost * 100:.1f}% "
+            f"(instructions per request NONE {self.none / 1000:.1f}k, FULL {self.full / 1000:.1f}k, "
+            f"+{(self.full - self.none) / 1000:.1f}k) {verdict}"
+        )
 
 
 def main() -> int:
@@ -160,8 +180,11 @@ def main() -> int:
         print("valgrind is not installed (apt-get install valgrind): nothing to count", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="ff-loginstr-"))
-    print(f"# logs under {work}; instructions per request counted by callgrind over {args.requests} requests "
-          f"(1-row) at c{CONCURRENCY}, {', '.join(f'{k}={v}' for k, v in PINNED.items())}", flush=True)
+    print(
+        f"# logs under {work}; instructions per request counted by callgrind over {args.requests} requests "
+        f"(1-row) at c{CONCURRENCY}, {', '.join(f'{k}={v}' for k, v in PINNED.items())}",
+        flush=True,
+    )
     held = total = 0
     for sink in args.sinks:
         with gateway_pair(work, sink, lambda name, env: CountedGateway.start(work, name, env)) as (none, full):
@@ -171,8 +194,13 @@ def main() -> int:
                     entry = endpoints(rows, ".".join(map(str, CONTRACT))).get(name)
                     if entry is None:  # GraphPipe without its client library
                         continue
-                    cell = InstructionCost(sink, name, rows, none.instructions_per_request(*entry, requests),
-                                           full.instructions_per_request(*entry, requests))
+                    cell = InstructionCost(
+                        sink,
+                        name,
+                        rows,
+                        none.instructions_per_request(*entry, requests),
+                        full.instructions_per_request(*entry, requests),
+                    )
                     print(cell.line(), flush=True)
                     held += cell.cost <= TARGET
                     total += 1

@@ -21,7 +21,9 @@ NUMERIC = ["AGE", "PSA", "VOL", "GLEASON"]
 def rows(n: int) -> list[dict[str, str]]:
     """``n`` input rows taken (cyclically) from the fixture's golden file, missing values skipped."""
     with open(FIXTURE.with_suffix(".golden.csv")) as fh:
-        data = [r for r in csv.DictReader(fh) if r["kind"] == "data" and all(r[c] not in ("", "NA") for c in CATEGORICAL + NUMERIC)]
+        data = [
+            r for r in csv.DictReader(fh) if r["kind"] == "data" and all(r[c] not in ("", "NA") for c in CATEGORICAL + NUMERIC)
+        ]
     return [data[i % len(data)] for i in range(n)]
 
 
@@ -34,7 +36,12 @@ def score_body(n: int, configs: dict[str, str] | None = None) -> bytes:
     body: dict[str, Any] = {
         "schema": [{"type": "String", "fields": CATEGORICAL}, {"type": "Float64", "fields": NUMERIC}],
         "datum": [
-            {"tensors": [{"String": {"data": [r[c] for c in CATEGORICAL]}}, {"Float64": {"data": [_number(r[c]) for c in NUMERIC]}}]}
+            {
+                "tensors": [
+                    {"String": {"data": [r[c] for c in CATEGORICAL]}},
+                    {"Float64": {"data": [_number(r[c]) for c in NUMERIC]}},
+                ]
+            }
             for r in rows(n)
         ],
         "configs": configs or {"reqid": "bench"},
@@ -84,9 +91,17 @@ PIPELINE = ROOT / "servables" / "prostate-pipeline"
 def pipeline_score_body(n: int) -> bytes:
     """The /score body of ``score_body`` with the example pipeline's lower-case column names."""
     body: dict[str, Any] = {
-        "schema": [{"type": "String", "fields": [c.lower() for c in CATEGORICAL]}, {"type": "Float64", "fields": [c.lower() for c in NUMERIC]}],
+        "schema": [
+            {"type": "String", "fields": [c.lower() for c in CATEGORICAL]},
+            {"type": "Float64", "fields": [c.lower() for c in NUMERIC]},
+        ],
         "datum": [
-            {"tensors": [{"String": {"data": [r[c] for c in CATEGORICAL]}}, {"Float64": {"data": [_number(r[c]) for c in NUMERIC]}}]}
+            {
+                "tensors": [
+                    {"String": {"data": [r[c] for c in CATEGORICAL]}},
+                    {"Float64": {"data": [_number(r[c]) for c in NUMERIC]}},
+                ]
+            }
             for r in rows(n)
         ],
         "configs": {"reqid": "bench"},

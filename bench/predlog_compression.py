@@ -22,6 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import orjson  # noqa: E402
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder  # noqa: E402
 
 from bench import payloads  # noqa: E402
@@ -32,8 +33,6 @@ from forestflow.core.policies import LoggingSettings, LogLevel  # noqa: E402
 from forestflow.predlog.encode import encode_event  # noqa: E402
 from forestflow.predlog.kafka_sink import COMPRESSIONS  # noqa: E402
 from forestflow.predlog.record import PredictionRecord  # noqa: E402
-
-import orjson  # noqa: E402
 
 _CODEC = {
     "none": 0,
@@ -54,9 +53,16 @@ def events(rows: int, count: int) -> list[tuple[bytes, bytes]]:
     out = []
     for i in range(count):
         record = PredictionRecord(
-            fqrv=fqrv, served=True, request=frame, configs=configs, logging=logging,
-            request_id=f"{i:08x}-5c1d-4a8e-9f0b-{i * 7919:012x}", protocol="basic",
-            event_time_ms=1_790_000_000_000 + i, latency_ms=0.4 + (i % 17) / 10, response=answer,
+            fqrv=fqrv,
+            served=True,
+            request=frame,
+            configs=configs,
+            logging=logging,
+            request_id=f"{i:08x}-5c1d-4a8e-9f0b-{i * 7919:012x}",
+            protocol="basic",
+            event_time_ms=1_790_000_000_000 + i,
+            latency_ms=0.4 + (i % 17) / 10,
+            response=answer,
         )
         out.append((b"bench", encode_event(record)))
     return out
@@ -65,8 +71,13 @@ def events(rows: int, count: int) -> list[tuple[bytes, bytes]]:
 def batch_bytes(codec: str, batch: list[tuple[bytes, bytes]]) -> int:
     """Build one record batch as the producer does and return its size on the wire."""
     builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=_CODEC[codec], is_transactional=False,
-        producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1024 * 1024,
+        magic=2,
+        compression_type=_CODEC[codec],
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1024 * 1024,
     )
     for key, value in batch:
         builder.append(0, timestamp=None, key=key, value=value, headers=[])
@@ -96,7 +107,9 @@ def main() -> int:
         started = time.process_time()
         events(rows, 400)
         encode_us = (time.process_time() - started) / 400 * 1e6
-        print(f"# {rows}-row event: {len(evs[0][1])} bytes of protobuf, encoded (record built + encode_event) in {encode_us:.1f} us")
+        print(
+            f"# {rows}-row event: {len(evs[0][1])} bytes of protobuf, encoded (record built + encode_event) in {encode_us:.1f} us"
+        )
         for per_batch in args.per_batch:
             raw = None
             for codec in COMPRESSIONS:

@@ -47,15 +47,25 @@ def records(rows: int) -> dict[str, PredictionRecord]:
     answer = Frame.from_columns({"predict": np.where(p1 > 0.5, "1", "0").astype(object), "p0": 1 - p1, "p1": p1})
     fqrv = FQRV.parse("bench.full.1.gbm")
     base = PredictionRecord(
-        fqrv=fqrv, served=True, request=frame, configs=configs, logging=LoggingSettings(LogLevel.FULL, ("reqid",)),
-        request_id="5c1d4a8e9f0b5c1d4a8e9f0b", protocol="basic", event_time_ms=1_790_000_000_000,
-        latency_ms=0.4, response=answer,
+        fqrv=fqrv,
+        served=True,
+        request=frame,
+        configs=configs,
+        logging=LoggingSettings(LogLevel.FULL, ("reqid",)),
+        request_id="5c1d4a8e9f0b5c1d4a8e9f0b",
+        protocol="basic",
+        event_time_ms=1_790_000_000_000,
+        latency_ms=0.4,
+        response=answer,
     )
     return {
         "score": dataclasses.replace(base, request_json=score_body, response_json=prediction_json(fqrv, answer)),
         "v2-frames (before)": dataclasses.replace(base, protocol="v2"),
         "v2-wire (now)": dataclasses.replace(
-            base, protocol="v2", request_json=WireBody.of(payloads.v2_body(rows)), response_json=WireBody.of(v2_response(rows, p1))
+            base,
+            protocol="v2",
+            request_json=WireBody.of(payloads.v2_body(rows)),
+            response_json=WireBody.of(v2_response(rows, p1)),
         ),
     }
 
@@ -74,7 +84,10 @@ def main() -> int:
     for rows in (1, 100):
         for name, record in records(rows).items():
             j, k = cpu_us(encode_event_json, record), cpu_us(encode_event, record)
-            print(f"{rows:>4} {name:20} {j:>14.1f} {k:>19.1f} {len(encode_event_json(record)):>7} {len(encode_event(record)):>7}", flush=True)
+            print(
+                f"{rows:>4} {name:20} {j:>14.1f} {k:>19.1f} {len(encode_event_json(record)):>7} {len(encode_event(record)):>7}",
+                flush=True,
+            )
     return 0
 
 

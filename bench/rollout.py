@@ -51,10 +51,29 @@ def release(n: int) -> dict[str, Any]:
 def start(work: Path, name: str, env: dict[str, str], args: list[str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """A ``forestflow serve`` child process; returns it and its base URL once it answers."""
     port = free_port()
-    full_env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1", "FORESTFLOW_ACCESS_LOG": "0", "FORESTFLOW_LOG_LEVEL": os.environ.get("FORESTFLOW_LOG_LEVEL", "warning"), **env}
+    full_env = {
+        **os.environ,
+        "FORESTFLOW_GRPC_PORT": "-1",
+        "FORESTFLOW_ACCESS_LOG": "0",
+        "FORESTFLOW_LOG_LEVEL": os.environ.get("FORESTFLOW_LOG_LEVEL", "warning"),
+        **env,
+    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(work / f"data-{name}"), *(args or [])],
-        env=full_env, cwd=ROOT, stdout=open(work / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "forestflow.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(work / f"data-{name}"),
+            *(args or []),
+        ],
+        env=full_env,
+        cwd=ROOT,
+        stdout=open(work / f"{name}.log", "wb"),
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health/live")
@@ -84,7 +103,7 @@ async def clients(url: str, count: int, stop: asyncio.Event) -> tuple[Counter[st
                             worker = r.headers.get("X-Forestflow-Worker", "")
                             reasons[f"{worker} {_reason(text)}".strip()] += 1
                             first_failure.setdefault("at", time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}")
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, aiohttp.ClientError) as exc:
                     statuses[f"{kind} client-{type(exc).__name__}"] += 1
 
     await asyncio.gather(*(loop(("score", "v2")[i % 2]) for i in range(count)))
@@ -148,7 +167,9 @@ def shape(name: str, work: Path, args: argparse.Namespace) -> bool:
         expected = 2 if name == "workers" else 1
         deadline, answered = time.monotonic() + 60, set()
         while len(answered) < expected:
-            r = requests.post(client_url + f"{BASE}/score", data=payloads.score_body(1), headers={"Connection": "close"}, timeout=30)
+            r = requests.post(
+                client_url + f"{BASE}/score", data=payloads.score_body(1), headers={"Connection": "close"}, timeout=30
+            )
             if r.status_code == 200:
                 answered.add(r.headers.get("X-Forestflow-Worker", "w0"))
             if time.monotonic() > deadline:
@@ -158,8 +179,10 @@ def shape(name: str, work: Path, args: argparse.Namespace) -> bool:
         elapsed = time.monotonic() - started
         total = sum(statuses.values())
         failures = sum(n for key, n in statuses.items() if not key.endswith(" 200"))
-        print(f"== {name}: {total - failures} of {total} answers right, {failures} failures in {elapsed:.0f} s; "
-              f"{dict(admin)}; by status {dict(sorted(statuses.items()))}")
+        print(
+            f"== {name}: {total - failures} of {total} answers right, {failures} failures in {elapsed:.0f} s; "
+            f"{dict(admin)}; by status {dict(sorted(statuses.items()))}"
+        )
         for reason, n in reasons.most_common(5):
             print(f"   {n} x {reason}")
         return failures == 0 and set(admin) <= {"deploy 200"}
@@ -178,11 +201,16 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="soak.py --rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="length of the deploy loop per shape (default %(default)s)")
     parser.add_argument("--clients", type=int, default=6, help="keep-alive client connections (default %(default)s)")
-    parser.add_argument("--pause", type=float, default=1.0, help="seconds between one deploy's answer and the next deploy (default %(default)s)")
+    parser.add_argument(
+        "--pause", type=float, default=1.0, help="seconds between one deploy's answer and the next deploy (default %(default)s)"
+    )
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, among %(default)s")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="forestflow-rollout-"))
-    print(f"# rollout: {args.clients} clients, a deploy every ~{args.pause:g} s for {args.seconds:g} s per shape; work dir {work}", flush=True)
+    print(
+        f"# rollout: {args.clients} clients, a deploy every ~{args.pause:g} s for {args.seconds:g} s per shape; work dir {work}",
+        flush=True,
+    )
     ok = True
     for name in args.shapes.split(","):
         if name not in SHAPES:

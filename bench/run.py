@@ -31,11 +31,20 @@ sys.path.insert(0, str(ROOT))
 from bench import payloads  # noqa: E402
 from bench.driver import Result, drive  # noqa: E402
 from bench.servers import (  # noqa: E402
-    LOGGING_CONCURRENCY, ROOT, Server, deploy, endpoints, measured, pin_process, start_floor, start_gateway,
+    LOGGING_CONCURRENCY,
+    ROOT,
+    Server,
+    deploy,
+    endpoints,
+    measured,
+    pin_process,
+    start_floor,
+    start_gateway,
 )
 
 if TYPE_CHECKING:
     from bench.logging_cost import Cost
+
 
 @dataclass
 class Cell:
@@ -84,7 +93,9 @@ def run_matrix(args: argparse.Namespace) -> tuple[list[Cell], list[Cost]]:
             if onnx_file is None:
                 print("# skipping the ONNX cells: scikit-learn/skl2onnx are not installed (test extra)", flush=True)
             else:
-                r = requests.post(gw.url + "/servable", json=payloads.onnx_definition(("bench", "onnx", 1), onnx_dir, onnx_file), timeout=120)
+                r = requests.post(
+                    gw.url + "/servable", json=payloads.onnx_definition(("bench", "onnx", 1), onnx_dir, onnx_file), timeout=120
+                )
                 r.raise_for_status()
                 loggings.insert(1, ("NONE-onnx", "bench.onnx.1"))
             for rows in row_counts:
@@ -140,8 +151,14 @@ def pipeline_cells(gw: Server, concurrencies: list[int], duration: float) -> lis
     return cells
 
 
-def kafka_cells(args: argparse.Namespace, work: Path, row_counts: list[int], concurrencies: list[int],
-                duration: float, floor_results: dict[tuple[str, int, int], Result]) -> list[Cell]:
+def kafka_cells(
+    args: argparse.Namespace,
+    work: Path,
+    row_counts: list[int],
+    concurrencies: list[int],
+    duration: float,
+    floor_results: dict[tuple[str, int, int], Result],
+) -> list[Cell]:
     from tests.kafka_broker import running_broker
 
     cells: list[Cell] = []
@@ -182,9 +199,12 @@ def report_rss(work: Path) -> None:
             for i in range(5):
                 deploy(gw, ("rss", "model", i), "NONE")
             loaded = time.perf_counter() - started
-            print(f"# RSS of the gateway with {what} loaded: {gw.rss_mb():.0f} MiB, of which "
-                  f"{gw.rss_mb('RssAnon'):.0f} MiB private (the rest mapped files: shared libraries, jars) "
-                  f"(5 deploys took {loaded:.1f} s)", flush=True)
+            print(
+                f"# RSS of the gateway with {what} loaded: {gw.rss_mb():.0f} MiB, of which "
+                f"{gw.rss_mb('RssAnon'):.0f} MiB private (the rest mapped files: shared libraries, jars) "
+                f"(5 deploys took {loaded:.1f} s)",
+                flush=True,
+            )
         finally:
             gw.stop()
 
@@ -209,13 +229,17 @@ def scorer_cells(work: Path, duration: float) -> None:
                 gw.stop()
     for rows in (1, 100):
         jvm, native = results[("jvm", rows)], results[("native", rows)]
-        print(f"# {rows:>3}-row /score c16: jvm {jvm.cpu_us:.0f} us CPU ({jvm.rps:.0f} req/s), "
-              f"native {native.cpu_us:.0f} us CPU ({native.rps:.0f} req/s): {jvm.cpu_us / native.cpu_us:.2f}x less CPU",
-              flush=True)
+        print(
+            f"# {rows:>3}-row /score c16: jvm {jvm.cpu_us:.0f} us CPU ({jvm.rps:.0f} req/s), "
+            f"native {native.cpu_us:.0f} us CPU ({native.rps:.0f} req/s): {jvm.cpu_us / native.cpu_us:.2f}x less CPU",
+            flush=True,
+        )
 
 
-HEADER = (f"{'endpoint':8} {'rows':>4} {'conc':>4} {'logging':10} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'floor':>8} "
-          f"{'ratio':>6} {'cpu us':>7} {'floor us':>8} {'cpu-ratio':>9} {'errors':>6}")
+HEADER = (
+    f"{'endpoint':8} {'rows':>4} {'conc':>4} {'logging':10} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'floor':>8} "
+    f"{'ratio':>6} {'cpu us':>7} {'floor us':>8} {'cpu-ratio':>9} {'errors':>6}"
+)
 
 
 def print_cell(c: Cell) -> None:
@@ -223,9 +247,12 @@ def print_cell(c: Cell) -> None:
         print(HEADER, flush=True)
         print_cell.first = False  # type: ignore[attr-defined]
     r, f = c.result, c.floor
-    print(f"{c.endpoint:8} {c.rows:>4} {c.concurrency:>4} {c.logging:10} {r.rps:>8.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} "
-          f"{(f.rps if f else float('nan')):>8.0f} {c.ratio:>6.2f} {r.cpu_us:>7.0f} {(f.cpu_us if f else float('nan')):>8.0f} "
-          f"{c.cpu_ratio:>9.2f} {r.errors:>6}", flush=True)
+    print(
+        f"{c.endpoint:8} {c.rows:>4} {c.concurrency:>4} {c.logging:10} {r.rps:>8.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} "
+        f"{(f.rps if f else float('nan')):>8.0f} {c.ratio:>6.2f} {r.cpu_us:>7.0f} {(f.cpu_us if f else float('nan')):>8.0f} "
+        f"{c.cpu_ratio:>9.2f} {r.errors:>6}",
+        flush=True,
+    )
 
 
 print_cell.first = True  # type: ignore[attr-defined]
@@ -239,11 +266,22 @@ def logging_costs(args: argparse.Namespace, work: Path) -> list[Cost]:
     """
     from bench.logging_cost import measure
 
-    print(f"\n# logging cost: NONE and FULL gateways side by side on one core, c{LOGGING_CONCURRENCY} each, "
-          f"median of {args.rounds} rounds of 3 s", flush=True)
+    print(
+        f"\n# logging cost: NONE and FULL gateways side by side on one core, c{LOGGING_CONCURRENCY} each, "
+        f"median of {args.rounds} rounds of 3 s",
+        flush=True,
+    )
     sinks = ["file"] if args.no_kafka else ["file", "kafka"]
-    return measure(work, sinks, ["score", "v2", "gp"], args.rows, args.rounds, 3.0, LOGGING_CONCURRENCY,
-                   lambda cost: print(cost.line(LOGGING_CONCURRENCY), flush=True))
+    return measure(
+        work,
+        sinks,
+        ["score", "v2", "gp"],
+        args.rows,
+        args.rounds,
+        3.0,
+        LOGGING_CONCURRENCY,
+        lambda cost: print(cost.line(LOGGING_CONCURRENCY), flush=True),
+    )
 
 
 def check_targets(cells: list[Cell], costs: list[Cost]) -> None:
@@ -263,19 +301,26 @@ def check_targets(cells: list[Cell], costs: list[Cost]) -> None:
     for c in cells:
         if c.concurrency == 64:
             ok = c.result.p99_ms <= 3 * c.result.p50_ms
-            print(f"p99 <= 3x p50 at c64 {c.endpoint} {c.rows}-row {c.logging}: {c.result.p99_ms:.2f} vs {c.result.p50_ms:.2f} {'HOLDS' if ok else 'MISSED'}")
+            print(
+                f"p99 <= 3x p50 at c64 {c.endpoint} {c.rows}-row {c.logging}: "
+                f"{c.result.p99_ms:.2f} vs {c.result.p50_ms:.2f} {'HOLDS' if ok else 'MISSED'}"
+            )
     for c in cells:
         if c.endpoint == "pipeline":
             base = cell("bare-h2o", c.rows, c.concurrency, c.logging)
             if base and base.result.cpu_us:
                 ratio = c.result.cpu_us / base.result.cpu_us
-                print(f"3-step pipeline {c.rows}-row c{c.concurrency} CPU per request <= 1.3x bare H2O: "
-                      f"{c.result.cpu_us:.0f} vs {base.result.cpu_us:.0f} us = {ratio:.2f}x {'HOLDS' if ratio <= 1.3 else 'MISSED'}")
+                print(
+                    f"3-step pipeline {c.rows}-row c{c.concurrency} CPU per request <= 1.3x bare H2O: "
+                    f"{c.result.cpu_us:.0f} vs {base.result.cpu_us:.0f} us = {ratio:.2f}x {'HOLDS' if ratio <= 1.3 else 'MISSED'}"
+                )
         if c.logging == "NONE-onnx":
             base = cell(c.endpoint, c.rows, c.concurrency, "NONE")
             if base and c.result.cpu_us:
-                print(f"ONNX vs H2O gateway CPU per request, {c.endpoint} {c.rows}-row c{c.concurrency}: "
-                      f"{c.result.cpu_us:.0f} vs {base.result.cpu_us:.0f} us ({c.result.cpu_us / base.result.cpu_us:.2f}x)")
+                print(
+                    f"ONNX vs H2O gateway CPU per request, {c.endpoint} {c.rows}-row c{c.concurrency}: "
+                    f"{c.result.cpu_us:.0f} vs {base.result.cpu_us:.0f} us ({c.result.cpu_us / base.result.cpu_us:.2f}x)"
+                )
     errors = sum(c.result.errors for c in cells)
     print(f"errors in all cells: {errors} {'HOLDS' if errors == 0 else 'MISSED'}")
 
@@ -302,8 +347,11 @@ def metrics_cost(args: argparse.Namespace) -> int:
             for name in order:
                 result = measured(gateways[name], path, body, ctype, 16, args.duration)
                 cpu[name].append(result.cpu_us)
-                print(f"round {round_no} metrics {name:3s}: {result.rps:8.0f} req/s  {result.cpu_us:6.1f} CPU us/req  "
-                      f"p50 {result.p50_ms:.2f} ms  errors {result.errors}", flush=True)
+                print(
+                    f"round {round_no} metrics {name:3s}: {result.rps:8.0f} req/s  {result.cpu_us:6.1f} CPU us/req  "
+                    f"p50 {result.p50_ms:.2f} ms  errors {result.errors}",
+                    flush=True,
+                )
         metrics = requests.get(gateways["on"].url + "/metrics", timeout=10).text
         assert "forestflow_requests_total" in metrics
     finally:
@@ -313,8 +361,10 @@ def metrics_cost(args: argparse.Namespace) -> int:
     # Each round measures both gateways seconds apart: their paired difference drifts least.
     paired = statistics.median(a - b for a, b in zip(cpu["on"], cpu["off"]))
     cost = paired / off * 100
-    print(f"# 1-row /score c16: metrics on {on:.1f} CPU us/req, off {off:.1f} (medians); median paired difference "
-          f"{paired:+.1f} us/req = {cost:+.1f}% (target <= 5%) {'HOLDS' if cost <= 5 else 'MISSED'}")
+    print(
+        f"# 1-row /score c16: metrics on {on:.1f} CPU us/req, off {off:.1f} (medians); median paired difference "
+        f"{paired:+.1f} us/req = {cost:+.1f}% (target <= 5%) {'HOLDS' if cost <= 5 else 'MISSED'}"
+    )
     return 0
 
 
@@ -328,8 +378,12 @@ def main() -> int:
     parser.add_argument("--no-workers", action="store_true", help="skip the 1-vs-2 workers cells (bench/workers.py)")
     parser.add_argument("--h2o-scorers", action="store_true", help="only the H2O scorer cells and the RSS figures")
     parser.add_argument("--metrics-cost", action="store_true", help="only the CPU cost of /metrics counting (1-row /score)")
-    parser.add_argument("--rounds", type=int, default=7,
-                        help="side-by-side NONE/FULL rounds per logging-cost cell (median), and on/off rounds of --metrics-cost")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=7,
+        help="side-by-side NONE/FULL rounds per logging-cost cell (median), and on/off rounds of --metrics-cost",
+    )
     args = parser.parse_args()
     if args.metrics_cost:
         return metrics_cost(args)

@@ -94,8 +94,11 @@ class Server:
 
 def start_floor(log_dir: Path) -> Server:
     port = free_port()
-    proc = subprocess.Popen(pinned(0, [PYTHON, str(ROOT / "bench" / "floor_server.py"), str(port)]),
-                            stdout=open(log_dir / "floor.log", "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        pinned(0, [PYTHON, str(ROOT / "bench" / "floor_server.py"), str(port)]),
+        stdout=open(log_dir / "floor.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     server = Server(proc, f"http://127.0.0.1:{port}")
     wait_http(server.url + "/")
     return server
@@ -108,7 +111,10 @@ def start_gateway(data_dir: Path, env: dict[str, str], log_dir: Path, name: str)
     full_env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1", **roots, **env}
     proc = subprocess.Popen(
         pinned(0, [PYTHON, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]),
-        env=full_env, cwd=ROOT, stdout=open(log_dir / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
+        env=full_env,
+        cwd=ROOT,
+        stdout=open(log_dir / f"{name}.log", "wb"),
+        stderr=subprocess.STDOUT,
     )
     server = Server(proc, f"http://127.0.0.1:{port}")
     wait_http(server.url + "/health/ready")  # started: its registry restored

@@ -45,15 +45,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 TARGET_RATIO = 1.2
 
-LIVE_MODEL = '''
+LIVE_MODEL = """
 import numpy as np
 from forestflow.core.frame import Frame
 
 def predict(frame):
     return Frame({"double": frame["x"].astype(np.float64) * 2})
-'''
+"""
 
-SLEEP_MODEL = '''
+SLEEP_MODEL = """
 import time
 import numpy as np
 from forestflow.core.frame import Frame
@@ -61,9 +61,9 @@ from forestflow.core.frame import Frame
 def predict(frame):
     time.sleep({seconds})
     return Frame({{"double": frame["x"].astype(np.float64) * 2}})
-'''
+"""
 
-BURN_MODEL = '''
+BURN_MODEL = """
 import time
 import numpy as np
 from forestflow.core.frame import Frame
@@ -74,7 +74,7 @@ def predict(frame):
     while time.perf_counter() < end:
         spins += 1
     return Frame({{"double": frame["x"].astype(np.float64) * 2}})
-'''
+"""
 
 
 def pinned(core: int, argv: list[str]) -> list[str]:
@@ -229,12 +229,16 @@ async def run(args: argparse.Namespace, base: str, models: Path, gateway_pid: in
         metrics = await get_json(session, base + "/metrics/json")
         stats = {c: await get_json(session, f"{base}/bench/{c}/1/stats") for c, _ in scenarios.values()}
 
-    print(f"\nlive traffic: {args.rate:g} req/s open-loop, {args.duration:g} s per scenario in {rounds} interleaved "
-          f"slices (each after {args.warmup:g} s warm-up); live servable logLevel {args.live_log}; "
-          f"scoring_slots={args.slots}; GIL switch interval "
-          f"{args.switch_interval_ms or 5:g} ms; load average {os.getloadavg()[0]:.2f} (1 min)")
-    print(f"{'scenario':<30}{'sent':>7}{'non-200':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}"
-          f"{'p99/base':>10}{'CPU ms/req':>12}{'shadow copies':>15}{'scored':>8}{'dropped':>9}")
+    print(
+        f"\nlive traffic: {args.rate:g} req/s open-loop, {args.duration:g} s per scenario in {rounds} interleaved "
+        f"slices (each after {args.warmup:g} s warm-up); live servable logLevel {args.live_log}; "
+        f"scoring_slots={args.slots}; GIL switch interval "
+        f"{args.switch_interval_ms or 5:g} ms; load average {os.getloadavg()[0]:.2f} (1 min)"
+    )
+    print(
+        f"{'scenario':<30}{'sent':>7}{'non-200':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}"
+        f"{'p99/base':>10}{'CPU ms/req':>12}{'shadow copies':>15}{'scored':>8}{'dropped':>9}"
+    )
     base_p99 = results["no shadow"].pct(99)
     for name, (contract, _) in scenarios.items():
         s = results[name]
@@ -244,9 +248,11 @@ async def run(args: argparse.Namespace, base: str, models: Path, gateway_pid: in
         copies = sum(int(m["ServableMetrics"]["shadeCount"]) for m in stats[contract])
         errors = sum(s.statuses.values())
         shadow_cols = f"{copies:>15}{copies - dropped:>8}{dropped:>9}" if copies else f"{'-':>15}{'-':>8}{'-':>9}"
-        print(f"{name:<30}{len(s.latencies):>7}{errors:>9}{s.pct(50):>9.2f}{s.pct(90):>9.2f}{s.pct(99):>9.2f}"
-              f"{max(s.latencies):>9.2f}{s.pct(99) / base_p99:>9.2f}x{s.cpu_s * 1000 / len(s.latencies):>12.2f}"
-              f"{shadow_cols}")
+        print(
+            f"{name:<30}{len(s.latencies):>7}{errors:>9}{s.pct(50):>9.2f}{s.pct(90):>9.2f}{s.pct(99):>9.2f}"
+            f"{max(s.latencies):>9.2f}{s.pct(99) / base_p99:>9.2f}x{s.cpu_s * 1000 / len(s.latencies):>12.2f}"
+            f"{shadow_cols}"
+        )
         if s.late_sends:
             print(f"  ({s.late_sends} sends left > 5 ms late: the driver fell behind)")
     sleep_name = next(n for n in scenarios if n.startswith("sleeping"))
@@ -254,8 +260,10 @@ async def run(args: argparse.Namespace, base: str, models: Path, gateway_pid: in
     ok = ratio <= TARGET_RATIO and not results[sleep_name].statuses
     print(f"\ntarget: live p99 with sleeping shadow <= {TARGET_RATIO}x without: {ratio:.2f}x -> {'PASS' if ok else 'FAIL'}")
     cpu_name = next(n for n in scenarios if n.startswith("CPU"))
-    print(f"(no target) CPU-bound shadow: live p99 {results[cpu_name].pct(99) / base_p99:.2f}x, "
-          f"p50 {results[cpu_name].pct(50) / results['no shadow'].pct(50):.2f}x of no-shadow")
+    print(
+        f"(no target) CPU-bound shadow: live p99 {results[cpu_name].pct(99) / base_p99:.2f}x, "
+        f"p50 {results[cpu_name].pct(50) / results['no shadow'].pct(50):.2f}x of no-shadow"
+    )
     return 0 if ok else 1
 
 
@@ -270,8 +278,12 @@ def main() -> int:
     parser.add_argument("--burn-ms", type=float, default=5.0, help="how long the CPU-bound shadow computes per call")
     parser.add_argument("--slots", type=int, default=2, help="FORESTFLOW_SCORING_SLOTS for the gateway")
     parser.add_argument("--live-log", default="FULL", choices=["NONE", "FULL"], help="logLevel of the live servable")
-    parser.add_argument("--switch-interval-ms", type=float, default=0.0,
-                        help="run the gateway with sys.setswitchinterval (0 = Python's default, 5 ms)")
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=0.0,
+        help="run the gateway with sys.setswitchinterval (0 = Python's default, 5 ms)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (gateway log, prediction log)")
     args = parser.parse_args()
 
@@ -296,7 +308,10 @@ def main() -> int:
     launcher += "from forestflow.cli import main; raise SystemExit(main(sys.argv[1:]))"
     proc = subprocess.Popen(
         pinned(0, [PYTHON, "-c", "import sys; " + launcher, "serve", "--port", str(port), "--data-dir", str(work / "data")]),
-        env=env, cwd=ROOT, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+        stdout=open(log_path, "wb"),
+        stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
     try:

@@ -84,12 +84,18 @@ def start_gateway(name: str, work: Path, env: dict[str, str]) -> Gateway:
     port, grpc_port = free_port(), free_port()
     data_dir = work / f"data-{name}"
     full_env = {
-        **os.environ, "FORESTFLOW_GRPC_PORT": str(grpc_port), "FORESTFLOW_ACCESS_LOG": "0",
-        "FORESTFLOW_LOG_LEVEL": "warning", **env,
+        **os.environ,
+        "FORESTFLOW_GRPC_PORT": str(grpc_port),
+        "FORESTFLOW_ACCESS_LOG": "0",
+        "FORESTFLOW_LOG_LEVEL": "warning",
+        **env,
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)],
-        env=full_env, cwd=ROOT, stdout=open(work / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
+        env=full_env,
+        cwd=ROOT,
+        stdout=open(work / f"{name}.log", "wb"),
+        stderr=subprocess.STDOUT,
     )
     gw = Gateway(name, proc, f"http://127.0.0.1:{port}", grpc_port, data_dir)
     wait_http(gw.url + "/health/live")
@@ -146,8 +152,9 @@ class Traffic:
     async def one(self, gw: Gateway, kind: str, session: aiohttp.ClientSession, channel: grpc.aio.Channel) -> str:
         """Send one request; return its status as a string ("200", "503", "gp-error", "grpc-UNAVAILABLE", ...)."""
         if kind == "grpc":
-            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
-                                       request_serializer=None, response_deserializer=None)
+            call = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer", request_serializer=None, response_deserializer=None
+            )
             try:
                 await call(self.grpc, timeout=30)
                 return "200"
@@ -201,7 +208,7 @@ async def drive(gateways: list[Gateway], traffic: Traffic, rate: float, seconds:
                     async with slots:
                         try:
                             status = await traffic.one(gw, kind, session, channels[gw.name])
-                        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                        except (TimeoutError, aiohttp.ClientError) as exc:
                             status = f"client-{type(exc).__name__}"
                     gw.answers[(kind, status)] += 1
                     if status == "200":
@@ -220,15 +227,17 @@ async def drive(gateways: list[Gateway], traffic: Traffic, rate: float, seconds:
 async def admin_churn(gateways: list[Gateway], every_s: float, stop: asyncio.Event, phase_in_s: int) -> None:
     """An admin change on every gateway every ``every_s`` seconds, cycling through what admins do."""
     contract = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 5}}, "router": {"FairPhaseInPctBasedRouter": {}}}
-    policy = {"validityPolicy": [{"ImmediatelyValid": {}}],
-              "phaseInPolicy": {"LinearTimeBasedPhaseIn": {"phase_in_over_secs": phase_in_s}}}
+    policy = {
+        "validityPolicy": [{"ImmediatelyValid": {}}],
+        "phaseInPolicy": {"LinearTimeBasedPhaseIn": {"phase_in_over_secs": phase_in_s}},
+    }
     step = 0
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), every_s)
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             action = step % 5
             extra = f"extra-{step // 5}"
@@ -248,7 +257,7 @@ async def admin_churn(gateways: list[Gateway], every_s: float, stop: asyncio.Eve
                     async with request as r:
                         await r.read()
                         gw.admin[f"{('policy', 'logging', 'contract', 'deploy', 'delete')[action]} {r.status}"] += 1
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, aiohttp.ClientError) as exc:
                     gw.admin[f"client-{type(exc).__name__}"] += 1
             step += 1
 
@@ -259,7 +268,7 @@ async def sampler(gateways: list[Gateway], every_s: float, stop: asyncio.Event, 
             gw.sample(time.monotonic() - t0)
         try:
             await asyncio.wait_for(stop.wait(), every_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 
@@ -309,8 +318,9 @@ def kafka_events(bootstrap: str) -> tuple[int, int]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     async def count() -> tuple[int, int]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                    auto_offset_reset="earliest")
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
+        )
         await consumer.start()
         try:
             await consumer.topics()
@@ -361,19 +371,23 @@ def report(gw: Gateway, args: argparse.Namespace, stats: dict[str, Any], at_sink
     admin_failed = sum(n for key, n in gw.admin.items() if not key.endswith(" 200"))
     lost = log["delivered"] - at_sink
     print(f"== gateway '{gw.name}' (prediction log: {log['sink']})")
-    print(f"   RSS MiB: start {start_rss:.0f}, after warm-up ({args.warmup_minutes:g} min) {warm_rss:.0f}, end {end_rss:.0f}; "
-          f"growth after warm-up {growth:+.1f} MiB; slope after warm-up {slope_mb_per_hour(after):+.1f} MiB/h "
-          f"({len(after)} samples)")
+    print(
+        f"   RSS MiB: start {start_rss:.0f}, after warm-up ({args.warmup_minutes:g} min) {warm_rss:.0f}, end {end_rss:.0f}; "
+        f"growth after warm-up {growth:+.1f} MiB; slope after warm-up {slope_mb_per_hour(after):+.1f} MiB/h "
+        f"({len(after)} samples)"
+    )
     print(f"   open fds: start {gw.samples[0][2]}, max {max(f for _, _, f in gw.samples)}, end {gw.samples[-1][2]}")
     by_kind: dict[str, Counter[str]] = {}
     for (kind, status), n in sorted(gw.answers.items()):
         by_kind.setdefault(kind, Counter())[status] += n
     print("   answers: " + "; ".join(f"{kind} {dict(c)}" for kind, c in by_kind.items()))
     print(f"   admin: {dict(sorted(gw.admin.items()))}")
-    print(f"   events: produced {log['produced']}, delivered {log['delivered']}, dropped {log['dropped']} "
-          f"(overflow {log['droppedOverflow']}), buffered {log['bufferedEvents']}, send failures {log['sendFailures']}; "
-          f"held by the sink {at_sink}" + (f" ({served_at_sink} served, {gw.ok_requests} successful requests)"
-                                           if served_at_sink is not None else ""))
+    print(
+        f"   events: produced {log['produced']}, delivered {log['delivered']}, dropped {log['dropped']} "
+        f"(overflow {log['droppedOverflow']}), buffered {log['bufferedEvents']}, send failures {log['sendFailures']}; "
+        f"held by the sink {at_sink}"
+        + (f" ({served_at_sink} served, {gw.ok_requests} successful requests)" if served_at_sink is not None else "")
+    )
     shadow_dropped = sum(s["shadowDropped"] for s in stats["schedulers"].values())
     print(f"   shadow copies dropped by full shadow queues (not scored, so no event): {shadow_dropped}")
     checks = {
@@ -396,12 +410,18 @@ def main() -> int:
         return rollout.main([a for a in sys.argv[1:] if a != "--rollout"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the traffic phase (default %(default)s)")
-    parser.add_argument("--rate", type=float, default=60.0, help="requests per second, both gateways together (default %(default)s)")
+    parser.add_argument(
+        "--rate", type=float, default=60.0, help="requests per second, both gateways together (default %(default)s)"
+    )
     parser.add_argument("--concurrency", type=int, default=64, help="most requests in flight (default %(default)s)")
     parser.add_argument("--admin-every", type=float, default=3.0, help="seconds between admin changes (default %(default)s)")
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS/fd samples (default %(default)s)")
-    parser.add_argument("--warmup-minutes", type=float, default=None,
-                        help="RSS growth is measured from here (default: a fifth of the run, at most 5)")
+    parser.add_argument(
+        "--warmup-minutes",
+        type=float,
+        default=None,
+        help="RSS growth is measured from here (default: a fifth of the run, at most 5)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, data dirs)")
     args = parser.parse_args()
     if args.warmup_minutes is None:
@@ -412,13 +432,18 @@ def main() -> int:
     from tests.kafka_broker import running_broker
 
     work = Path(tempfile.mkdtemp(prefix="forestflow-soak-"))
-    print(f"# soak: {args.minutes:g} min at {args.rate:g} req/s ({', '.join(KINDS)} in turn, two gateways), "
-          f"admin change every {args.admin_every:g} s; work dir {work}", flush=True)
+    print(
+        f"# soak: {args.minutes:g} min at {args.rate:g} req/s ({', '.join(KINDS)} in turn, two gateways), "
+        f"admin change every {args.admin_every:g} s; work dir {work}",
+        flush=True,
+    )
     ok = False
     with running_broker() as broker:
         kafka_env = {
-            "FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "FORESTFLOW_KAFKA_ENABLE_IDEMPOTENCE": "false",
-            "FORESTFLOW_KAFKA_TOPIC": TOPIC, "FORESTFLOW_KAFKA_GP_TOPIC": GP_TOPIC,
+            "FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+            "FORESTFLOW_KAFKA_ENABLE_IDEMPOTENCE": "false",
+            "FORESTFLOW_KAFKA_TOPIC": TOPIC,
+            "FORESTFLOW_KAFKA_GP_TOPIC": GP_TOPIC,
         }
         gateways = [start_gateway("file", work, {}), start_gateway("kafka", work, kafka_env)]
         try:
@@ -440,7 +465,11 @@ def main() -> int:
                     gw.proc.wait(60)
                 except subprocess.TimeoutExpired:
                     gw.proc.kill()
-    print(f"# soak {'passed' if ok else 'FAILED'}; logs in {work}" if args.keep or not ok else f"# soak {'passed' if ok else 'FAILED'}")
+    print(
+        f"# soak {'passed' if ok else 'FAILED'}; logs in {work}"
+        if args.keep or not ok
+        else f"# soak {'passed' if ok else 'FAILED'}"
+    )
     if not args.keep and ok:
         import shutil
 

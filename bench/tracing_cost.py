@@ -62,8 +62,10 @@ async def main() -> None:
             results[on].append(await one_round(on, n))
     for on in (False, True):
         cpu, ms = min(c for c, _ in results[on]), min(m for _, m in results[on])
-        print(f"tracing {'on (100%)' if on else 'off':9}: {cpu:7.1f} us CPU per request, median {ms:.3f} ms  "
-              f"(rounds: {', '.join(f'{c:.0f}' for c, _ in results[on])} us)")
+        print(
+            f"tracing {'on (100%)' if on else 'off':9}: {cpu:7.1f} us CPU per request, median {ms:.3f} ms  "
+            f"(rounds: {', '.join(f'{c:.0f}' for c, _ in results[on])} us)"
+        )
     off, on_ = min(c for c, _ in results[False]), min(c for c, _ in results[True])
     print(f"tracing on costs +{on_ - off:.1f} us CPU per request ({(on_ / off - 1) * 100:.0f}%)")
 

@@ -27,7 +27,12 @@ from forestflow.api.v2_rest import infer_payload  # noqa: E402
 from tests.support import python_servable, serve_in_process  # noqa: E402
 
 BODY = orjson.dumps({"inputs": [{"name": n, "datatype": "FP64", "shape": [1], "data": [1.0]} for n in ("a", "b", "c")]})
-NP_BODY = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP64", "shape": [1, 3], "data": [1.0, 2.0, 3.0]}], "parameters": {"content_type": "np"}})
+NP_BODY = orjson.dumps(
+    {
+        "inputs": [{"name": "x", "datatype": "FP64", "shape": [1, 3], "data": [1.0, 2.0, 3.0]}],
+        "parameters": {"content_type": "np"},
+    }
+)
 
 
 async def main(requests: int) -> None:
@@ -59,7 +64,10 @@ async def main(requests: int) -> None:
                 for _ in range(requests):
                     await one(body)
                 elapsed = time.perf_counter() - started
-                print(f"V2 1-row {label:5}: {calls / requests:7.1f} Python calls/request, {elapsed / requests * 1e6:7.1f} us/request ({requests} requests)")
+                print(
+                    f"V2 1-row {label:5}: {calls / requests:7.1f} Python calls/request, "
+                    f"{elapsed / requests * 1e6:7.1f} us/request ({requests} requests)"
+                )
 
 
 if __name__ == "__main__":

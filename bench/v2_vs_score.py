@@ -22,8 +22,8 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -106,7 +106,9 @@ def check(endpoint: Endpoint, status: int, body: bytes, headers: dict[str, str],
         raise RuntimeError(f"{endpoint.name}: {got} predictions for {n} rows")
 
 
-async def load(session: aiohttp.ClientSession, endpoint: Endpoint, total: int, concurrency: int, n: int) -> tuple[list[float], float]:
+async def load(
+    session: aiohttp.ClientSession, endpoint: Endpoint, total: int, concurrency: int, n: int
+) -> tuple[list[float], float]:
     """``total`` requests from ``concurrency`` workers: the latency of each and the wall time of all."""
     latencies: list[float] = []
     remaining = [total]
@@ -164,7 +166,10 @@ def main() -> None:
     env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1"}
     proc = subprocess.Popen(
         pinned(0, [sys.executable, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(work / "data")]),
-        env=env, cwd=ROOT, stdout=open(work / "gateway.log", "wb"), stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+        stdout=open(work / "gateway.log", "wb"),
+        stderr=subprocess.STDOUT,
     )
     server = Server(proc, f"http://127.0.0.1:{port}")
     try:
@@ -173,8 +178,10 @@ def main() -> None:
         r.raise_for_status()
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
             os.sched_setaffinity(0, {1})  # the load loop on the other core
-        print(f"# gateway pid {proc.pid} on core 0, load on core 1; {args.requests} requests per cell at "
-              f"concurrency {args.concurrency}; H2O MOJO {payloads.FIXTURE.name}; logs in {work}")
+        print(
+            f"# gateway pid {proc.pid} on core 0, load on core 1; {args.requests} requests per cell at "
+            f"concurrency {args.concurrency}; H2O MOJO {payloads.FIXTURE.name}; logs in {work}"
+        )
         asyncio.run(measure(server.url, args))
     finally:
         server.stop()

@@ -64,7 +64,18 @@ def measure(workers: int, work: Path, duration: float, concurrencies: list[int])
     """Start a gateway with ``workers`` processes, deploy the H2O example, drive /score 1-row."""
     port = free_port()
     env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1"}
-    argv = [PYTHON, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(work / f"data-w{workers}"), "--workers", str(workers)]
+    argv = [
+        PYTHON,
+        "-m",
+        "forestflow.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(work / f"data-w{workers}"),
+        "--workers",
+        str(workers),
+    ]
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=open(work / f"workers-{workers}.log", "wb"), stderr=subprocess.STDOUT)
     server = Server(proc, f"http://127.0.0.1:{port}")
     url = server.url
@@ -80,8 +91,11 @@ def measure(workers: int, work: Path, duration: float, concurrencies: list[int])
             result = drive(url + path, body, ctype, conc, duration)
             result.cpu_us = (tree_cpu_s(proc.pid) - before) / result.requests * 1e6 if result.requests else float("nan")
             cells.append(WorkersCell(workers, conc, result))
-            print(f"workers {workers} score 1-row c{conc:<3} {result.rps:>8.0f} req/s  p50 {result.p50_ms:6.2f} ms  "
-                  f"p99 {result.p99_ms:6.2f} ms  cpu {result.cpu_us:6.0f} us/req  errors {result.errors}", flush=True)
+            print(
+                f"workers {workers} score 1-row c{conc:<3} {result.rps:>8.0f} req/s  p50 {result.p50_ms:6.2f} ms  "
+                f"p99 {result.p99_ms:6.2f} ms  cpu {result.cpu_us:6.0f} us/req  errors {result.errors}",
+                flush=True,
+            )
     finally:
         server.stop()
     return cells
@@ -94,8 +108,11 @@ def workers_cells(work: Path, duration: float, concurrencies: tuple[int, ...] = 
     for a, b in zip(one, two):
         cpu = b.result.cpu_us / a.result.cpu_us - 1 if a.result.cpu_us else float("nan")
         gain = b.result.rps / a.result.rps if a.result.rps else float("nan")
-        print(f"workers c{a.concurrency}: 2 workers {gain:.2f}x the req/s of 1; CPU per request {cpu * 100:+.1f}% "
-              f"(target within 10%: {'HOLDS' if abs(cpu) <= 0.10 else 'MISSED'})", flush=True)
+        print(
+            f"workers c{a.concurrency}: 2 workers {gain:.2f}x the req/s of 1; CPU per request {cpu * 100:+.1f}% "
+            f"(target within 10%: {'HOLDS' if abs(cpu) <= 0.10 else 'MISSED'})",
+            flush=True,
+        )
     return one + two
 
 

@@ -63,7 +63,9 @@ class Administration:
             existing = registry.contracts.get(fqrv.contract)
             if existing is not None and defn.contract_settings is not None and existing.settings != defn.contract_settings:
                 raise ContractValidationError(
-                    fqrv.contract, f"contract {fqrv.contract} exists: change its settings with PUT /{fqrv.contract.organization}/{fqrv.contract.project}/{fqrv.contract.number}"
+                    fqrv.contract,
+                    f"contract {fqrv.contract} exists: change its settings with "
+                    f"PUT /{fqrv.contract.organization}/{fqrv.contract.project}/{fqrv.contract.number}",
                 )
             registry.pending.add(fqrv)
         try:
@@ -183,7 +185,7 @@ class Administration:
                 error_rate=round(metrics.window.error_rate, 4),
                 errors=metrics.error_count,
                 shade_errors=metrics.shade_error_count,
-                routed=[str(FQRV(state.contract, r)) for r in state.picker.keys()],
+                routed=[str(FQRV(state.contract, r)) for r in state.picker.keys()],  # noqa: SIM118 (a WeightedPicker)
             )
         if not expiry.releases:
             return

@@ -127,7 +127,13 @@ def _run(main: Any, event_loop: str) -> None:
 def _worker_args(args: argparse.Namespace) -> list[str]:
     """The ``serve`` arguments a worker gets: the supervisor's own (its settings), one worker each."""
     out: list[str] = []
-    flags = (("--config", args.config), ("--host", args.host), ("--port", args.port), ("--data-dir", args.data_dir), ("--repository", args.repository))
+    flags = (
+        ("--config", args.config),
+        ("--host", args.host),
+        ("--port", args.port),
+        ("--data-dir", args.data_dir),
+        ("--repository", args.repository),
+    )
     for flag, value in flags:
         if value is not None:
             out += [flag, str(value)]
@@ -342,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     url_help = "gateway URL; host:port means http://host:port (default: %(default)s)"
     token_default = os.environ.get("FORESTFLOW_ADMIN_TOKEN")
     deploy = sub.add_parser(
-        "deploy", help="deploy a servable definition JSON file",
+        "deploy",
+        help="deploy a servable definition JSON file",
         description="POST a servable definition (ForestFlow's BasicServeRequest JSON) to a running gateway; "
         "a relative file:// path in it is resolved from the current directory.",
     )
@@ -358,7 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", help="prediction log tools", description="Prediction log tools.")
     logs_sub = logs.add_subparsers(dest="logs_command", required=True, metavar="command")
     tail = logs_sub.add_parser(
-        "tail", help="print prediction events as JSON lines (Kafka, or the local file log)",
+        "tail",
+        help="print prediction events as JSON lines (Kafka, or the local file log)",
         description="Print prediction events as JSON lines: from Kafka when bootstrap servers are configured, "
         "else from the gateway's local file log (jsonl or protobuf).",
     )

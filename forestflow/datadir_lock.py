@@ -28,8 +28,7 @@ class DataDirInUse(Exception):
         self.pid = pid
         holder = f"pid {pid}" if pid is not None else "pid unknown"
         super().__init__(
-            f"data dir {data_dir} is in use by another forestflow process ({holder}); "
-            f"stop it or pass another --data-dir"
+            f"data dir {data_dir} is in use by another forestflow process ({holder}); stop it or pass another --data-dir"
         )
 
 
@@ -73,9 +72,7 @@ class DataDirLock:
         self.acquire()
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.release()
 
 

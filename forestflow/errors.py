@@ -227,7 +227,6 @@ class PredictionFailed(GatewayError):
         super().__init__(message, fqrv=fqrv, errorMessage=message)
 
 
-
 class InternalError(GatewayError):
     """An unexpected failure in the gateway itself (not in model code); the detail is logged."""
 

@@ -46,8 +46,13 @@ def reply_line(record: Any) -> dict[str, Any]:
 
 
 async def _reply_consumer(bootstrap: str, topic: str, from_beginning: bool, wait_s: float) -> AIOKafkaConsumer:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                client_id="forestflow-kafka-cli", fetch_max_wait_ms=100)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        client_id="forestflow-kafka-cli",
+        fetch_max_wait_ms=100,
+    )
     await consumer.start()
     deadline = time.monotonic() + wait_s
     while not consumer.partitions_for_topic(topic):
@@ -78,7 +83,9 @@ async def score(args: argparse.Namespace) -> int:
         ("forestflow-reply-topic", args.reply_topic.encode()),
         ("forestflow-request-id", request_id.encode()),
     ]
-    headers.append(("forestflow-model", args.contract.encode()) if args.format == "v2" else ("forestflow-contract", args.contract.encode()))
+    headers.append(
+        ("forestflow-model", args.contract.encode()) if args.format == "v2" else ("forestflow-contract", args.contract.encode())
+    )
     consumer = await _reply_consumer(args.bootstrap, args.reply_topic, False, args.timeout)  # listen first
     producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, enable_idempotence=False)
     try:

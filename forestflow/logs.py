@@ -135,7 +135,13 @@ def _utc_timestamp() -> str:
 
 
 def access(
-    request_id: str, method: str, path: str, status: int, contract: str | None, fqrv: str | None, ms: float,
+    request_id: str,
+    method: str,
+    path: str,
+    status: int,
+    contract: str | None,
+    fqrv: str | None,
+    ms: float,
     trace_id: str | None = None,
 ) -> None:
     """The access log's line for one request: the fields a structlog ``request`` event would carry.

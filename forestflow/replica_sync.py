@@ -109,25 +109,25 @@ class ReplicaSync:
         # store deleted until those loads are done (then the snapshot is applied again).
         incoming = {f.contract for f in self._syncing} if not wait else set()
         if not wait:
-            for fqrv, defn in wanted.items():
+            for fqrv, target in wanted.items():
                 held = registry.loaded.get(fqrv)
-                if (held is None or not _same_artifact(held.definition, defn)) and self._failed_defs.get(fqrv) != defn:
+                if (held is None or not _same_artifact(held.definition, target)) and self._failed_defs.get(fqrv) != target:
                     incoming.add(fqrv.contract)
         self._deferred = set()
         unload: list[Loaded] = []
         for contract, state in list(registry.contracts.items()):
             for release, entry in list(state.servables.items()):
-                defn, loaded = wanted.get(entry.fqrv), registry.loaded.get(entry.fqrv)
-                if defn is not None and loaded is not None and _same_artifact(loaded.definition, defn):
-                    if loaded.definition != defn:
-                        registry.update_definition(defn)
+                target, loaded = wanted.get(entry.fqrv), registry.loaded.get(entry.fqrv)
+                if target is not None and loaded is not None and _same_artifact(loaded.definition, target):
+                    if loaded.definition != target:
+                        registry.update_definition(target)
                         touched.add(contract)
                     if _adopt_shared_metrics(entry.metrics, docs.get(metrics_key(entry.fqrv))):
                         touched.add(contract)
                     continue
-                if defn is None and servable_key(entry.fqrv) in present:
+                if target is None and servable_key(entry.fqrv) in present:
                     continue  # its document did not parse: keep serving what we have
-                if defn is None and contract in incoming:
+                if target is None and contract in incoming:
                     self._deferred.add(contract)  # deleted elsewhere: it goes once the new ones are loaded
                     continue
                 # Deleted elsewhere, or redeployed from another artifact: out of routing now,
@@ -135,17 +135,25 @@ class ReplicaSync:
                 unload.extend(registry.remove(contract, [release]))
                 touched.add(contract)
                 log.info("servable_removed_by_sync", fqrv=str(entry.fqrv))
-            if not state.servables and contract_key(contract) not in present and not any(f.contract == contract for f in registry.pending):
+            if (
+                not state.servables
+                and contract_key(contract) not in present
+                and not any(f.contract == contract for f in registry.pending)
+            ):
                 registry.drop_contract(contract)
         for fqrv in [f for f in registry.failed if f not in wanted]:
             registry.failed.pop(fqrv)
             self._failed_defs.pop(fqrv, None)
-        for fqrv, defn in list(self._syncing.items()):
+        for fqrv in list(self._syncing):
             if fqrv in wanted:
                 self._syncing[fqrv] = wanted[fqrv]
             else:
                 del self._syncing[fqrv]  # the loader discards it when done
-        new = [d for f, d in wanted.items() if f not in registry.loaded and f not in registry.pending and self._failed_defs.get(f) != d]
+        new = [
+            d
+            for f, d in wanted.items()
+            if f not in registry.loaded and f not in registry.pending and self._failed_defs.get(f) != d
+        ]
         if wait:
             results = await asyncio.gather(*(self.loader.load(d) for d in new), return_exceptions=True)
             for defn, result in zip(new, results):

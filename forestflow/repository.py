@@ -93,7 +93,7 @@ def read_entry(directory: Path) -> ServableDefinition:
         raise EntryError(f"{file.name} is not valid TOML: {exc}") from None
     contract = doc.get("contract")
     if not isinstance(contract, str):
-        raise EntryError(f"{file.name}: contract required (\"org.project.N\")")
+        raise EntryError(f'{file.name}: contract required ("org.project.N")')
     try:
         parsed = Contract.parse(contract)
     except InvalidInput as exc:
@@ -194,7 +194,10 @@ class ModelRepository:
         for entry in await asyncio.to_thread(self.scan):
             if entry.definition is None:
                 rows[(f"({entry.directory.name})", "")] = {
-                    "name": entry.directory.name, "version": "", "state": "UNAVAILABLE", "reason": entry.error,
+                    "name": entry.directory.name,
+                    "version": "",
+                    "state": "UNAVAILABLE",
+                    "reason": entry.error,
                 }
                 continue
             fqrv = entry.definition.fqrv
@@ -220,7 +223,9 @@ class ModelRepository:
         """Deploy every repository entry of a model (contract) not deployed as it is; 404 if the
         repository has none. A failed deploy answers with its reason (422)."""
         contract = _model_contract(name)
-        entries = [e for e in await asyncio.to_thread(self.scan) if e.definition is not None and e.definition.fqrv.contract == contract]
+        entries = [
+            e for e in await asyncio.to_thread(self.scan) if e.definition is not None and e.definition.fqrv.contract == contract
+        ]
         if not entries:
             raise NotFound(f"the model repository has no entry for model {name!r}")
         deployed = []

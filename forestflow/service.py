@@ -130,7 +130,9 @@ class Gateway:
         await self.replica_sync.reconcile(docs, wait=True)
         await self.loader.prune_artifacts()  # what no restored servable uses (deleted while down, crashes)
         registry = self.registry
-        log.info("registry_restored", contracts=len(registry.contracts), servables=len(registry.loaded), failed=len(registry.failed))
+        log.info(
+            "registry_restored", contracts=len(registry.contracts), servables=len(registry.loaded), failed=len(registry.failed)
+        )
         self.prediction_log.start()
         self._timers = [
             asyncio.create_task(self._every(self.settings.evaluation_interval_s, self.admin.evaluate_all), name="evaluate"),
@@ -179,7 +181,11 @@ class Gateway:
         """Serving: started, not draining, every registered servable loaded, the prediction log draining."""
         registry = self.registry
         return (
-            self.started and not self.draining and not registry.failed and not registry.pending and not self.unhealthy()
+            self.started
+            and not self.draining
+            and not registry.failed
+            and not registry.pending
+            and not self.unhealthy()
             and self.prediction_log.running
         )
 
@@ -299,8 +305,12 @@ class Gateway:
             if error.__cause__ is not None:
                 cause = error.__cause__
                 log.error(
-                    "predict_failed", fqrv=str(fqrv), request_id=request_id, error_code=error.code,
-                    exception_type=type(cause).__name__, exc_info=cause,
+                    "predict_failed",
+                    fqrv=str(fqrv),
+                    request_id=request_id,
+                    error_code=error.code,
+                    exception_type=type(cause).__name__,
+                    exc_info=cause,
                 )
             raise
         except asyncio.CancelledError:
@@ -308,6 +318,7 @@ class Gateway:
             self._log_outcome(entry, context, True, started, error=ClientClosedRequest("the client closed the request"))
             raise
         encode = wire.encode if wire is not None and not wire.graphpipe else None  # the caller's answer, once
+        response_json: bytes | None
         try:
             if tracing.ON and encode is not None:
                 with tracing.child("encode"):
@@ -421,10 +432,23 @@ class Gateway:
         # The order is PredictionRecord's field order.
         self.prediction_log.emit(
             PredictionRecord(
-                entry.fqrv, served, context.frame, context.configs, logging, context.request_id, context.protocol,
-                self.clock(), latency, 200 if error is None else http_status(error), output,
-                error.message if error else "", error.code if error else "",
-                raw_request, raw_response, request_json, response_json,
+                entry.fqrv,
+                served,
+                context.frame,
+                context.configs,
+                logging,
+                context.request_id,
+                context.protocol,
+                self.clock(),
+                latency,
+                200 if error is None else http_status(error),
+                output,
+                error.message if error else "",
+                error.code if error else "",
+                raw_request,
+                raw_response,
+                request_json,
+                response_json,
                 tracing.current_trace_id() if tracing.ON else "",
             )
         )

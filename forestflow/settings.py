@@ -56,7 +56,9 @@ class Settings:
         "empty = tracing off unless OTEL_EXPORTER_OTLP_ENDPOINT is set (the other OTEL_* variables are the SDK's)",
         default="",
     )
-    otel_traces_sampler_ratio: float = _doc("share of new traces sampled (a caller's sampled traceparent is followed)", default=1.0)
+    otel_traces_sampler_ratio: float = _doc(
+        "share of new traces sampled (a caller's sampled traceparent is followed)", default=1.0
+    )
 
     workers: int = _doc(
         "worker processes serving the same ports (0 = one per available core); they share the registry "
@@ -79,14 +81,14 @@ class Settings:
     kafka_enable_idempotence: bool = _doc("idempotent producer (off for brokers that lack it)", default=True)
     kafka_request_timeout_ms: int = _doc("per produce request", default=10000)
     kafka_ingest_topics: str = _doc(
-        "comma-separated topics whose messages are scoring requests (empty = no Kafka ingestion; "
-        "uses kafka_bootstrap_servers)",
+        "comma-separated topics whose messages are scoring requests (empty = no Kafka ingestion; uses kafka_bootstrap_servers)",
         default="",
     )
-    kafka_ingest_group: str = _doc("consumer group of the gateway replicas reading kafka_ingest_topics", default="forestflow-ingest")
+    kafka_ingest_group: str = _doc(
+        "consumer group of the gateway replicas reading kafka_ingest_topics", default="forestflow-ingest"
+    )
     kafka_reply_topic: str = _doc(
-        "where answers go when a request names no forestflow-reply-topic header (empty = such requests "
-        "are dropped and counted)",
+        "where answers go when a request names no forestflow-reply-topic header (empty = such requests are dropped and counted)",
         default="forestflow.replies",
     )
     kafka_ingest_session_timeout_ms: int = _doc(
@@ -118,7 +120,9 @@ class Settings:
     )
     live_queue: int = _doc("live requests queued per servable before 503", default=64)
     shadow_queue: int = _doc("shadow copies queued per servable before they are dropped", default=64)
-    max_batch_rows: int = _doc("most rows scored in one combined call of concurrent requests (0 = no micro-batching)", default=512)
+    max_batch_rows: int = _doc(
+        "most rows scored in one combined call of concurrent requests (0 = no micro-batching)", default=512
+    )
     max_body_bytes: int = _doc("largest request body accepted (after decompression)", default=64 * 1024 * 1024)
     max_rows: int = _doc("largest batch (records) accepted", default=100000)
     evaluation_interval_s: float = _doc("contract re-evaluation period (phase-in, validity)", default=5.0)
@@ -152,7 +156,8 @@ class Settings:
 
     drain_grace_s: float = _doc(
         "on SIGTERM, how long the gateway keeps accepting requests with readiness failing (so load balancers "
-        "stop sending) before it stops listening and finishes what is in flight", default=5.0,
+        "stop sending) before it stops listening and finishes what is in flight",
+        default=5.0,
     )
     metrics: bool = _doc("count requests for /metrics (Prometheus); off only to measure what counting costs", default=True)
 
@@ -160,9 +165,16 @@ class Settings:
         _check(0 <= self.port <= 65535, "port", self.port, "an integer 0..65535")
         _check(-1 <= self.grpc_port <= 65535, "grpc_port", self.grpc_port, "an integer -1..65535")
         _check(bool(self.host), "host", self.host, "an address")
-        _check(self.log_level in ("debug", "info", "warning", "error"), "log_level", self.log_level, "debug, info, warning or error")
+        _check(
+            self.log_level in ("debug", "info", "warning", "error"), "log_level", self.log_level, "debug, info, warning or error"
+        )
         _check(self.event_loop in ("uvloop", "asyncio"), "event_loop", self.event_loop, "uvloop or asyncio")
-        _check(self.kafka_compression in ("none", "gzip", "lz4", "zstd"), "kafka_compression", self.kafka_compression, "none, gzip, lz4 or zstd")
+        _check(
+            self.kafka_compression in ("none", "gzip", "lz4", "zstd"),
+            "kafka_compression",
+            self.kafka_compression,
+            "none, gzip, lz4 or zstd",
+        )
         _check(self.kafka_acks in ("0", "1", "all"), "kafka_acks", self.kafka_acks, "0, 1 or all")
         _check(self.h2o_scorer in ("auto", "jvm", "native"), "h2o_scorer", self.h2o_scorer, "auto, jvm or native")
         _check(self.log_file_format in ("jsonl", "protobuf"), "log_file_format", self.log_file_format, "jsonl or protobuf")
@@ -173,19 +185,55 @@ class Settings:
             for topic in self.kafka_ingest_topic_list:
                 _check(bool(_TOPIC.match(topic)), "kafka_ingest_topics", self.kafka_ingest_topics, "comma-separated topic names")
             _check(bool(self.kafka_ingest_group.strip()), "kafka_ingest_group", self.kafka_ingest_group, "a group id")
-        _check(not self.kafka_reply_topic or bool(_TOPIC.match(self.kafka_reply_topic)), "kafka_reply_topic", self.kafka_reply_topic, "a topic name (or empty)")
-        _check(not self.redis_url or self.redis_url.startswith(("redis://", "rediss://", "unix://")), "redis_url", self.redis_url, "a redis:// URL")
-        for name in ("kafka_ingest_session_timeout_ms", "kafka_ingest_fetch_max_wait_ms", "scoring_slots", "scoring_threads", "log_sample_every", "request_timeout_ms", "max_body_bytes", "max_rows", "log_buffer_bytes"):
+        _check(
+            not self.kafka_reply_topic or bool(_TOPIC.match(self.kafka_reply_topic)),
+            "kafka_reply_topic",
+            self.kafka_reply_topic,
+            "a topic name (or empty)",
+        )
+        _check(
+            not self.redis_url or self.redis_url.startswith(("redis://", "rediss://", "unix://")),
+            "redis_url",
+            self.redis_url,
+            "a redis:// URL",
+        )
+        for name in (
+            "kafka_ingest_session_timeout_ms",
+            "kafka_ingest_fetch_max_wait_ms",
+            "scoring_slots",
+            "scoring_threads",
+            "log_sample_every",
+            "request_timeout_ms",
+            "max_body_bytes",
+            "max_rows",
+            "log_buffer_bytes",
+        ):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")
         for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms", "workers", "log_linger_ms"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")
         _check(self.drain_grace_s >= 0, "drain_grace_s", self.drain_grace_s, "zero or more seconds")
-        for name in ("evaluation_interval_s", "metrics_flush_interval_s", "redis_sync_interval_s", "log_flush_timeout_s", "file_sync_interval_s"):
+        for name in (
+            "evaluation_interval_s",
+            "metrics_flush_interval_s",
+            "redis_sync_interval_s",
+            "log_flush_timeout_s",
+            "file_sync_interval_s",
+        ):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number of seconds")
         _check(not self.repository or Path(self.repository).is_dir(), "repository", self.repository, "an existing directory")
         _check(self.artifact_max_bytes > 0, "artifact_max_bytes", self.artifact_max_bytes, "a positive number of bytes")
-        _check(self.artifact_download_timeout_s > 0, "artifact_download_timeout_s", self.artifact_download_timeout_s, "a positive number of seconds")
-        _check(not self.genmodel_jar or Path(self.genmodel_jar).is_file(), "genmodel_jar", self.genmodel_jar, "an existing jar file (or empty)")
+        _check(
+            self.artifact_download_timeout_s > 0,
+            "artifact_download_timeout_s",
+            self.artifact_download_timeout_s,
+            "a positive number of seconds",
+        )
+        _check(
+            not self.genmodel_jar or Path(self.genmodel_jar).is_file(),
+            "genmodel_jar",
+            self.genmodel_jar,
+            "an existing jar file (or empty)",
+        )
         try:
             shlex.split(self.jvm_opts)
         except ValueError:
@@ -229,7 +277,7 @@ class Settings:
             key = ENV_PREFIX + name.upper()
             if key in env:
                 values[name] = env[key]
-        unknown_env = [k for k in env if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() not in names]
+        unknown_env = [k for k in env if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in names]
         if unknown_env:
             raise SettingsError(f"unknown setting {unknown_env[0]}")
         values.update({k: v for k, v in (overrides or {}).items() if v is not None})

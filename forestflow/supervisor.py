@@ -133,7 +133,14 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         slots = self._slots = [_Slot(i) for i in range(self.count)]
         signal.signal(signal.SIGHUP, self._on_hangup)
-        log.info("serving", host=settings.host, port=http.getsockname()[1], grpc_port=grpc_port, workers=self.count, data_dir=str(settings.data_dir))
+        log.info(
+            "serving",
+            host=settings.host,
+            port=http.getsockname()[1],
+            grpc_port=grpc_port,
+            workers=self.count,
+            data_dir=str(settings.data_dir),
+        )
         try:
             for slot in slots:
                 self._start(slot, http.fileno(), grpc_port)
@@ -188,7 +195,14 @@ class Supervisor:
                 ran_s = now - slot.started_at
                 if ran_s >= HEALTHY_RUN_S:
                     slot.backoff_s = FIRST_BACKOFF_S
-                log.error("worker_exited", worker=f"w{slot.index}", pid=process.pid, code=process.returncode, ran_s=round(ran_s, 1), restart_in_s=slot.backoff_s)
+                log.error(
+                    "worker_exited",
+                    worker=f"w{slot.index}",
+                    pid=process.pid,
+                    code=process.returncode,
+                    ran_s=round(ran_s, 1),
+                    restart_in_s=slot.backoff_s,
+                )
                 slot.process, slot.restart_at = None, now + slot.backoff_s
                 slot.backoff_s = min(slot.backoff_s * 2, MAX_BACKOFF_S)
             elif process is None and now >= slot.restart_at and not self._stopping:
@@ -207,4 +221,3 @@ class Supervisor:
                 log.error("worker_killed", pid=process.pid)
                 process.kill()
                 process.wait()
-

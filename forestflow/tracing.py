@@ -85,8 +85,9 @@ class ServerSpan:
     def __init__(self, name: str, carrier: Mapping[str, str], protocol: str) -> None:
         from opentelemetry import context, trace
 
-        self.span = _tracer.start_span(name, context=_extract(carrier), kind=trace.SpanKind.SERVER,
-                                       attributes={"forestflow.protocol": protocol})
+        self.span = _tracer.start_span(
+            name, context=_extract(carrier), kind=trace.SpanKind.SERVER, attributes={"forestflow.protocol": protocol}
+        )
         self.token = context.attach(trace.set_span_in_context(self.span))
 
     def end(self, status: int | str, contract: str | None = None, fqrv: str | None = None) -> None:

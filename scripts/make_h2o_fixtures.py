@@ -84,8 +84,7 @@ def dataset(name: str) -> tuple[list[str], list[list[str]]]:
         # MARK_NUM / MARK_CAT: one value or missing, so a tree can only split them NA-vs-rest.
         marks = ["1" if r[capsule] == "1" and int(r[ident]) % 2 == 0 else "" for r in rows]
         return header + ["OFFSET", "PSA_LEVEL", "MARK_NUM", "MARK_CAT"], [
-            r + [repr(float(r[age]) / 100), f"psa{int(float(r[psa]))}", m, "yes" if m else ""]
-            for r, m in zip(rows, marks)
+            r + [repr(float(r[age]) / 100), f"psa{int(float(r[psa]))}", m, "yes" if m else ""] for r, m in zip(rows, marks)
         ]
     header, rows = read_csv(DATA / "iris.csv")
     return header[:4] + ["SepalSize", header[4]], [r[:4] + [sepal_size(r[0]), r[4]] for r in rows]
@@ -119,82 +118,189 @@ def train_and_export(files: dict[str, Path], out: Path, only: set[str] | None = 
     h2o.init(nthreads=2, max_mem_size="1G")
     try:
         prostate = h2o.import_file(
-            str(files["prostate"]), col_types={c: "enum" for c in PROSTATE_FACTORS + ["PSA_LEVEL", "MARK_CAT"]} | {"MARK_NUM": "numeric"},
+            str(files["prostate"]),
+            col_types={c: "enum" for c in PROSTATE_FACTORS + ["PSA_LEVEL", "MARK_CAT"]} | {"MARK_NUM": "numeric"},
             destination_frame="prostate",
         )
-        iris = h2o.import_file(
-            str(files["iris"]), col_types={"SepalSize": "enum", "Species": "enum"}, destination_frame="iris"
-        )
+        iris = h2o.import_file(str(files["iris"]), col_types={"SepalSize": "enum", "Species": "enum"}, destination_frame="iris")
         prostate["GLEASON_F"] = prostate["GLEASON"].asfactor()
         tree = {"ntrees": 25, "max_depth": 3, "seed": 42}
         specs: list[tuple[str, Any, list[str], str | None, Any]] = [
             ("prostate_gbm_binomial", H2OGradientBoostingEstimator(**tree), PROSTATE_X, "CAPSULE", prostate),
             ("iris_gbm_multinomial", H2OGradientBoostingEstimator(**tree), IRIS_X, "Species", iris),
-            ("prostate_gbm_regression", H2OGradientBoostingEstimator(**tree),
-             ["AGE", "RACE", "DPROS", "DCAPS", "VOL", "GLEASON"], "PSA", prostate),
-            ("prostate_drf_regression", H2ORandomForestEstimator(ntrees=20, max_depth=4, seed=42),
-             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
-            ("prostate_glm_binomial", H2OGeneralizedLinearEstimator(family="binomial", lambda_=0.001, seed=42),
-             PROSTATE_X, "CAPSULE", prostate),
-            ("prostate_kmeans", H2OKMeansEstimator(k=3, seed=42, standardize=True, max_iterations=20),
-             PROSTATE_X, None, prostate),
-            ("prostate_isolation_forest", H2OIsolationForestEstimator(ntrees=25, max_depth=6, seed=42),
-             PROSTATE_X, None, prostate),
-            ("prostate_autoencoder", H2ODeepLearningEstimator(
-                autoencoder=True, hidden=[3], epochs=5, seed=42, reproducible=True, activation="Tanh"),
-             PROSTATE_X, None, prostate),
-            ("prostate_pca", H2OPrincipalComponentAnalysisEstimator(
-                k=3, transform="standardize", pca_method="GramSVD", seed=42, impute_missing=True),
-             PROSTATE_X, None, prostate),
+            (
+                "prostate_gbm_regression",
+                H2OGradientBoostingEstimator(**tree),
+                ["AGE", "RACE", "DPROS", "DCAPS", "VOL", "GLEASON"],
+                "PSA",
+                prostate,
+            ),
+            (
+                "prostate_drf_regression",
+                H2ORandomForestEstimator(ntrees=20, max_depth=4, seed=42),
+                ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"],
+                "VOL",
+                prostate,
+            ),
+            (
+                "prostate_glm_binomial",
+                H2OGeneralizedLinearEstimator(family="binomial", lambda_=0.001, seed=42),
+                PROSTATE_X,
+                "CAPSULE",
+                prostate,
+            ),
+            (
+                "prostate_kmeans",
+                H2OKMeansEstimator(k=3, seed=42, standardize=True, max_iterations=20),
+                PROSTATE_X,
+                None,
+                prostate,
+            ),
+            (
+                "prostate_isolation_forest",
+                H2OIsolationForestEstimator(ntrees=25, max_depth=6, seed=42),
+                PROSTATE_X,
+                None,
+                prostate,
+            ),
+            (
+                "prostate_autoencoder",
+                H2ODeepLearningEstimator(autoencoder=True, hidden=[3], epochs=5, seed=42, reproducible=True, activation="Tanh"),
+                PROSTATE_X,
+                None,
+                prostate,
+            ),
+            (
+                "prostate_pca",
+                H2OPrincipalComponentAnalysisEstimator(
+                    k=3, transform="standardize", pca_method="GramSVD", seed=42, impute_missing=True
+                ),
+                PROSTATE_X,
+                None,
+                prostate,
+            ),
             # Categorical encoding other than AUTO: scored through EasyPredict's own encoder.
-            ("prostate_gbm_onehot", H2OGradientBoostingEstimator(
-                ntrees=20, max_depth=3, seed=42, categorical_encoding="one_hot_explicit"),
-             PROSTATE_X, "CAPSULE", prostate),
+            (
+                "prostate_gbm_onehot",
+                H2OGradientBoostingEstimator(ntrees=20, max_depth=3, seed=42, categorical_encoding="one_hot_explicit"),
+                PROSTATE_X,
+                "CAPSULE",
+                prostate,
+            ),
             # A model trained with an offset column (the offset is an input at scoring time).
-            ("prostate_glm_offset", H2OGeneralizedLinearEstimator(
-                family="gaussian", offset_column="OFFSET", lambda_=0.001, seed=42),
-             ["AGE", "RACE", "DPROS", "VOL", "GLEASON"], "PSA", prostate),
+            (
+                "prostate_glm_offset",
+                H2OGeneralizedLinearEstimator(family="gaussian", offset_column="OFFSET", lambda_=0.001, seed=42),
+                ["AGE", "RACE", "DPROS", "VOL", "GLEASON"],
+                "PSA",
+                prostate,
+            ),
             # Only for the "unsupported category" test: an ordinal GLM (category Ordinal).
-            ("prostate_glm_ordinal", H2OGeneralizedLinearEstimator(family="ordinal", lambda_=0.001, seed=42),
-             ["AGE", "RACE", "PSA", "VOL"], "GLEASON_F", prostate),
+            (
+                "prostate_glm_ordinal",
+                H2OGeneralizedLinearEstimator(family="ordinal", lambda_=0.001, seed=42),
+                ["AGE", "RACE", "PSA", "VOL"],
+                "GLEASON_F",
+                prostate,
+            ),
             # Tree models for the native scorer (runtime/h2o_native.py): each covers a case of
             # genmodel's tree format or of its unifyPreds.
             # A categorical of more than 32 levels: bitsets in the large form (offset + length).
-            ("prostate_gbm_highcard", H2OGradientBoostingEstimator(ntrees=20, max_depth=4, seed=42),
-             ["AGE", "RACE", "DPROS", "DCAPS", "VOL", "GLEASON", "PSA_LEVEL"], "CAPSULE", prostate),
-            ("prostate_gbm_multinomial4", H2OGradientBoostingEstimator(**tree),
-             ["AGE", "RACE", "DCAPS", "PSA", "VOL", "GLEASON"], "DPROS", prostate),
-            ("prostate_gbm_balanced", H2OGradientBoostingEstimator(balance_classes=True, **tree),
-             PROSTATE_X, "CAPSULE", prostate),
-            ("prostate_gbm_bernoulli_offset", H2OGradientBoostingEstimator(offset_column="OFFSET", **tree),
-             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "VOL", "GLEASON"], "CAPSULE", prostate),
-            ("prostate_gbm_gaussian_offset", H2OGradientBoostingEstimator(offset_column="OFFSET", **tree),
-             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
-            ("prostate_gbm_poisson_offset", H2OGradientBoostingEstimator(
-                distribution="poisson", offset_column="OFFSET", **tree),
-             ["AGE", "RACE", "DPROS", "DCAPS", "VOL", "GLEASON"], "PSA", prostate),
-            ("prostate_gbm_gamma", H2OGradientBoostingEstimator(distribution="gamma", **tree),
-             ["AGE", "RACE", "DPROS", "DCAPS", "VOL", "GLEASON"], "PSA", prostate),
-            ("prostate_gbm_tweedie", H2OGradientBoostingEstimator(distribution="tweedie", tweedie_power=1.5, **tree),
-             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
-            ("prostate_drf_binomial", H2ORandomForestEstimator(ntrees=20, max_depth=5, seed=42),
-             PROSTATE_X, "CAPSULE", prostate),
-            ("prostate_drf_binomial_double", H2ORandomForestEstimator(
-                ntrees=20, max_depth=5, seed=42, binomial_double_trees=True),
-             PROSTATE_X, "CAPSULE", prostate),
-            ("iris_drf_multinomial", H2ORandomForestEstimator(ntrees=15, max_depth=4, seed=42),
-             IRIS_X, "Species", iris),
+            (
+                "prostate_gbm_highcard",
+                H2OGradientBoostingEstimator(ntrees=20, max_depth=4, seed=42),
+                ["AGE", "RACE", "DPROS", "DCAPS", "VOL", "GLEASON", "PSA_LEVEL"],
+                "CAPSULE",
+                prostate,
+            ),
+            (
+                "prostate_gbm_multinomial4",
+                H2OGradientBoostingEstimator(**tree),
+                ["AGE", "RACE", "DCAPS", "PSA", "VOL", "GLEASON"],
+                "DPROS",
+                prostate,
+            ),
+            (
+                "prostate_gbm_balanced",
+                H2OGradientBoostingEstimator(balance_classes=True, **tree),
+                PROSTATE_X,
+                "CAPSULE",
+                prostate,
+            ),
+            (
+                "prostate_gbm_bernoulli_offset",
+                H2OGradientBoostingEstimator(offset_column="OFFSET", **tree),
+                ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "VOL", "GLEASON"],
+                "CAPSULE",
+                prostate,
+            ),
+            (
+                "prostate_gbm_gaussian_offset",
+                H2OGradientBoostingEstimator(offset_column="OFFSET", **tree),
+                ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"],
+                "VOL",
+                prostate,
+            ),
+            (
+                "prostate_gbm_poisson_offset",
+                H2OGradientBoostingEstimator(distribution="poisson", offset_column="OFFSET", **tree),
+                ["AGE", "RACE", "DPROS", "DCAPS", "VOL", "GLEASON"],
+                "PSA",
+                prostate,
+            ),
+            (
+                "prostate_gbm_gamma",
+                H2OGradientBoostingEstimator(distribution="gamma", **tree),
+                ["AGE", "RACE", "DPROS", "DCAPS", "VOL", "GLEASON"],
+                "PSA",
+                prostate,
+            ),
+            (
+                "prostate_gbm_tweedie",
+                H2OGradientBoostingEstimator(distribution="tweedie", tweedie_power=1.5, **tree),
+                ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"],
+                "VOL",
+                prostate,
+            ),
+            ("prostate_drf_binomial", H2ORandomForestEstimator(ntrees=20, max_depth=5, seed=42), PROSTATE_X, "CAPSULE", prostate),
+            (
+                "prostate_drf_binomial_double",
+                H2ORandomForestEstimator(ntrees=20, max_depth=5, seed=42, binomial_double_trees=True),
+                PROSTATE_X,
+                "CAPSULE",
+                prostate,
+            ),
+            ("iris_drf_multinomial", H2ORandomForestEstimator(ntrees=15, max_depth=4, seed=42), IRIS_X, "Species", iris),
             # The other GBM regression distributions (identity link).
-            ("prostate_gbm_laplace", H2OGradientBoostingEstimator(distribution="laplace", ntrees=10, max_depth=3, seed=42),
-             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
-            ("prostate_gbm_quantile", H2OGradientBoostingEstimator(
-                distribution="quantile", quantile_alpha=0.8, ntrees=10, max_depth=3, seed=42),
-             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
-            ("prostate_gbm_huber", H2OGradientBoostingEstimator(distribution="huber", ntrees=10, max_depth=3, seed=42),
-             ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"], "VOL", prostate),
+            (
+                "prostate_gbm_laplace",
+                H2OGradientBoostingEstimator(distribution="laplace", ntrees=10, max_depth=3, seed=42),
+                ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"],
+                "VOL",
+                prostate,
+            ),
+            (
+                "prostate_gbm_quantile",
+                H2OGradientBoostingEstimator(distribution="quantile", quantile_alpha=0.8, ntrees=10, max_depth=3, seed=42),
+                ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"],
+                "VOL",
+                prostate,
+            ),
+            (
+                "prostate_gbm_huber",
+                H2OGradientBoostingEstimator(distribution="huber", ntrees=10, max_depth=3, seed=42),
+                ["AGE", "RACE", "DPROS", "DCAPS", "PSA", "GLEASON"],
+                "VOL",
+                prostate,
+            ),
             # Columns holding one value or NA: their splits are "NA vs rest" (no threshold, no bitset).
-            ("prostate_gbm_na_vs_rest", H2OGradientBoostingEstimator(**tree),
-             ["AGE", "DPROS", "PSA", "MARK_NUM", "MARK_CAT"], "CAPSULE", prostate),
+            (
+                "prostate_gbm_na_vs_rest",
+                H2OGradientBoostingEstimator(**tree),
+                ["AGE", "DPROS", "PSA", "MARK_NUM", "MARK_CAT"],
+                "CAPSULE",
+                prostate,
+            ),
         ]
         if only is not None:
             specs = [spec for spec in specs if spec[0] in only]
@@ -263,8 +369,11 @@ def describe(model: Any) -> dict[str, Any]:
     inputs = []
     for name, dom in zip(names, domains):
         inputs.append(
-            {"name": name, "type": "categorical" if dom is not None else "numeric",
-             "domain": [str(d) for d in dom] if dom is not None else None}
+            {
+                "name": name,
+                "type": "categorical" if dom is not None else "numeric",
+                "domain": [str(d) for d in dom] if dom is not None else None,
+            }
         )
     offset = str(model.getOffsetName()) if model.getOffsetName() is not None else None
     if offset is not None:
@@ -336,8 +445,10 @@ def output_columns(info: dict[str, Any]) -> list[dict[str, Any]]:
     if cat == "Clustering":
         return [{"name": "cluster", "datatype": "INT32", "shape": [-1]}]
     if cat == "AnomalyDetection":
-        return [{"name": "score", "datatype": "FP64", "shape": [-1]},
-                {"name": "normalizedScore", "datatype": "FP64", "shape": [-1]}]
+        return [
+            {"name": "score", "datatype": "FP64", "shape": [-1]},
+            {"name": "normalizedScore", "datatype": "FP64", "shape": [-1]},
+        ]
     if cat == "AutoEncoder":
         return [{"name": "reconstruction", "datatype": "FP64", "shape": [-1, info["preds_size"]]}]
     if cat == "DimReduction":

@@ -1,6 +1,6 @@
 """Takes docs/ui.png: a gateway phasing a second release in under steady traffic, seen through /ui.
 
-    .venv/bin/python scripts/ui_screenshot.py [out.png]     # about a minute
+.venv/bin/python scripts/ui_screenshot.py [out.png]     # about a minute
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def main() -> int:
     try:
         driver.get(gw.url + "/ui")
         time.sleep(20)
-        second = python_servable(("acme", "fraud", 1), "2026-11", log_level="SAMPLE", phase_in={"LinearTimeBasedPhaseIn": {"phaseInOverSecs": 30}})
+        second = python_servable(
+            ("acme", "fraud", 1), "2026-11", log_level="SAMPLE", phase_in={"LinearTimeBasedPhaseIn": {"phaseInOverSecs": 30}}
+        )
         requests.post(gw.url + "/servable", json=second, timeout=60).raise_for_status()
         requests.post(gw.url + "/acme/fraud/1/score", json={"schema": []}, timeout=10)
         time.sleep(40)

@@ -107,12 +107,7 @@ class KafkaBroker:
     @property
     def running(self) -> bool:
         """Whether clients can reach the broker now."""
-        return (
-            self._front is not None
-            and self._front.poll() is None
-            and self._tansu is not None
-            and self._tansu.poll() is None
-        )
+        return self._front is not None and self._front.poll() is None and self._tansu is not None and self._tansu.poll() is None
 
     @property
     def pids(self) -> list[int]:
@@ -208,8 +203,13 @@ class KafkaBroker:
         with open(self._dir / "front.log", "ab") as logf:
             self._front = subprocess.Popen(
                 [
-                    sys.executable, str(Path(__file__).resolve()),
-                    "--forward", str(self.port), str(self._private_port), "--parent", str(os.getpid()),
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--forward",
+                    str(self.port),
+                    str(self._private_port),
+                    "--parent",
+                    str(os.getpid()),
                 ],  # fmt: skip
                 stdin=subprocess.DEVNULL,
                 stdout=logf,

@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from skl2onnx import convert_sklearn
+from skl2onnx.common.data_types import FloatTensorType, StringTensorType
 from sklearn.compose import ColumnTransformer
 from sklearn.datasets import load_iris
 from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier, RandomForestRegressor
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
-from skl2onnx import convert_sklearn
-from skl2onnx.common.data_types import FloatTensorType, StringTensorType
 
 FEATURES = ["f0", "f1", "f2", "f3"]
 COLORS = ["red", "green", "blue"]
@@ -74,8 +74,11 @@ def regressor(directory: Path, rows: int = 7) -> OnnxCase:
     onx = convert_sklearn(model, initial_types=[("float_input", FloatTensorType([None, 4]))])
     test = X[:rows]
     return OnnxCase(
-        "regressor", _save(directory, "regressor", onx), {"featureOrder": FEATURES},
-        {f: test[:, j].tolist() for j, f in enumerate(FEATURES)}, {"variable": model.predict(test).tolist()},
+        "regressor",
+        _save(directory, "regressor", onx),
+        {"featureOrder": FEATURES},
+        {f: test[:, j].tolist() for j, f in enumerate(FEATURES)},
+        {"variable": model.predict(test).tolist()},
     )
 
 
@@ -89,8 +92,12 @@ def binary(directory: Path, rows: int = 7) -> OnnxCase:
     test = X[:rows]
     expected, classes = _classifier_expected(model, test, int)
     return OnnxCase(
-        "binary", _save(directory, "binary", onx, {"feature_names": ",".join(FEATURES)}), {},
-        {f: test[:, j].tolist() for j, f in enumerate(FEATURES)}, expected, classes,
+        "binary",
+        _save(directory, "binary", onx, {"feature_names": ",".join(FEATURES)}),
+        {},
+        {f: test[:, j].tolist() for j, f in enumerate(FEATURES)},
+        expected,
+        classes,
     )
 
 
@@ -101,11 +108,15 @@ def multiclass(directory: Path, rows: int = 9) -> OnnxCase:
     names = np.array(["setosa", "versicolor", "virginica"])[y]
     model = RandomForestClassifier(n_estimators=8, max_depth=4, random_state=0).fit(X, names)
     onx = convert_sklearn(model, initial_types=[("input", FloatTensorType([None, 4]))])
-    test = X[::150 // rows][:rows]
+    test = X[:: 150 // rows][:rows]
     expected, classes = _classifier_expected(model, test, str)
     return OnnxCase(
-        "multiclass", _save(directory, "multiclass", onx, {"feature_names": '["f0", "f1", "f2", "f3"]'}), {},
-        {f: test[:, j].tolist() for j, f in enumerate(FEATURES)}, expected, classes,
+        "multiclass",
+        _save(directory, "multiclass", onx, {"feature_names": '["f0", "f1", "f2", "f3"]'}),
+        {},
+        {f: test[:, j].tolist() for j, f in enumerate(FEATURES)},
+        expected,
+        classes,
     )
 
 
@@ -128,7 +139,12 @@ def pipeline(directory: Path, rows: int = 8) -> OnnxCase:
     expected, classes = _classifier_expected(model, test, int)
     columns = {"color": [str(c) for c in test[:, 0]], "x1": [float(v) for v in test[:, 1]], "x2": [float(v) for v in test[:, 2]]}
     return OnnxCase(
-        "pipeline", _save(directory, "pipeline", onx), {"featureOrder": {"x": ["x1", "x2"]}}, columns, expected, classes,
+        "pipeline",
+        _save(directory, "pipeline", onx),
+        {"featureOrder": {"x": ["x1", "x2"]}},
+        columns,
+        expected,
+        classes,
     )
 
 
@@ -143,11 +159,17 @@ def prostate_gbm(directory: Path, rows: list[dict[str, str]], categorical: list[
         X[i] = [r[c] for c in categorical] + [float(r[c]) for c in numeric]
     y = np.array([int(r["out:predict"]) for r in rows])
     k = len(categorical)
-    transform = ColumnTransformer([("cat", OneHotEncoder(handle_unknown="ignore"), list(range(k))),
-                                   ("num", "passthrough", list(range(k, k + len(numeric))))])
+    transform = ColumnTransformer(
+        [
+            ("cat", OneHotEncoder(handle_unknown="ignore"), list(range(k))),
+            ("num", "passthrough", list(range(k, k + len(numeric)))),
+        ]
+    )
     model = Pipeline([("prep", transform), ("gbm", GradientBoostingClassifier(n_estimators=25, max_depth=3, random_state=0))])
     model.fit(X, y)
-    onx = convert_sklearn(model, initial_types=[("cat", StringTensorType([None, k])), ("num", FloatTensorType([None, len(numeric)]))])
+    onx = convert_sklearn(
+        model, initial_types=[("cat", StringTensorType([None, k])), ("num", FloatTensorType([None, len(numeric)]))]
+    )
     return _save(directory, "prostate_gbm", onx)
 
 

@@ -92,9 +92,14 @@ def h2o_step(name: str, mojo: str, outputs: list[dict[str, Any]]) -> dict[str, A
     }
 
 
-def servable_request(directory: Path, release: str = "p1", contract: tuple[str, str, int] = ("pipe", "prostate", 1),
-                     log_level: str = "NONE", phase_in: dict[str, Any] | None = None,
-                     definition: str = "pipeline.toml") -> dict[str, Any]:
+def servable_request(
+    directory: Path,
+    release: str = "p1",
+    contract: tuple[str, str, int] = ("pipe", "prostate", 1),
+    log_level: str = "NONE",
+    phase_in: dict[str, Any] | None = None,
+    definition: str = "pipeline.toml",
+) -> dict[str, Any]:
     """A BasicServeRequest deploying a pipeline directory."""
     org, project, n = contract
     return {
@@ -102,7 +107,10 @@ def servable_request(directory: Path, release: str = "p1", contract: tuple[str, 
         "fqrv": {"contract": {"organization": org, "project": project, "contract_number": n}, "release_version": release},
         "flavor": {"Pipeline": {"definition": definition}},
         "servableSettings": {
-            "policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": phase_in or {"ImmediatePhaseIn": {}}},
+            "policySettings": {
+                "validityPolicy": [{"ImmediatelyValid": {}}],
+                "phaseInPolicy": phase_in or {"ImmediatePhaseIn": {}},
+            },
             "loggingSettings": {"logLevel": log_level, "keyFeatures": [] if log_level == "NONE" else ["reqid"]},
         },
     }

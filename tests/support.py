@@ -80,7 +80,10 @@ def python_servable(
                 "validityPolicy": validity if validity is not None else [{"ImmediatelyValid": {}}],
                 "phaseInPolicy": phase_in or {"ImmediatePhaseIn": {}},
             },
-            "loggingSettings": {"logLevel": log_level, "keyFeatures": key_features if key_features is not None else (["reqid"] if log_level != "NONE" else [])},
+            "loggingSettings": {
+                "logLevel": log_level,
+                "keyFeatures": key_features if key_features is not None else (["reqid"] if log_level != "NONE" else []),
+            },
         },
     }
     if contract_settings is not None:
@@ -113,12 +116,22 @@ class InProcessGateway:
 
 
 @asynccontextmanager
-async def serve_in_process(data_dir: Path, worker: WorkerIdentity | None = None, **overrides: Any) -> AsyncIterator[InProcessGateway]:
+async def serve_in_process(
+    data_dir: Path, worker: WorkerIdentity | None = None, **overrides: Any
+) -> AsyncIterator[InProcessGateway]:
     """Run the real app on a free port (as one ``worker`` of several, if given); yields its URL and a client session."""
     roots = {"artifact_roots": TEST_ARTIFACT_ROOTS}
     settings = Settings.load(
         environ={},
-        overrides={"data_dir": data_dir, "port": 0, "grpc_port": -1, "allow_python": True, "shutdown_timeout_s": 5, **roots, **overrides},
+        overrides={
+            "data_dir": data_dir,
+            "port": 0,
+            "grpc_port": -1,
+            "allow_python": True,
+            "shutdown_timeout_s": 5,
+            **roots,
+            **overrides,
+        },
     )
     app = build_app(settings, worker)
     runner = make_runner(app, settings)
@@ -146,8 +159,13 @@ class GatewayProcess:
         roots = {"FORESTFLOW_ARTIFACT_ROOTS": TEST_ARTIFACT_ROOTS}
         # No drain grace unless a test asks for one: a stop would otherwise wait it out every time.
         self.env = {
-            **os.environ, "FORESTFLOW_ALLOW_PYTHON": "1", "FORESTFLOW_GRPC_PORT": "-1", "FORESTFLOW_DRAIN_GRACE_S": "0",
-            **roots, **loop, **(env or {}),
+            **os.environ,
+            "FORESTFLOW_ALLOW_PYTHON": "1",
+            "FORESTFLOW_GRPC_PORT": "-1",
+            "FORESTFLOW_DRAIN_GRACE_S": "0",
+            **roots,
+            **loop,
+            **(env or {}),
         }
         self.args = args or []
         self.proc: subprocess.Popen[bytes] | None = None
@@ -159,7 +177,17 @@ class GatewayProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "forestflow.cli", "serve", "--port", str(self.port), "--data-dir", str(self.data_dir), *self.args],
+            [
+                sys.executable,
+                "-m",
+                "forestflow.cli",
+                "serve",
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(self.data_dir),
+                *self.args,
+            ],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,

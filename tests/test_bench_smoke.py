@@ -21,8 +21,12 @@ def test_bench_smoke_prints_a_table() -> None:
 
 @pytest.mark.slow
 def test_kafka_ingest_bench_smoke_prints_its_cells() -> None:
-    result = subprocess.run([sys.executable, "bench/kafka_ingest.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=180)
+    result = subprocess.run(
+        [sys.executable, "bench/kafka_ingest.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=180
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = {" ".join(line.split()[:2]): line.split() for line in result.stdout.splitlines() if line.startswith(("http ", "kafka "))}
+    rows = {
+        " ".join(line.split()[:2]): line.split() for line in result.stdout.splitlines() if line.startswith(("http ", "kafka "))
+    }
     assert sorted(rows) == ["http c16", "kafka flood", "kafka w16"], result.stdout
     assert all(float(r[3]) > 0 and int(r[7]) == 0 for r in rows.values()), result.stdout  # req/s > 0, no errors

@@ -28,8 +28,12 @@ CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("FORESTFLOW
 
 def cli(*args: str, cwd: Path = ROOT, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "forestflow.cli", *args], env=CLEAN_ENV, capture_output=True, text=True,
-        timeout=timeout, cwd=cwd,
+        [sys.executable, "-m", "forestflow.cli", *args],
+        env=CLEAN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
     )
 
 
@@ -94,7 +98,11 @@ def _run_gateway(gateway_process: type[GatewayProcess], data_dir: Path, fmt: str
     # `--url host:port`, no scheme: the CLI assumes http.
     deployed = subprocess.run(
         [sys.executable, "-m", "forestflow.cli", "contracts", "--url", gw.url.removeprefix("http://")],
-        env=CLEAN_ENV, capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env=CLEAN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert deployed.returncode == 0, deployed.stderr
     r = requests.post(gw.url + "/servable", json=python_servable(("acme", "demo", 1), "v1", log_level="FULL"), timeout=60)
@@ -110,9 +118,7 @@ def _wait_for_log(path: Path, minimum_bytes: int = 1) -> None:
 
 
 @pytest.mark.slow
-def test_logs_tail_reads_the_local_file_log_in_both_formats(
-    tmp_path: Path, gateway_process: type[GatewayProcess]
-) -> None:
+def test_logs_tail_reads_the_local_file_log_in_both_formats(tmp_path: Path, gateway_process: type[GatewayProcess]) -> None:
     for fmt, name in (("jsonl", "predictions.jsonl"), ("protobuf", "predictions.pb")):
         data_dir = tmp_path / fmt
         gw = _run_gateway(gateway_process, data_dir, fmt)
@@ -135,9 +141,24 @@ def test_logs_tail_reads_the_local_file_log_in_both_formats(
         # --follow starts at the end: only what is written afterwards, until --max-events. New
         # requests go on until it has printed one (it may take a while to start on a busy machine).
         follower = subprocess.Popen(
-            [sys.executable, "-m", "forestflow.cli", "logs", "tail", *extra, "--follow", "--max-events", "1",
-             "--idle-timeout", "60"],
-            env=CLEAN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "forestflow.cli",
+                "logs",
+                "tail",
+                *extra,
+                "--follow",
+                "--max-events",
+                "1",
+                "--idle-timeout",
+                "60",
+            ],
+            env=CLEAN_ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
         )
         deadline = time.monotonic() + 60
         while follower.poll() is None and time.monotonic() < deadline:

@@ -51,16 +51,22 @@ CASES = settings(
 )
 CLIENT_ERRORS = {400, 404, 405, 409, 413, 415, 422}
 GRPC_CLIENT_ERRORS = {
-    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 JSON_LEAVES = (
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
 )
 JSON_VALUES = st.recursive(
-    JSON_LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    JSON_LEAVES,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=12,
 )
 
@@ -183,13 +189,24 @@ GRPC_BODY = _grpc_request().SerializeToString()
 
 def v2_binary(x: bytes, labels: bytes, x_size: int | None = None, label_size: int | None = None) -> tuple[bytes, int]:
     """A V2 binary-tensor body (JSON header + raw tensors) and its header length."""
-    header = json.dumps({
-        "inputs": [
-            {"name": "x", "datatype": "FP64", "shape": [2], "parameters": {"binary_data_size": len(x) if x_size is None else x_size}},
-            {"name": "label", "datatype": "BYTES", "shape": [2],
-             "parameters": {"binary_data_size": len(labels) if label_size is None else label_size}},
-        ],
-    }).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "FP64",
+                    "shape": [2],
+                    "parameters": {"binary_data_size": len(x) if x_size is None else x_size},
+                },
+                {
+                    "name": "label",
+                    "datatype": "BYTES",
+                    "shape": [2],
+                    "parameters": {"binary_data_size": len(labels) if label_size is None else label_size},
+                },
+            ],
+        }
+    ).encode()
     return header + x + labels, len(header)
 
 
@@ -197,17 +214,43 @@ GOOD_X = struct.pack("<2d", 1.0, 2.0)
 GOOD_LABELS = struct.pack("<I", 1) + b"a" + struct.pack("<I", 1) + b"b"
 
 JSON_PATHS_BASIC: list[tuple[Any, ...]] = [
-    (), ("schema",), ("schema", 0), ("schema", 0, "type"), ("schema", 0, "fields"), ("schema", 0, "fields", 0),
-    ("schema", 1, "type"), ("datum",), ("datum", 0), ("datum", 0, "tensors"), ("datum", 0, "tensors", 0),
-    ("datum", 0, "tensors", 0, "String"), ("datum", 0, "tensors", 0, "String", "data"),
-    ("datum", 0, "tensors", 0, "String", "data", 0), ("datum", 1, "tensors", 1, "Float64", "data"),
-    ("datum", 1, "tensors", 1, "Float64", "data", 0), ("configs",), ("configs", "reqid"),
+    (),
+    ("schema",),
+    ("schema", 0),
+    ("schema", 0, "type"),
+    ("schema", 0, "fields"),
+    ("schema", 0, "fields", 0),
+    ("schema", 1, "type"),
+    ("datum",),
+    ("datum", 0),
+    ("datum", 0, "tensors"),
+    ("datum", 0, "tensors", 0),
+    ("datum", 0, "tensors", 0, "String"),
+    ("datum", 0, "tensors", 0, "String", "data"),
+    ("datum", 0, "tensors", 0, "String", "data", 0),
+    ("datum", 1, "tensors", 1, "Float64", "data"),
+    ("datum", 1, "tensors", 1, "Float64", "data", 0),
+    ("configs",),
+    ("configs", "reqid"),
 ]
 JSON_PATHS_V2: list[tuple[Any, ...]] = [
-    (), ("inputs",), ("inputs", 0), ("inputs", 0, "name"), ("inputs", 0, "datatype"), ("inputs", 0, "shape"),
-    ("inputs", 0, "shape", 0), ("inputs", 0, "data"), ("inputs", 0, "data", 0), ("inputs", 1, "data"),
-    ("inputs", 1, "data", 1), ("inputs", 1, "datatype"), ("inputs", 1, "parameters"), ("outputs",),
-    ("parameters",), ("parameters", "content_type"), ("id",),
+    (),
+    ("inputs",),
+    ("inputs", 0),
+    ("inputs", 0, "name"),
+    ("inputs", 0, "datatype"),
+    ("inputs", 0, "shape"),
+    ("inputs", 0, "shape", 0),
+    ("inputs", 0, "data"),
+    ("inputs", 0, "data", 0),
+    ("inputs", 1, "data"),
+    ("inputs", 1, "data", 1),
+    ("inputs", 1, "datatype"),
+    ("inputs", 1, "parameters"),
+    ("outputs",),
+    ("parameters",),
+    ("parameters", "content_type"),
+    ("id",),
 ]
 
 
@@ -235,11 +278,17 @@ def test_basic_json_truncations_and_fixed_cases(gw: GatewayProcess, channel: grp
         for cut in range(0, len(valid), 3):
             check_http(post(gw, path, valid[:cut]), must_fail=True)
     fixed = [
-        b"\xff\xfe{}", valid.replace(b'"a"', b'"\xff\xfe"'), b"\xef\xbb\xbf" + valid, b"[]", b"null", b"1e999999",
+        b"\xff\xfe{}",
+        valid.replace(b'"a"', b'"\xff\xfe"'),
+        b"\xef\xbb\xbf" + valid,
+        b"[]",
+        b"null",
+        b"1e999999",
         b'{"schema": [{"type": "Float64", "fields": ["x"]}], "datum": [{"tensors": [{"Float64": {"data": [1e400]}}]}]}',
         b'{"schema": [{"type": "Nope", "fields": ["x"]}], "datum": []}',
         b'{"schema": [{"type": "Float64", "fields": ["x", "x"]}], "datum": [{"tensors": [{"Float64": {"data": [1, 2]}}]}]}',
-        b'{"schema": [{"type": "Int64", "fields": ["x"]}], "datum": [{"tensors": [{"Int64": {"data": ["99999999999999999999999"]}}]}]}',
+        b'{"schema": [{"type": "Int64", "fields": ["x"]}], '
+        b'"datum": [{"tensors": [{"Int64": {"data": ["99999999999999999999999"]}}]}]}',
         b'{"schema": [{"type": "Byte", "fields": ["x"]}], "datum": [{"tensors": [{"Byte": {"data": ["%%%"]}}]}]}',
         b"[" * 100_000,
     ]
@@ -278,10 +327,14 @@ def test_basic_protobuf_truncated_and_mutated(gw: GatewayProcess, cut: int, at: 
 def test_basic_protobuf_fixed_cases(gw: GatewayProcess, channel: grpc.Channel) -> None:
     headers = {"Content-Type": "application/x-protobuf"}
     lying_length = b"\x12\xff\xff\xff\xff\x0f" + b"\x00" * 8  # datum field claiming 4 GB
-    bad_utf8 = pb.InferenceRequest(
-        schema=[pb.TensorSchema(type=pb.String, fields=["label"])],
-        datum=[pb.Datum(tensors=[pb.Tensor(String=pb.StringData(data=["a"]))])],
-    ).SerializeToString().replace(b"\x01a", b"\x01\xff")
+    bad_utf8 = (
+        pb.InferenceRequest(
+            schema=[pb.TensorSchema(type=pb.String, fields=["label"])],
+            datum=[pb.Datum(tensors=[pb.Tensor(String=pb.StringData(data=["a"]))])],
+        )
+        .SerializeToString()
+        .replace(b"\x01a", b"\x01\xff")
+    )
     for body in (lying_length, bad_utf8, b"\x08" * 50, b"\xff" * 64):
         check_http(post(gw, SCORE, body, headers), must_fail=True)
     assert_still_serving(gw, channel)
@@ -294,11 +347,17 @@ def test_v2_json_truncations_and_fixed_cases(gw: GatewayProcess, channel: grpc.C
         check_http(post(gw, V2, valid[:cut]), must_fail=True)
     x = V2_BODY["inputs"][0]
     fixed = [
-        {"inputs": [{**x, "shape": [-1]}]}, {"inputs": [{**x, "shape": [2**62, 2**62]}]},
-        {"inputs": [{**x, "shape": [3]}]}, {"inputs": [{**x, "datatype": "FP128"}]},
-        {"inputs": [{**x, "datatype": "UINT8", "data": [300, -1]}]}, {"inputs": [{**x, "datatype": "BOOL", "data": ["yes", 2]}]},
-        {"inputs": [{**x, "data": [[1.0], [2.0, 3.0]]}]}, {"inputs": [x, x]}, {"inputs": []},
-        {"inputs": [{**x, "shape": [0]}]}, {"inputs": [x], "outputs": [{"name": "nope"}]},
+        {"inputs": [{**x, "shape": [-1]}]},
+        {"inputs": [{**x, "shape": [2**62, 2**62]}]},
+        {"inputs": [{**x, "shape": [3]}]},
+        {"inputs": [{**x, "datatype": "FP128"}]},
+        {"inputs": [{**x, "datatype": "UINT8", "data": [300, -1]}]},
+        {"inputs": [{**x, "datatype": "BOOL", "data": ["yes", 2]}]},
+        {"inputs": [{**x, "data": [[1.0], [2.0, 3.0]]}]},
+        {"inputs": [x, x]},
+        {"inputs": []},
+        {"inputs": [{**x, "shape": [0]}]},
+        {"inputs": [x], "outputs": [{"name": "nope"}]},
         {"inputs": [{**x, "parameters": {"binary_data_size": 16}}]},
     ]
     for doc in fixed:
@@ -381,8 +440,12 @@ def test_grpc_still_serving(gw: GatewayProcess, channel: grpc.Channel) -> None:
 
 # ---- GraphPipe ---------------------------------------------------------------------------------------
 @CASES
-@given(data=st.binary(max_size=300), cut=st.integers(0, len(GP_BODY) - 1), at=st.integers(0, len(GP_BODY) - 1),
-       byte=st.integers(0, 255))
+@given(
+    data=st.binary(max_size=300),
+    cut=st.integers(0, len(GP_BODY) - 1),
+    at=st.integers(0, len(GP_BODY) - 1),
+    byte=st.integers(0, 255),
+)
 def test_graphpipe_random_truncated_and_mutated(gw: GatewayProcess, data: bytes, cut: int, at: int, byte: int) -> None:
     check_gp(post(gw, GP, data, {}))
     check_gp(post(gw, GP, GP_BODY[:cut], {}), must_fail=True)

@@ -37,7 +37,9 @@ def test_restart_restores_contracts_settings_counters(tmp_path: Path, gateway_pr
     # The router continues where it stopped: the next picks follow the same deterministic sequence.
     nxt = requests.post(second.url + "/acme/demo/1/score", json=score_body([4.0]), timeout=10).json()
     assert nxt["Prediction"]["datum"][0]["tensors"][0]["Float64"]["data"] == [8.0]
-    counts = {e["ServableMetrics"]["fqrv"]["releaseVersion"]: int(e["ServableMetrics"]["scoreCount"])
-              for e in requests.get(second.url + "/acme/demo/1/stats", timeout=10).json()}
+    counts = {
+        e["ServableMetrics"]["fqrv"]["releaseVersion"]: int(e["ServableMetrics"]["scoreCount"])
+        for e in requests.get(second.url + "/acme/demo/1/stats", timeout=10).json()
+    }
     assert sum(counts.values()) == len(answered) + 1
     assert second.stop() == 0

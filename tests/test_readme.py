@@ -27,7 +27,7 @@ def test_commands_use_what_the_first_command_installs() -> None:
 
 
 def test_curl_deploy_is_an_alternative_not_a_second_deploy() -> None:
-    curl_intro = README[README.index("To deploy with curl"):README.index("sed \"s#file")]
+    curl_intro = README[README.index("To deploy with curl") : README.index('sed "s#file')]
     assert "instead of" in curl_intro and "409" in curl_intro
 
 
@@ -37,16 +37,25 @@ def test_shadow_section_explains_the_fan_out_to_the_old_release() -> None:
 
 
 def test_route_table_lists_every_front_end_and_the_v2_name_rule() -> None:
-    table = README[README.index("## APIs"):README.index("## Deployment shapes")]
-    for route in ("/{org}/{project}/{n}/score", "/{org}/{project}/{n}/gp", "/v2/models/{model}", "POST .../infer",
-                  "/v2/health/ready", "GRPCInferenceService", "8081", "/v1/models/{model}:predict", "/v1/models"):
+    table = README[README.index("## APIs") : README.index("## Deployment shapes")]
+    for route in (
+        "/{org}/{project}/{n}/score",
+        "/{org}/{project}/{n}/gp",
+        "/v2/models/{model}",
+        "POST .../infer",
+        "/v2/health/ready",
+        "GRPCInferenceService",
+        "8081",
+        "/v1/models/{model}:predict",
+        "/v1/models",
+    ):
         assert route in table, route
     assert "`org.project.N`" in table and "version is a release" in table
 
 
 def test_safe_rollouts_section_runs_as_written(tmp_path: Any) -> None:
     """Each line of the section's bash block, run against a real gateway: gate, phase in, roll back."""
-    section = README[README.index("## Safe rollouts"):README.index("## Operations")]
+    section = README[README.index("## Safe rollouts") : README.index("## Operations")]
     lines = [line for line in re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1).splitlines() if line.strip()]  # type: ignore[union-attr]
     broken = tmp_path / "v2-broken"
     gw = GatewayProcess(tmp_path / "data", env={"FORESTFLOW_EVALUATION_INTERVAL_S": "1"}).start()

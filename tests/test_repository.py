@@ -67,9 +67,16 @@ async def test_entries_load_at_start_a_broken_one_is_skipped_and_a_restart_redep
         assert set(first) == {"repo/gbm/1/v1", "repo/pipe/1/p1"}
         async with gw.session.get(gw.url + "/v2/models") as r:
             models = (await r.json())["models"]
-        assert models == [{"name": "repo.gbm.1", "versions": ["v1"], "ready": True}, {"name": "repo.pipe.1", "versions": ["p1"], "ready": True}]
+        assert models == [
+            {"name": "repo.gbm.1", "versions": ["v1"], "ready": True},
+            {"name": "repo.pipe.1", "versions": ["p1"], "ready": True},
+        ]
         values = {"age": 68, "race": "white", "dpros": 1, "dcaps": 1, "psa": 6.7, "vol": 16.7, "gleason": 6}
-        body = {"inputs": [{"name": k, "datatype": "BYTES" if k == "race" else "FP64", "shape": [1], "data": [v]} for k, v in values.items()]}
+        body = {
+            "inputs": [
+                {"name": k, "datatype": "BYTES" if k == "race" else "FP64", "shape": [1], "data": [v]} for k, v in values.items()
+            ]
+        }
         async with gw.session.post(gw.url + "/v2/models/repo.pipe.1/infer", json=body) as r:
             assert r.status == 200, await r.text()
     captured = capsys.readouterr()
@@ -85,7 +92,9 @@ async def test_entries_load_at_start_a_broken_one_is_skipped_and_a_restart_redep
     assert "repository_loaded" in out and "unchanged=2" in out and "failed=2" in out
 
     # A changed entry is redeployed; the unchanged one is not.
-    (repository / "gbm-v1" / "model.toml").write_text(GBM_ENTRY.replace('logLevel = "NONE"', 'logLevel = "FULL", keyFeatures = ["reqid"]'))
+    (repository / "gbm-v1" / "model.toml").write_text(
+        GBM_ENTRY.replace('logLevel = "NONE"', 'logLevel = "FULL", keyFeatures = ["reqid"]')
+    )
     async with serve_in_process(data, repository=str(repository)) as gw:
         after = await created_at(gw)
         async with gw.session.get(gw.url + "/repo/gbm/1/v1/settings") as r:
@@ -104,8 +113,10 @@ async def test_v2_repository_index_load_and_unload(tmp_path: Path, repository: P
         status, index = await v2(gw, "/v2/repository/index", token="s3cret")
         assert status == 200, index
         assert [(r["name"], r["version"], r["state"]) for r in index] == [
-            ("bad-toml", "", "UNAVAILABLE"), ("repo.broken.1", "broken", "UNAVAILABLE"),
-            ("repo.gbm.1", "v1", "READY"), ("repo.pipe.1", "p1", "READY"),
+            ("bad-toml", "", "UNAVAILABLE"),
+            ("repo.broken.1", "broken", "UNAVAILABLE"),
+            ("repo.gbm.1", "v1", "READY"),
+            ("repo.pipe.1", "p1", "READY"),
         ]
         assert "not valid TOML" in index[0]["reason"] and "missing.zip" in index[1]["reason"]
 

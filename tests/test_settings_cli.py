@@ -29,7 +29,10 @@ def test_toml_then_env_then_overrides(tmp_path: Path) -> None:
         ({"FORESTFLOW_KAFKA_ACKS": "2"}, "invalid kafka_acks"),
         ({"FORESTFLOW_NOPE": "1"}, "unknown setting FORESTFLOW_NOPE"),
         ({"FORESTFLOW_KAFKA_INGEST_TOPICS": "requests"}, "kafka_bootstrap_servers to be set too"),
-        ({"FORESTFLOW_KAFKA_INGEST_TOPICS": "a,b c", "FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": "k:9092"}, "invalid kafka_ingest_topics"),
+        (
+            {"FORESTFLOW_KAFKA_INGEST_TOPICS": "a,b c", "FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": "k:9092"},
+            "invalid kafka_ingest_topics",
+        ),
         ({"FORESTFLOW_KAFKA_REPLY_TOPIC": "no/slash"}, "invalid kafka_reply_topic"),
     ],
 )
@@ -64,7 +67,9 @@ def test_serve_with_bad_value_exits_with_one_line(tmp_path: Path) -> None:
 
 
 def test_generated_protobuf_code_is_fresh() -> None:
-    result = subprocess.run([sys.executable, "scripts/gen_proto.py", "--check"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "scripts/gen_proto.py", "--check"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -101,7 +106,11 @@ def test_serve_and_logs_tail_accept_jvm_variables(tmp_path: Path, command: list[
     env = {"FORESTFLOW_JVM_OPTS": "-Xmx256m", "FORESTFLOW_GENMODEL_JAR": str(jar), "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
         [sys.executable, "-m", "forestflow.cli", *command, "--data-dir", str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert "unknown setting" not in result.stderr, result.stderr
     if command[0] == "serve":

@@ -26,9 +26,23 @@ def _second_serve(data_dir: Path, port: int, grpc_port: int) -> subprocess.Compl
     """``forestflow serve`` that is expected to refuse to start (it would otherwise run forever)."""
     env = {**os.environ, "FORESTFLOW_ALLOW_PYTHON": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "forestflow.cli", "serve", "--port", str(port), "--grpc-port", str(grpc_port),
-         "--data-dir", str(data_dir)],
-        env=env, capture_output=True, text=True, timeout=30, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "forestflow.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--grpc-port",
+            str(grpc_port),
+            "--data-dir",
+            str(data_dir),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
     )
 
 

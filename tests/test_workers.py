@@ -101,7 +101,9 @@ def test_stats_are_the_sum_of_every_workers_counts_and_the_shared_log_stays_one_
         labels = ["a\nb", 'q"uote', "é" * 300]  # strings that would break a naive line format
 
         def score(i: int) -> str:
-            response = fresh("POST", gw.url + SCORE, json=score_body([float(i)], labels=[labels[i % 3]], configs={"reqid": f"r{i}"}))
+            response = fresh(
+                "POST", gw.url + SCORE, json=score_body([float(i)], labels=[labels[i % 3]], configs={"reqid": f"r{i}"})
+            )
             assert response.status_code == 200, response.text
             return response.headers["X-Forestflow-Worker"]
 
@@ -127,7 +129,8 @@ def test_stats_are_the_sum_of_every_workers_counts_and_the_shared_log_stays_one_
         def scored_in_metrics() -> tuple[str, float]:  # /metrics: this gateway's /score requests, all workers
             response = fresh("GET", gw.url + "/metrics")
             total = sum(
-                float(line.rsplit(" ", 1)[1]) for line in response.text.splitlines()
+                float(line.rsplit(" ", 1)[1])
+                for line in response.text.splitlines()
                 if line.startswith("forestflow_requests_total{") and 'protocol="basic"' in line and 'status="200"' in line
             )
             return response.headers["X-Forestflow-Worker"], total
@@ -193,7 +196,8 @@ def test_a_taken_port_is_one_clear_line_and_a_non_zero_exit(tmp_path: Path) -> N
         for args in (["--port", str(port)], ["--port", "0", "--grpc-port", str(port)]):
             done = subprocess.run(
                 [sys.executable, "-m", "forestflow.cli", "serve", "--workers", "2", "--data-dir", str(tmp_path / "d"), *args],
-                capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, "FORESTFLOW_GRPC_PORT": "-1"} if "--grpc-port" not in args else dict(os.environ),
+                capture_output=True, text=True, timeout=60, cwd=ROOT,
+                env={**os.environ, "FORESTFLOW_GRPC_PORT": "-1"} if "--grpc-port" not in args else dict(os.environ),
             )  # fmt: skip
             assert done.returncode != 0
             assert done.stderr.strip().splitlines()[-1].startswith("forestflow: error: cannot serve "), done.stderr
@@ -253,7 +257,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-
 def test_failure_counters_are_the_sum_of_every_workers_counts(tmp_path: Path) -> None:
     gates = ROOT / "tests" / "fixtures" / "servables" / "gates"
     gw = start_workers(tmp_path)
@@ -261,12 +264,17 @@ def test_failure_counters_are_the_sum_of_every_workers_counts(tmp_path: Path) ->
         keep = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 3}}, "router": {"FairPhaseInPctBasedRouter": {}}}
         assert fresh("POST", gw.url + "/servable", json=python_servable(contract_settings=keep)).status_code == 200
         failing = python_servable(
-            release="v2", directory=gates, module="raises.py", log_level="FULL",
+            release="v2",
+            directory=gates,
+            module="raises.py",
+            log_level="FULL",
             validity=[{"MinServedEventsBasedValidity": {"validAfterMinServedEvents": 2}}],
         )
         assert fresh("POST", gw.url + "/servable", json=failing).status_code == 200
         wait_until(
-            lambda: all(r.json()["servables"] == 2 for r in seen_workers(gw, "/health/ready").values()), 5, "both workers loaded both"
+            lambda: all(r.json()["servables"] == 2 for r in seen_workers(gw, "/health/ready").values()),
+            5,
+            "both workers loaded both",
         )
 
         def score(i: int) -> str:

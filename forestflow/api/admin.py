@@ -43,20 +43,38 @@ def admin(handler: Handler) -> Handler:
             header = request.headers.get("Authorization", "")
             scheme, _, given = header.partition(" ")
             if scheme.lower() != "bearer" or not given:
-                audit.warning("admin_refused", reason="no credentials", method=request.method, path=request.path,
-                              peer=request.remote, request_id=request_id_of(request))
+                audit.warning(
+                    "admin_refused",
+                    reason="no credentials",
+                    method=request.method,
+                    path=request.path,
+                    peer=request.remote,
+                    request_id=request_id_of(request),
+                )
                 raise Unauthenticated("admin routes need Authorization: Bearer <token>")
             if not hmac.compare_digest(given.strip().encode(), token.encode()):
-                audit.warning("admin_refused", reason="wrong token", method=request.method, path=request.path,
-                              peer=request.remote, request_id=request_id_of(request))
+                audit.warning(
+                    "admin_refused",
+                    reason="wrong token",
+                    method=request.method,
+                    path=request.path,
+                    peer=request.remote,
+                    request_id=request_id_of(request),
+                )
                 raise Forbidden("the admin token is wrong")
         if not request.app[GATEWAY].started:
             raise StoreUnavailable("the gateway is starting (restoring the registry); try again")
         # Shielded: a client that disconnects mid-deploy must not cut a write between the store
         # and the in-memory registry (the server cancels handlers of disconnected clients).
         response = await asyncio.shield(handler(request))
-        audit.info("admin_write", method=request.method, path=request.path, status=response.status,
-                   peer=request.remote, request_id=request_id_of(request))
+        audit.info(
+            "admin_write",
+            method=request.method,
+            path=request.path,
+            status=response.status,
+            peer=request.remote,
+            request_id=request_id_of(request),
+        )
         return response
 
     return guarded
@@ -196,4 +214,3 @@ def add_routes(app: web.Application) -> None:
         r.add_put(release + suffix, admin(update_logging))
     r.add_put(release + "/performance-metrics", admin(update_performance))
     r.add_delete(release, admin(delete_servable))
-

@@ -8,19 +8,30 @@ from collections.abc import AsyncIterator
 import structlog
 from aiohttp import web
 
-from forestflow.api import admin, basic, body_pool, dashboard, graphpipe, ops
-from forestflow.api import v1_rest, v2_grpc, v2_repository, v2_rest, worker_metrics
+from forestflow import tracing
+from forestflow.api import (
+    admin,
+    basic,
+    body_pool,
+    dashboard,
+    graphpipe,
+    ops,
+    v1_rest,
+    v2_grpc,
+    v2_repository,
+    v2_rest,
+    worker_metrics,
+)
 from forestflow.api.common import AFTER_START, GATEWAY, SETTINGS, STARTING, WORKER
 from forestflow.api.middleware import build_middleware
 from forestflow.api.prom import RequestMetrics, build_registry
-from forestflow import tracing
+from forestflow.errors import StoreUnavailable
 from forestflow.predlog import make_prediction_log
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.file_store import FileStore
 from forestflow.registry.store import Store
 from forestflow.runtime import jvm
 from forestflow.service import Gateway
-from forestflow.errors import StoreUnavailable
 from forestflow.settings import Settings
 from forestflow.supervisor import WorkerIdentity, write_worker_status
 

@@ -7,11 +7,19 @@ from typing import Any
 from aiohttp import web
 
 from forestflow.api.common import (
-    FQRV_TAG, GATEWAY, SCORING_S, contract_from, fqrv_from, input_headers, parse_json, request_id_of, timeout_from,
+    FQRV_TAG,
+    GATEWAY,
+    SCORING_S,
+    contract_from,
+    fqrv_from,
+    input_headers,
+    parse_json,
+    request_id_of,
+    timeout_from,
 )
 from forestflow.api.responses import JSON, dumps, json_response
-from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.codecs.ff_protobuf import prediction_bytes
+from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_from_proto, prediction_json
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract

@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from forestflow.api.common import SCORING_S, FQRV_TAG, GATEWAY, SETTINGS, contract_from, request_id_of, timeout_from
+from forestflow.api.common import FQRV_TAG, GATEWAY, SCORING_S, SETTINGS, contract_from, request_id_of, timeout_from
 from forestflow.api.responses import json_response
 from forestflow.codecs.graphpipe import (
     GP_TYPE_NAMES,
@@ -171,4 +171,3 @@ def add_routes(app: web.Application) -> None:
     path = "/{org}/{project}/{n:\\d+}/gp"
     app.router.add_post(path, gp)
     app.router.add_get(path, gp_metadata_json)
-

@@ -209,8 +209,14 @@ class KafkaIngest:
                 if request.reply_topic is None:
                     part.backlog.popleft()
                     self.stats.dropped[request.dropped] += 1
-                    log.warning("kafka_request_dropped", reason=request.dropped, topic=record.topic,
-                                partition=record.partition, offset=record.offset, request_id=request.request_id)
+                    log.warning(
+                        "kafka_request_dropped",
+                        reason=request.dropped,
+                        topic=record.topic,
+                        partition=record.partition,
+                        offset=record.offset,
+                        request_id=request.request_id,
+                    )
                     continue
                 if self._inflight >= _MAX_INFLIGHT:
                     break
@@ -274,7 +280,9 @@ class KafkaIngest:
             delivered = await self._replies.send(record.key, request, reply)
         finally:
             if span is not None:
-                span.end(reply.status if reply is not None else 499, str(request.contract) if request.contract else request.v2_model)
+                span.end(
+                    reply.status if reply is not None else 499, str(request.contract) if request.contract else request.v2_model
+                )
             self._inflight -= 1
             if delivered:  # an unconfirmed reply keeps its offset, so the commit never passes it
                 part.inflight.discard(record.offset)

@@ -163,8 +163,14 @@ async def answer(gateway: Gateway, request: Request, value: bytes | None) -> Rep
         body = value or b""
         if request.format == V2:
             v2 = await v2_rest.infer_payload(
-                gateway, request.v2_model, None, body, request.v2_header_length,
-                request_id=request.request_id, protocol="kafka", timeout_s=None,
+                gateway,
+                request.v2_model,
+                None,
+                body,
+                request.v2_header_length,
+                request_id=request.request_id,
+                protocol="kafka",
+                timeout_s=None,
             )
             request.request_id = v2.request_id
             headers = [("content-type", JSON.encode() if v2.json_length is None else b"application/octet-stream")]
@@ -174,8 +180,13 @@ async def answer(gateway: Gateway, request: Request, value: bytes | None) -> Rep
         else:
             as_proto = request.format == BASIC_PROTOBUF
             result, payload = await basic.score_payload(
-                gateway, request.contract, body, as_proto=as_proto,
-                request_id=request.request_id, protocol="kafka", timeout_s=None,
+                gateway,
+                request.contract,
+                body,
+                as_proto=as_proto,
+                request_id=request.request_id,
+                protocol="kafka",
+                timeout_s=None,
             )
             headers = [("content-type", (basic.PROTOBUF if as_proto else JSON).encode())]
     except Overloaded:
@@ -185,8 +196,11 @@ async def answer(gateway: Gateway, request: Request, value: bytes | None) -> Rep
     except Exception:  # a defect must not stop the partition: answer 500, log the detail
         log.exception("kafka_request_failed", request_id=request.request_id)
         return error_reply(request, GatewayError("internal error while scoring the request"))
-    headers += [("forestflow-status", b"200"), ("forestflow-request-id", request.request_id.encode()),
-                ("forestflow-fqrv", str(result.fqrv).encode())]
+    headers += [
+        ("forestflow-status", b"200"),
+        ("forestflow-request-id", request.request_id.encode()),
+        ("forestflow-fqrv", str(result.fqrv).encode()),
+    ]
     unknown = result.frame.parameters.get("unknown_inputs") or []
     if unknown:
         headers.append(("forestflow-unknown-inputs", ",".join(unknown).encode()))
@@ -200,6 +214,9 @@ def error_reply(request: Request, error: GatewayError) -> Reply:
         body = dumps({"error": error.message})
     else:
         body = dumps(error_payload(error, request.request_id))
-    headers = [("content-type", JSON.encode()), ("forestflow-status", str(status).encode()),
-               ("forestflow-request-id", request.request_id.encode())]
+    headers = [
+        ("content-type", JSON.encode()),
+        ("forestflow-status", str(status).encode()),
+        ("forestflow-request-id", request.request_id.encode()),
+    ]
     return Reply(status, body, headers)

@@ -12,12 +12,11 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from forestflow import tracing
-from forestflow import logs
+from forestflow import logs, tracing
 from forestflow.api.common import CONTRACT, FQRV_TAG, REQUEST_ID, SCORING_S, SETTINGS
 from forestflow.api.prom import RequestMetrics
 from forestflow.api.responses import error_response
-from forestflow.errors import GatewayError, InvalidInput, MethodNotAllowed, NotFound, PayloadTooLarge, InternalError
+from forestflow.errors import GatewayError, InternalError, InvalidInput, MethodNotAllowed, NotFound, PayloadTooLarge
 
 log = structlog.get_logger("forestflow.http")
 
@@ -46,9 +45,7 @@ def _http_error(exc: web.HTTPException, request: web.Request) -> GatewayError:
     return InvalidInput(exc.reason or f"HTTP {exc.status}")
 
 
-def build_middleware(
-    enable_access_log: bool, metrics: RequestMetrics | None = None
-) -> Middleware:
+def build_middleware(enable_access_log: bool, metrics: RequestMetrics | None = None) -> Middleware:
     """The middleware that gives every request an id, maps errors to JSON, logs and counts it."""
 
     @web.middleware
@@ -83,7 +80,9 @@ def build_middleware(
         except Exception:
             log.exception("unhandled_error", request_id=request_id, path=request.path)
             status = 500
-            return error_response(InternalError(request.get(FQRV_TAG), "internal error; see the gateway log with this request_id"), request_id)
+            return error_response(
+                InternalError(request.get(FQRV_TAG), "internal error; see the gateway log with this request_id"), request_id
+            )
         finally:
             if span is not None:
                 span.end(status, request.get(CONTRACT), request.get(FQRV_TAG))

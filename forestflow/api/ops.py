@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from aiohttp import web
-
 from prometheus_client import CollectorRegistry
 
 from forestflow.api.common import GATEWAY, SETTINGS, STARTING, WORKER
@@ -30,7 +29,13 @@ async def ready(request: web.Request) -> web.Response:
     details = gateway.readiness()
     details["storeAvailable"] = bool(getattr(gateway.store, "available", True))
     starting = request.app.get(STARTING)
-    details["ready"] = details["ready"] and starting is not None and starting.done() and not starting.cancelled() and starting.exception() is None
+    details["ready"] = (
+        details["ready"]
+        and starting is not None
+        and starting.done()
+        and not starting.cancelled()
+        and starting.exception() is None
+    )
     worker = request.app.get(WORKER)
     if worker is not None:
         workers = workers_status(request.app[SETTINGS].data_dir, worker.count)

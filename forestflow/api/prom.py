@@ -26,7 +26,22 @@ from forestflow.runtime.scheduler import Priority
 
 #: Seconds; scoring a row of a tree model takes tens of microseconds, so the low end is fine.
 LATENCY_BUCKETS: tuple[float, ...] = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 OTHER = "other"
 
@@ -47,7 +62,8 @@ class Histogram:
 
     def cumulative(self) -> list[tuple[str, float]]:
         """Prometheus buckets: (upper bound, count at or below it), ending with +Inf."""
-        out, running = [], 0
+        out: list[tuple[str, float]] = []
+        running = 0
         for bound, count in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.counts):
             running += count
             out.append((bound, running))
@@ -85,14 +101,18 @@ class RequestMetrics:
                 protocol = "admin"
             self.protocols[resource] = protocol
 
-    def record(self, resource: Any, contract: str | None, fqrv: str | None, status: int, server_s: float, scoring_s: float | None) -> None:
+    def record(
+        self, resource: Any, contract: str | None, fqrv: str | None, status: int, server_s: float, scoring_s: float | None
+    ) -> None:
         """Count one finished HTTP request (called by the middleware)."""
         # Names from refused requests (4xx) may be anything a client typed: they never become labels.
         if 400 <= status < 500:
             contract = fqrv = None
         self.count(self.protocols.get(resource, OTHER), contract, fqrv, str(status), server_s, scoring_s)
 
-    def count(self, protocol: str, contract: str | None, fqrv: str | None, status: str, server_s: float, scoring_s: float | None) -> None:
+    def count(
+        self, protocol: str, contract: str | None, fqrv: str | None, status: str, server_s: float, scoring_s: float | None
+    ) -> None:
         """Count one finished call of any protocol (gRPC calls report their status code name)."""
         key = (contract or "", fqrv or "", protocol, status)
         requests = self.requests
@@ -134,15 +154,21 @@ class GatewayCollector:
         """Every metric family of the gateway."""
         rm = self.request_metrics
         family = CounterMetricFamily(
-            "forestflow_requests", "Requests (HTTP and gRPC) by contract, answering fqrv, protocol and status",
+            "forestflow_requests",
+            "Requests (HTTP and gRPC) by contract, answering fqrv, protocol and status",
             labels=["contract", "fqrv", "protocol", "status"],
         )
         for labels, count in list(rm.requests.items()):
             family.add_metric(list(labels), count)
         yield family
-        yield _histograms("forestflow_request_duration_seconds", "Server time of requests (HTTP and gRPC)", "protocol", rm.server_time)
         yield _histograms(
-            "forestflow_scoring_duration_seconds", "Scoring time (queue wait and predict) of answered requests", "fqrv", rm.scoring_time
+            "forestflow_request_duration_seconds", "Server time of requests (HTTP and gRPC)", "protocol", rm.server_time
+        )
+        yield _histograms(
+            "forestflow_scoring_duration_seconds",
+            "Scoring time (queue wait and predict) of answered requests",
+            "fqrv",
+            rm.scoring_time,
         )
         gateway = self.gateway()
         if gateway is None:
@@ -188,42 +214,68 @@ class GatewayCollector:
         deadline = CounterMetricFamily("forestflow_deadline_exceeded", "Jobs failed with 504 (deadline passed)", labels=["fqrv"])
         load = GaugeMetricFamily("forestflow_servable_load_seconds", "Time the servable took to load", labels=["fqrv"])
         for fqrv, loaded in list(gateway.loaded.items()):
-            label, scheduler = str(fqrv), loaded.scheduler
-            queue.add_metric([label, "live"], scheduler.queued(Priority.LIVE))
-            queue.add_metric([label, "shadow"], scheduler.queued(Priority.SHADOW))
-            running.add_metric([label], scheduler.running)
-            dropped.add_metric([label], scheduler.stats.shadow_dropped)
-            rejected.add_metric([label], scheduler.stats.live_rejected)
-            deadline.add_metric([label], scheduler.stats.deadline_exceeded)
-            load.add_metric([label], loaded.load_seconds)
-        yield from (phase, valid, scored, shaded, errors, shade_errors, agreement, rollbacks, queue, running, dropped, rejected, deadline, load)
+            name, scheduler = str(fqrv), loaded.scheduler
+            queue.add_metric([name, "live"], scheduler.queued(Priority.LIVE))
+            queue.add_metric([name, "shadow"], scheduler.queued(Priority.SHADOW))
+            running.add_metric([name], scheduler.running)
+            dropped.add_metric([name], scheduler.stats.shadow_dropped)
+            rejected.add_metric([name], scheduler.stats.live_rejected)
+            deadline.add_metric([name], scheduler.stats.deadline_exceeded)
+            load.add_metric([name], loaded.load_seconds)
+        yield from (
+            phase,
+            valid,
+            scored,
+            shaded,
+            errors,
+            shade_errors,
+            agreement,
+            rollbacks,
+            queue,
+            running,
+            dropped,
+            rejected,
+            deadline,
+            load,
+        )
         yield CounterMetricFamily(
             "forestflow_servable_load_failures", "Servable loads that failed", value=gateway.loader.load_failures
         )
-        yield GaugeMetricFamily("forestflow_servables_failed", "Registered servables that failed to load", value=len(gateway.failed))
+        yield GaugeMetricFamily(
+            "forestflow_servables_failed", "Registered servables that failed to load", value=len(gateway.failed)
+        )
         yield GaugeMetricFamily("forestflow_servables_loaded", "Servables loaded", value=len(gateway.loaded))
 
     def _prediction_log(self, gateway: Any) -> Iterator[Metric]:
         stats = gateway.prediction_log.stats
-        yield GaugeMetricFamily("forestflow_prediction_log_buffer_bytes", "Bytes of events waiting for the sink", value=stats.buffered_bytes)
+        yield GaugeMetricFamily(
+            "forestflow_prediction_log_buffer_bytes", "Bytes of events waiting for the sink", value=stats.buffered_bytes
+        )
         yield GaugeMetricFamily("forestflow_prediction_log_buffer_events", "Events waiting for the sink", value=stats.buffered)
         yield CounterMetricFamily("forestflow_prediction_log_produced", "Events produced", value=stats.produced)
         yield CounterMetricFamily("forestflow_prediction_log_delivered", "Events the sink took", value=stats.delivered)
-        dropped = CounterMetricFamily("forestflow_prediction_log_dropped", "Events that will never be delivered", labels=["reason"])
+        dropped = CounterMetricFamily(
+            "forestflow_prediction_log_dropped", "Events that will never be delivered", labels=["reason"]
+        )
         dropped.add_metric(["overflow"], stats.dropped_overflow)
         dropped.add_metric(["shutdown"], stats.dropped_shutdown)
         dropped.add_metric(["rejected"], stats.dropped_rejected)
         dropped.add_metric(["encode_error"], stats.encode_errors)
         yield dropped
-        yield CounterMetricFamily("forestflow_prediction_log_send_failures", "Failed sends to the sink", value=stats.send_failures)
+        yield CounterMetricFamily(
+            "forestflow_prediction_log_send_failures", "Failed sends to the sink", value=stats.send_failures
+        )
         yield CounterMetricFamily(
             "forestflow_prediction_log_drain_restarts", "Times the drain task died and was restarted", value=stats.drain_restarts
         )
-        yield GaugeMetricFamily("forestflow_prediction_log_connected", "1 when the sink is connected", value=1.0 if stats.connected else 0.0)
+        yield GaugeMetricFamily(
+            "forestflow_prediction_log_connected", "1 when the sink is connected", value=1.0 if stats.connected else 0.0
+        )
 
     def _health(self, gateway: Any) -> Iterator[Metric]:
         yield GaugeMetricFamily(
-            "forestflow_registry_store_available", "1 when the registry store answers (Redis; the file store always does)",
+            "forestflow_registry_store_available",
+            "1 when the registry store answers (Redis; the file store always does)",
             value=1.0 if getattr(gateway.store, "available", True) else 0.0,
         )
         yield GaugeMetricFamily("forestflow_ready", "1 when the readiness probe passes", value=1.0 if gateway.ready else 0.0)

@@ -15,8 +15,8 @@ from forestflow.api import v2_common
 from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, read_json, request_id_of, timeout_from
 from forestflow.api.responses import json_response
 from forestflow.api.v2_rest import v2_errors
-from forestflow.codecs.v2_request import configs_from
 from forestflow.codecs.v1 import columnar_outputs, frame_from_columnar, frame_from_instances, predictions
+from forestflow.codecs.v2_request import configs_from
 from forestflow.errors import InvalidInput
 
 

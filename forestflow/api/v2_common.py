@@ -180,7 +180,9 @@ async def infer(
         protocol=protocol,
         timeout_s=timeout_s,
         route=route,
-        wire=Wire(wire_request, partial(_with_layout, encode_response, layout)) if wire_request is not None and encode_response is not None else None,
+        wire=Wire(wire_request, partial(_with_layout, encode_response, layout))
+        if wire_request is not None and encode_response is not None
+        else None,
     )
     return result, layout
 

@@ -131,9 +131,17 @@ class InferenceService:
             return WireBody.of(response.SerializeToString())
 
         result, _ = await v2_common.infer(
-            self.gateway, request.model_name, request.model_version or None, tensors,
-            {**options, **parameters_of(request.parameters)}, request_id=request_id, protocol="v2-grpc",
-            timeout_s=remaining, classification=ks, wire_request=WireBody.of(wire), encode_response=answer,
+            self.gateway,
+            request.model_name,
+            request.model_version or None,
+            tensors,
+            {**options, **parameters_of(request.parameters)},
+            request_id=request_id,
+            protocol="v2-grpc",
+            timeout_s=remaining,
+            classification=ks,
+            wire_request=WireBody.of(wire),
+            encode_response=answer,
         )
         assert result.response_json is not None
         _answered.set((str(result.fqrv), result.latency_ms / 1000))
@@ -191,8 +199,14 @@ def _guard(
     return tracing.traced_grpc(handler, call.__name__) if tracing.ON else handler
 
 
-_REFUSED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS,
-            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
+_REFUSED = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+}
 
 
 def _counted(handler: Callable[..., Awaitable[Any]], metrics: RequestMetrics) -> Callable[..., Awaitable[Any]]:
@@ -214,8 +228,14 @@ def _counted(handler: Callable[..., Awaitable[Any]], metrics: RequestMetrics) ->
             answered = _answered.get()
             message = request[1] if isinstance(request, tuple) else request  # ModelInfer: (wire bytes, message)
             model = None if status in _REFUSED else (getattr(message, "model_name", "") or getattr(message, "name", "") or None)
-            metrics.count("v2-grpc", model, answered[0] if answered else None, status.name, time.perf_counter() - started,
-                          answered[1] if answered else None)
+            metrics.count(
+                "v2-grpc",
+                model,
+                answered[0] if answered else None,
+                status.name,
+                time.perf_counter() - started,
+                answered[1] if answered else None,
+            )
 
     return counted
 

@@ -164,8 +164,15 @@ async def infer(request: web.Request) -> web.Response:
     # Routed first (404 before reading the body); the body is decoded against the release that scores.
     route = gateway.route(contract, v2_common.version_fqrv(contract, version).release if version else None)
     answer = await infer_payload(
-        gateway, name, version, await request.read(), request.headers.get(HEADER_LENGTH),
-        request_id=request_id_of(request), protocol="v2", timeout_s=timeout_from(request), route=route,
+        gateway,
+        name,
+        version,
+        await request.read(),
+        request.headers.get(HEADER_LENGTH),
+        request_id=request_id_of(request),
+        protocol="v2",
+        timeout_s=timeout_from(request),
+        route=route,
     )
     request[FQRV_TAG] = str(answer.result.fqrv)
     request[SCORING_S] = answer.result.latency_ms / 1000
@@ -251,9 +258,18 @@ async def infer_payload(
         return WireBody.of(*encode_response(reply, outputs, dict(wanted), binary_default))
 
     result, _ = await v2_common.infer(
-        gateway, name, version, tensors, {**options, **parameters} if options else parameters,
-        request_id=request_id, protocol=protocol, timeout_s=timeout_s, classification=ks,
-        wire_request=WireBody.of(body, len(head) if binary else None), encode_response=answer, route=route,
+        gateway,
+        name,
+        version,
+        tensors,
+        {**options, **parameters} if options else parameters,
+        request_id=request_id,
+        protocol=protocol,
+        timeout_s=timeout_s,
+        classification=ks,
+        wire_request=WireBody.of(body, len(head) if binary else None),
+        encode_response=answer,
+        route=route,
     )
     out = result.response_json
     assert isinstance(out, WireBody)

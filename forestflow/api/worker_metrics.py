@@ -51,9 +51,7 @@ def _snapshot_path(data_dir: Path, index: int) -> Path:
 
 def snapshot(registry: CollectorRegistry) -> bytes:
     """What ``registry`` collects now, as JSON: ``[[name, type, documentation, [[sample, labels, value]...]]...]``."""
-    families = [
-        [m.name, m.type, m.documentation, [[s.name, s.labels, s.value] for s in m.samples]] for m in registry.collect()
-    ]
+    families = [[m.name, m.type, m.documentation, [[s.name, s.labels, s.value] for s in m.samples]] for m in registry.collect()]
     return orjson.dumps(families)
 
 

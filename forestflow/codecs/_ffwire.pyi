@@ -6,7 +6,14 @@ import numpy as np
 
 def set_types(table: Sequence[tuple[int, bytes]], /) -> None: ...
 def message(
-    outer: bytes, prefix: bytes, schema_tag: int, datum_tag: int, rows: int, columns: dict[str, np.ndarray], configs: dict[str, str] | None, /
+    outer: bytes,
+    prefix: bytes,
+    schema_tag: int,
+    datum_tag: int,
+    rows: int,
+    columns: dict[str, np.ndarray],
+    configs: dict[str, str] | None,
+    /,
 ) -> bytes | None: ...
 def varint(value: int, /) -> bytes: ...
 def read_varint(data: bytes | bytearray | memoryview, pos: int, /) -> tuple[int, int]: ...

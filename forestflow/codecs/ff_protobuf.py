@@ -49,7 +49,9 @@ def _readable(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: np.ascontiguousarray(c, dtype=FF_DTYPES[_ff_type(c)]) for name, c in columns.items()}
 
 
-def _converted(outer: bytes, prefix: bytes, schema_tag: int, datum_tag: int, frame: Frame, configs: dict[str, str] | None) -> bytes:
+def _converted(
+    outer: bytes, prefix: bytes, schema_tag: int, datum_tag: int, frame: Frame, configs: dict[str, str] | None
+) -> bytes:
     """The message of a frame whose columns the C writer could not read as they are (e.g. a column
     sliced with a step, fixed-width text, another byte order): written from converted copies."""
     out = _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, _readable(frame.columns), configs)

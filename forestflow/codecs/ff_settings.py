@@ -11,8 +11,8 @@ from typing import Any
 
 from forestflow.codecs.jsonread import Obj, oneof
 from forestflow.core.definition import ServableDefinition
-from forestflow.core.locator import fqrv_from_path
 from forestflow.core.ids import FQRV, Contract
+from forestflow.core.locator import fqrv_from_path
 from forestflow.core.policies import (
     ContractSettings,
     ExpirationPolicy,
@@ -192,7 +192,10 @@ def logging_to_json(logging: LoggingSettings) -> dict[str, Any]:
 
 def servable_settings_to_json(settings: ServableSettings) -> dict[str, Any]:
     """ServableSettings as JSON (``strictInputs`` only when set, as proto2 leaves unset fields out)."""
-    out: dict[str, Any] = {"policySettings": policy_to_json(settings.policy), "loggingSettings": logging_to_json(settings.logging)}
+    out: dict[str, Any] = {
+        "policySettings": policy_to_json(settings.policy),
+        "loggingSettings": logging_to_json(settings.logging),
+    }
     if settings.strict_inputs:
         out["strictInputs"] = True
     return out

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import struct
-
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,7 +243,9 @@ def _read_tensor(reader: _Reader, pos: int, i: int) -> np.ndarray:
         start, nbytes = reader.vector(tensor, 8, 1, f"{where}.data")
         if nbytes % dtype.itemsize:
             raise InvalidInput(f"{where}: {nbytes} data bytes are not a whole number of {GP_TYPE_NAMES[gp_type]} values")
-        flat = np.frombuffer(reader.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=start).astype(dtype.newbyteorder("="))
+        flat = np.frombuffer(reader.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=start).astype(
+            dtype.newbyteorder("=")
+        )
     else:
         raise InvalidInput(f"{where}: unsupported tensor type {GP_TYPE_NAMES.get(gp_type, gp_type)}")
     return flat.reshape(_resolve_shape(shape, flat.size, where))

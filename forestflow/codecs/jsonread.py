@@ -129,7 +129,7 @@ def oneof(value: Any, path: str, variants: tuple[str, ...]) -> tuple[str, Obj]:
         return value, Obj({}, f"{path}.{value}")
     if not isinstance(value, dict) or len(value) != 1:
         raise InvalidInput(f"{path}: expected an object with exactly one of {', '.join(variants)}")
-    (name, body), = value.items()
+    ((name, body),) = value.items()
     if name not in variants:
         raise InvalidInput(f"{path}: unknown variant {name!r}; expected one of {', '.join(variants)}")
     return name, Obj({} if body is None else body, f"{path}.{name}")

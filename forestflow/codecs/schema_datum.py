@@ -162,8 +162,10 @@ def _json_tensors(datum: Any, r: int) -> list[tuple[str, Sequence[Any]]]:
     out: list[tuple[str, Sequence[Any]]] = []
     for t, tensor in enumerate(tensors):
         if not isinstance(tensor, dict) or len(tensor) != 1:
-            raise InvalidInput(f"datum[{r}].tensors[{t}]: expected an object with one type key, e.g. {{\"Float64\": {{\"data\": [...]}}}}")
-        (key, body), = tensor.items()
+            raise InvalidInput(
+                f'datum[{r}].tensors[{t}]: expected an object with one type key, e.g. {{"Float64": {{"data": [...]}}}}'
+            )
+        ((key, body),) = tensor.items()
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list):
             raise InvalidInput(f"datum[{r}].tensors[{t}].{key}.data: expected an array")
@@ -269,12 +271,11 @@ def frame_from_proto(payload: bytes) -> tuple[Frame, dict[str, str]]:
         if not entry.HasField("type"):
             raise InvalidInput(f"schema[{i}].type: required")
         schema.append((pb.TensorType.Name(entry.type), _proto_text(list(entry.fields), f"schema[{i}].fields")))
-    datums = (
-        [(t.WhichOneof("sealed_value") or "?", _proto_values(t)) for t in d.tensors]
-        for d in request.datum
-    )
+    datums = ([(t.WhichOneof("sealed_value") or "?", _proto_values(t)) for t in d.tensors] for d in request.datum)
     frame = _frame(schema, datums)
-    configs = dict(zip(_proto_text(list(request.configs.keys()), "configs"), _proto_text(list(request.configs.values()), "configs")))
+    configs = dict(
+        zip(_proto_text(list(request.configs.keys()), "configs"), _proto_text(list(request.configs.values()), "configs"))
+    )
     frame.parameters = configs
     return frame, configs
 
@@ -302,9 +303,7 @@ def ff_type_name(datatype: str) -> str:
 
 
 #: numpy dtype -> ForestFlow type for the native fixed-width dtypes (a dict lookup per column).
-_FF_OF_DTYPE: dict[np.dtype[Any], str] = {
-    dtype: _V2_TO_FF[name] for name, dtype in DATATYPES.items() if name in _V2_TO_FF
-}
+_FF_OF_DTYPE: dict[np.dtype[Any], str] = {dtype: _V2_TO_FF[name] for name, dtype in DATATYPES.items() if name in _V2_TO_FF}
 
 
 def _ff_type(column: np.ndarray) -> str:
@@ -410,9 +409,7 @@ def _schema_datum_bytes(frame: Frame) -> tuple[bytes, bytes]:
     return schema, b"[" + b",".join(map(b"".join, zip(*parts))) + b"]"
 
 
-def prediction_json(
-    fqrv: FQRV, frame: Frame, unknown_inputs: Sequence[str] = (), missing_inputs: Sequence[str] = ()
-) -> bytes:
+def prediction_json(fqrv: FQRV, frame: Frame, unknown_inputs: Sequence[str] = (), missing_inputs: Sequence[str] = ()) -> bytes:
     """The ``Prediction`` body (fqrv, schema, one datum per row, unknown and missing input names if any), without the envelope."""
     schema, datum = _schema_datum_bytes(frame)
     out = b'{"fqrv":' + _fqrv_json(fqrv) + b',"schema":' + schema + b',"datum":' + datum

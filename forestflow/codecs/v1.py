@@ -54,7 +54,9 @@ def _scalar_column(name: str, values: list[Any], spec: TensorSpec | None) -> np.
         raise InvalidInput(f"input {name!r}: takes one value per instance, got {_short(culprit)}")
     if datatype in NUMERIC_DATATYPES:
         if any(isinstance(v, (bool, str)) for v in values):
-            raise InvalidInput(f"input {name!r}: expected numbers ({datatype}), got {next(v for v in values if isinstance(v, (bool, str)))!r}")
+            raise InvalidInput(
+                f"input {name!r}: expected numbers ({datatype}), got {next(v for v in values if isinstance(v, (bool, str)))!r}"
+            )
         if datatype.startswith("FP"):
             values = [np.nan if v is None else v for v in values]
         try:
@@ -109,9 +111,7 @@ def _vector_column(name: str, values: list[Any], spec: TensorSpec, where: Where)
             row = None
         if row is None or row.dtype.kind == "O" or not _fits(row.shape, dims):
             got = f"shape {list(row.shape)}" if row is not None and row.dtype.kind != "O" else "a ragged or mixed value"
-            raise InvalidInput(
-                f"{where(i)}: input {name!r} ({declared}) takes shape {list(dims)} per instance, got {got}"
-            )
+            raise InvalidInput(f"{where(i)}: input {name!r} ({declared}) takes shape {list(dims)} per instance, got {got}")
         if _typed_rows(row, spec.datatype) is None:
             raise InvalidInput(f"{where(i)}: input {name!r} expects {spec.datatype} values, got {_short(value)}")
     try:  # every row is right on its own: the values themselves do not fit the datatype
@@ -148,9 +148,7 @@ def frame_from_instances(instances: Any, specs: Sequence[TensorSpec], parameters
         else:
             for i, row in enumerate(instances):
                 if len(row) != len(names):
-                    raise InvalidInput(
-                        f"instances[{i}]: expected {len(names)} values ({', '.join(names)}), got {len(row)}"
-                    )
+                    raise InvalidInput(f"instances[{i}]: expected {len(names)} values ({', '.join(names)}), got {len(row)}")
             table = {n: [row[j] for row in instances] for j, n in enumerate(names)}
     elif len(names) == 1 and not any(isinstance(row, (dict, list)) for row in instances):
         table = {names[0]: list(instances)}

@@ -50,7 +50,7 @@ def requested_content_type(parameters: dict[str, Any]) -> str | None:
         return None
     if value in (NP, PD):
         return str(value)
-    raise InvalidInput(f"parameters.content_type: expected \"np\" or \"pd\", got {value!r}")
+    raise InvalidInput(f'parameters.content_type: expected "np" or "pd", got {value!r}')
 
 
 def _per_row_dims(spec: TensorSpec | None) -> tuple[int, ...] | None:
@@ -71,9 +71,7 @@ def _pd_column(tensor: Tensor, spec: TensorSpec | None) -> np.ndarray:
             return a
         if a.ndim == len(per_row):
             return a[None, ...]
-        raise InvalidInput(
-            f"input {tensor.name!r}: expected shape [N, {', '.join(map(str, per_row))}], got {tensor.shape}"
-        )
+        raise InvalidInput(f"input {tensor.name!r}: expected shape [N, {', '.join(map(str, per_row))}], got {tensor.shape}")
     if a.ndim == 0:
         return a.reshape(1)
     if a.ndim == 1:
@@ -84,9 +82,7 @@ def _pd_column(tensor: Tensor, spec: TensorSpec | None) -> np.ndarray:
         return a.reshape(-1)
     if spec is None:  # not a model input: handed over as it is, rows on the first axis
         return a
-    raise InvalidInput(
-        f"input {tensor.name!r}: expected one value per row (shape [N], [N, 1] or [1, N]), got {tensor.shape}"
-    )
+    raise InvalidInput(f"input {tensor.name!r}: expected one value per row (shape [N], [N, 1] or [1, N]), got {tensor.shape}")
 
 
 def _input_codec(tensor: Tensor) -> Tensor:
@@ -147,9 +143,7 @@ def _looks_np(tensor: Tensor, specs: Sequence[TensorSpec], by_name: dict[str, Te
     return scalar and a.ndim == 2 and min(a.shape) > 1 and a.shape[1] == len(specs) > 1
 
 
-def decode_inputs(
-    tensors: Sequence[Tensor], specs: Sequence[TensorSpec], parameters: dict[str, Any]
-) -> tuple[Frame, Layout]:
+def decode_inputs(tensors: Sequence[Tensor], specs: Sequence[TensorSpec], parameters: dict[str, Any]) -> tuple[Frame, Layout]:
     """Turn request tensors into a Frame of the model's inputs, and remember the layout."""
     if not tensors:
         raise InvalidInput("inputs: at least one input tensor is required")

@@ -66,9 +66,7 @@ def parse_inputs(doc: dict[str, Any], binary: memoryview, max_rows: int | None =
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise InvalidInput(f"input {name!r}: binary_data_size must be a non-negative integer")
             if offset + size > len(binary):
-                raise InvalidInput(
-                    f"input {name!r}: binary_data_size {size} runs past the {len(binary)} bytes of binary data"
-                )
+                raise InvalidInput(f"input {name!r}: binary_data_size {size} runs past the {len(binary)} bytes of binary data")
             array = array_from_raw(name, datatype, shape, binary[offset : offset + size])
             offset += size
         elif "data" in item:

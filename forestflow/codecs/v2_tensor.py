@@ -246,4 +246,3 @@ def raw_bytes(array: np.ndarray, datatype: str) -> bytes:
     if datatype == "BOOL":
         return np.ascontiguousarray(array, dtype=np.uint8).tobytes()
     return np.ascontiguousarray(array, dtype=DATATYPES[datatype].newbyteorder("<")).tobytes()
-

@@ -90,9 +90,7 @@ class ContractState:
             if release in valid:
                 if metrics.became_valid_at_ms is None:
                     metrics.became_valid_at_ms = now_ms
-                metrics.current_phase_in_pct = phase_in_pct(
-                    entry.settings.policy.phase_in, metrics.became_valid_at_ms, now_ms
-                )
+                metrics.current_phase_in_pct = phase_in_pct(entry.settings.policy.phase_in, metrics.became_valid_at_ms, now_ms)
             else:
                 metrics.current_phase_in_pct = 0
         expired = to_expire(self.settings.expiration, {r: self.servables[r].metrics for r in valid})
@@ -139,7 +137,7 @@ class ContractState:
 
     def latest_valid(self) -> str | None:
         """The most recently valid release with routing weight (for metadata of 'the contract')."""
-        keys = [k for k in self.picker.keys() if k in self.servables]
+        keys = [k for k in self.picker.keys() if k in self.servables]  # noqa: SIM118 (a WeightedPicker)
         if not keys:
             return None
         return max(keys, key=lambda r: recency_key(self.servables[r].metrics))

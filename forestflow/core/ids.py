@@ -51,9 +51,7 @@ class FQRV:
 
     def __post_init__(self) -> None:
         if not isinstance(self.release, str) or not _RELEASE.match(self.release) or ".." in self.release:
-            raise InvalidInput(
-                f"invalid release version {self.release!r}: use 1-128 of [A-Za-z0-9._-], not starting with '.'"
-            )
+            raise InvalidInput(f"invalid release version {self.release!r}: use 1-128 of [A-Za-z0-9._-], not starting with '.'")
 
     def __str__(self) -> str:
         return f"{self.contract}.{self.release}"

@@ -86,9 +86,7 @@ def parse_locator(path: str, git_ssh_scheme: str = "https") -> Locator:
         return FileLocator(unquote(parsed.netloc + parsed.path))
     if scheme in ("http", "https"):
         return HttpLocator(text)
-    raise CreateServableRequestInvalidError(
-        f"path {path!r}: unsupported scheme {scheme or '(none)'!r}; supported: {SUPPORTED}"
-    )
+    raise CreateServableRequestInvalidError(f"path {path!r}: unsupported scheme {scheme or '(none)'!r}; supported: {SUPPORTED}")
 
 
 def _git_repo_url(text: str, ssh_scheme: str) -> str:
@@ -140,11 +138,11 @@ def _parse_s3(text: str) -> S3Locator:
     if region == "none":
         region = None
     if url.startswith("s3::"):
-        endpoint_url = url[len("s3::"):]
+        endpoint_url = url[len("s3::") :]
         if urlparse(endpoint_url).scheme not in ("http", "https"):
             raise CreateServableRequestInvalidError(f"path {text!r}: s3:: must be followed by http:// or https://")
     else:
-        endpoint_url = "https://" + url[len("s3://"):]
+        endpoint_url = "https://" + url[len("s3://") :]
     parsed = urlparse(endpoint_url)
     if "bucket" not in opts:
         if url.startswith("s3::"):
@@ -163,7 +161,7 @@ def _parse_s3(text: str) -> S3Locator:
     host = parsed.hostname or ""
     authority = parsed.netloc
     if host.startswith(bucket + "."):  # virtual-hosted: http://bucket.host/prefix
-        authority = authority[len(bucket) + 1:]
+        authority = authority[len(bucket) + 1 :]
     return S3Locator(f"{parsed.scheme}://{authority}", bucket, "/".join(segments), region, False, credential_base)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Union
 
 from forestflow.core.gates import ReleaseWindow
 
@@ -64,14 +63,14 @@ class MaxErrorRateValidity:
     min_events: int
 
 
-ValidityRule = Union[
-    ImmediatelyValid,
-    NeverValid,
-    TimeBasedValidity,
-    PerformanceBasedValidity,
-    MinServedEventsBasedValidity,
-    MaxErrorRateValidity,
-]
+ValidityRule = (
+    ImmediatelyValid
+    | NeverValid
+    | TimeBasedValidity
+    | PerformanceBasedValidity
+    | MinServedEventsBasedValidity
+    | MaxErrorRateValidity
+)
 
 
 # ---- phase-in -----------------------------------------------------------------------------------
@@ -87,7 +86,7 @@ class LinearTimeBasedPhaseIn:
     phase_in_over_secs: int
 
 
-PhaseInPolicy = Union[ImmediatePhaseIn, LinearTimeBasedPhaseIn]
+PhaseInPolicy = ImmediatePhaseIn | LinearTimeBasedPhaseIn
 
 
 # ---- logging ----------------------------------------------------------------------------------
@@ -158,7 +157,7 @@ class KeepTopRanked:
     ordering: Ordering = Ordering.DESC
 
 
-ExpirationPolicy = Union[KeepLatest, KeepTopRanked]
+ExpirationPolicy = KeepLatest | KeepTopRanked
 
 
 class RouterType(enum.Enum):

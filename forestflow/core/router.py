@@ -90,9 +90,7 @@ class WeightedPicker:
         return cls(items, int(state.get("index", 0)), int(state.get("elementsServed", 0)))
 
 
-def router_weights(
-    router: RouterType, survivors: dict[str, ServableMetrics]
-) -> list[tuple[str, int]]:
+def router_weights(router: RouterType, survivors: dict[str, ServableMetrics]) -> list[tuple[str, int]]:
     """(key, weight) of the servables that receive user traffic, in ForestFlow's order.
 
     Fair: every survivor, weight = phase-in %. Latest: the newest valid servable alone once it is

@@ -80,10 +80,17 @@ def record_headers(contract: Contract, served: bool, request_id: str, event_time
         _second[0], _second[1] = seconds, datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.").encode()
     rid = request_id.encode()
     n = len(rid)
-    return b"".join((
-        _fixed(contract, served), _ID_NAME, _SMALL[n] if n < 64 else _varint(n), rid,
-        _TIME_NAME, _second[1], b"%03dZ" % ms,
-    ))
+    return b"".join(
+        (
+            _fixed(contract, served),
+            _ID_NAME,
+            _SMALL[n] if n < 64 else _varint(n),
+            rid,
+            _TIME_NAME,
+            _second[1],
+            b"%03dZ" % ms,
+        )
+    )
 
 
 def reply_headers(request_id: str, source: str, epoch_ms: int) -> list[tuple[str, bytes]]:

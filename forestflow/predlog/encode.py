@@ -18,16 +18,21 @@ import orjson
 from google.protobuf import json_format
 
 from forestflow._proto import forestflow_pb2 as pb
-from forestflow.codecs.ff_settings import fqrv_to_json, logging_to_json
 from forestflow.codecs._ffwire import event_head
 from forestflow.codecs.ff_protobuf import (
-    embedded, fqrv_bytes, inference_request_bytes, key, prediction_bytes_after, prediction_fqrv_field, varint,
+    embedded,
+    fqrv_bytes,
+    inference_request_bytes,
+    key,
+    prediction_bytes_after,
+    prediction_fqrv_field,
+    varint,
 )
+from forestflow.codecs.ff_settings import fqrv_to_json, logging_to_json
 from forestflow.codecs.schema_datum import prediction_json, request_json
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
 from forestflow.predlog.record import PredictionRecord, WireBody
-
 
 _SERVED = {True: key(2, 0) + b"\x01", False: key(2, 0) + b"\x00"}
 _PREDICTION, _INFERENCE_REQUEST = key(1, 2), key(3, 2)
@@ -88,9 +93,14 @@ def _servable_fields(logging: LoggingSettings, fqrv: FQRV) -> _ServableFields:
             _SERVABLE_FIELDS.clear()
         logging_field = _logging_field(logging)
         hit = _SERVABLE_FIELDS[id(fqrv)] = _ServableFields(
-            logging, fqrv, _SERVED[True] + logging_field, _SERVED[False] + logging_field, embedded(12, fqrv_bytes(fqrv)),
+            logging,
+            fqrv,
+            _SERVED[True] + logging_field,
+            _SERVED[False] + logging_field,
+            embedded(12, fqrv_bytes(fqrv)),
             prediction_fqrv_field(fqrv),
-            orjson.Fragment(orjson.dumps(logging_to_json(logging))), orjson.Fragment(orjson.dumps(fqrv_to_json(fqrv))),
+            orjson.Fragment(orjson.dumps(logging_to_json(logging))),
+            orjson.Fragment(orjson.dumps(fqrv_to_json(fqrv))),
         )
     return hit
 
@@ -108,8 +118,13 @@ def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
     if record.error:
         tail = embedded(15, record.error.encode()) + embedded(16, record.error_code.encode()) + tail
     return event_head(
-        fields.served_head if record.served else fields.shadow_head, record.event_time_ms, record.request_id,
-        fields.fqrv_field, record.latency_ms, record.status, tail,
+        fields.served_head if record.served else fields.shadow_head,
+        record.event_time_ms,
+        record.request_id,
+        fields.fqrv_field,
+        record.latency_ms,
+        record.status,
+        tail,
     )
 
 

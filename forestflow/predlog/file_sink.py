@@ -1,9 +1,9 @@
 """The embedded default sink: prediction events appended to a local file.
 
 ``jsonl``: one JSON object per line (``{"topic": "basic"|"graphpipe", "key": ..., "event": {...}}``,
-the event in protobuf's JSON mapping, encoded by :func:`encode_event_json`). ``protobuf``: length-delimited records (varint length +
-serialized event), the way protobuf's ``writeDelimitedTo`` writes them; GraphPipe events go to a
-sibling file with ``.gp`` before the suffix.
+the event in protobuf's JSON mapping, encoded by :func:`encode_event_json`). ``protobuf``:
+length-delimited records (varint length + serialized event), the way protobuf's ``writeDelimitedTo``
+writes them; GraphPipe events go to a sibling file with ``.gp`` before the suffix.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import asyncio
 import os
 from pathlib import Path
 from typing import BinaryIO
-
 
 import structlog
 

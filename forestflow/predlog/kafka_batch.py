@@ -64,10 +64,21 @@ class RecordBatch:
         if self._built is None:
             built = bytearray(_HEADER.size + len(self._body))
             _HEADER.pack_into(
-                built, 0, 0, len(built) - _LENGTH_FROM, -1, 2, 0, self._attributes,
-                self._count - 1, self._timestamp_ms, self._timestamp_ms, *self._producer, self._count,
+                built,
+                0,
+                0,
+                len(built) - _LENGTH_FROM,
+                -1,
+                2,
+                0,
+                self._attributes,
+                self._count - 1,
+                self._timestamp_ms,
+                self._timestamp_ms,
+                *self._producer,
+                self._count,
             )
-            built[_HEADER.size:] = self._body
+            built[_HEADER.size :] = self._body
             struct.pack_into(">I", built, _CRC_FROM - 4, calc_crc32c(memoryview(built)[_CRC_FROM:]))
             self._built = built
         return self._built

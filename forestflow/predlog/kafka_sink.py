@@ -229,7 +229,9 @@ class KafkaSink:
         self._broken = True
         self._discard_pending(producer, [fut for _, fut in pending])
         if error is None:
-            error = next((fut.exception() for _, fut in pending if fut.done() and not confirmed(fut) and not fut.cancelled()), None)
+            error = next(
+                (fut.exception() for _, fut in pending if fut.done() and not confirmed(fut) and not fut.cancelled()), None
+            )
         failed = [e for e in entries if id(e) in unconfirmed or (id(e) not in handed and id(e) not in refused)]
         log.warning(
             "prediction_log_kafka_delivery_failed",
@@ -254,11 +256,18 @@ class KafkaSink:
         batch_bytes, partition_of = self._batch_bytes, self._partition
         for entry in entries:
             size = entry.size
-            if size > surely_fits and DefaultRecordBatchBuilder.estimate_size_in_bytes(entry.key, entry.value, []) > self.max_request_size:
+            if (
+                size > surely_fits
+                and DefaultRecordBatchBuilder.estimate_size_in_bytes(entry.key, entry.value, []) > self.max_request_size
+            ):
                 self.rejected += 1
                 refused.add(id(entry))
-                log.error("prediction_log_event_too_large", topic=self.gp_topic if entry.graphpipe else self.topic,
-                          bytes=len(entry.value), max_request_size=self.max_request_size)
+                log.error(
+                    "prediction_log_event_too_large",
+                    topic=self.gp_topic if entry.graphpipe else self.topic,
+                    bytes=len(entry.value),
+                    max_request_size=self.max_request_size,
+                )
                 continue
             state = topics.get(entry.graphpipe)
             if state is None:
@@ -281,7 +290,9 @@ class KafkaSink:
             last[1].append(entry)
         return [
             ((topic, partition), RecordBatch(members, self.compression), members)
-            for topic, _, _, by_partition in topics.values() for partition, batches in by_partition.items() for _, members in batches
+            for topic, _, _, by_partition in topics.values()
+            for partition, batches in by_partition.items()
+            for _, members in batches
         ]
 
     async def _partitions(self, producer: AIOKafkaProducer, topic: str) -> tuple[list[int], dict[bytes, int]]:

@@ -144,8 +144,12 @@ class PredictionLog:
             log.exception("prediction_log_encode_failed", fqrv=str(record.fqrv), request_id=record.request_id)
             return False
         entry = LogEntry(
-            record.raw_request is not None, None if key_text is None else key_text.encode(), value,
-            record_headers(record.fqrv.contract, record.served, record.request_id, record.event_time_ms) if self._cloudevents else NO_HEADERS,
+            record.raw_request is not None,
+            None if key_text is None else key_text.encode(),
+            value,
+            record_headers(record.fqrv.contract, record.served, record.request_id, record.event_time_ms)
+            if self._cloudevents
+            else NO_HEADERS,
         )
         size = entry.size
         stats = self.stats
@@ -207,8 +211,13 @@ class PredictionLog:
                 self.stats.connected = False
                 if time.monotonic() - started >= 60.0:
                     backoff = self.restart_backoff_s
-                log.error("prediction_log_drain_died", sink=self.sink.name, restarts=self.stats.drain_restarts,
-                          restart_in_s=backoff, exc_info=exc)
+                log.error(
+                    "prediction_log_drain_died",
+                    sink=self.sink.name,
+                    restarts=self.stats.drain_restarts,
+                    restart_in_s=backoff,
+                    exc_info=exc,
+                )
                 try:  # close() ends the wait: a shutdown does not sit out the backoff
                     await asyncio.wait_for(self._closed.wait(), backoff)
                 except TimeoutError:
@@ -250,7 +259,9 @@ class PredictionLog:
             await asyncio.wait_for(self.sink.close(), max(1.0, timeout_s / 2))
         except Exception:  # closing a dead connection must not break shutdown
             log.warning("prediction_log_sink_close_failed", sink=self.sink.name, exc_info=True)
-        log.info("prediction_log_closed", produced=self.stats.produced, delivered=self.stats.delivered, dropped=self.stats.dropped)
+        log.info(
+            "prediction_log_closed", produced=self.stats.produced, delivered=self.stats.delivered, dropped=self.stats.dropped
+        )
 
     # ---- drain -------------------------------------------------------------------------------------
     async def _drain(self) -> None:

@@ -171,19 +171,23 @@ def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
         help="Kafka topic to read (default: %(default)s)",
     )
     parser.add_argument(
-        "--from-beginning", action="store_true",
+        "--from-beginning",
+        action="store_true",
         help="start at the oldest event instead of new ones (a file log read without --follow always starts there)",
     )
     parser.add_argument("--key", default=None, help="print only events with exactly this key")
     parser.add_argument(
-        "--follow", action="store_true",
+        "--follow",
+        action="store_true",
         help="file log: keep printing new events as they are written (Kafka is always followed)",
     )
     parser.add_argument("--config", help="the gateway's TOML settings file (for its data dir, log file and Kafka)")
     parser.add_argument("--data-dir", help="the gateway's data dir (default: ./forestflow-data, or as --config sets)")
     parser.add_argument("--file", help="read this log file (default: <data dir>/predictions.jsonl, or as --config sets)")
     parser.add_argument(
-        "--file-format", choices=("jsonl", "protobuf"), default=None,
+        "--file-format",
+        choices=("jsonl", "protobuf"),
+        default=None,
         help="format of the file log (default: as --config sets, else jsonl)",
     )
     parser.add_argument(
@@ -224,9 +228,15 @@ def run_tail(args: argparse.Namespace) -> int:
                 print(f"forestflow logs tail: no prediction log at {path} (no Kafka configured either)", file=sys.stderr)
                 return 1
             tail_file(
-                path, file_format, sys.stdout, convert=convert == "forestflow",
-                from_beginning=args.from_beginning, follow=getattr(args, "follow", False), key=args.key,
-                max_events=getattr(args, "max_events", None), idle_timeout_s=getattr(args, "idle_timeout", None),
+                path,
+                file_format,
+                sys.stdout,
+                convert=convert == "forestflow",
+                from_beginning=args.from_beginning,
+                follow=getattr(args, "follow", False),
+                key=args.key,
+                max_events=getattr(args, "max_events", None),
+                idle_timeout_s=getattr(args, "idle_timeout", None),
             )
             return 0
         args.bootstrap = bootstrap

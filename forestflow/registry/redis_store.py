@@ -43,6 +43,7 @@ _ZERO = (0,) * len(COUNTERS)
 
 log = structlog.get_logger("forestflow.registry.redis")
 
+
 def _dumps(doc: Any) -> str:
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS).decode()
 
@@ -170,14 +171,17 @@ class RedisStore:
     # ---- writing ----------------------------------------------------------------------------------
     async def _apply_once(self, changes: dict[str, Any | None]) -> None:
         changes = {k: v for k, v in changes.items() if not k.startswith("routing/")}
-        async with self._redis.pipeline(transaction=True) as pipe:
+        # redis-py types every answer bytes | str and mappings as bytes-keyed; with decode_responses
+        # they are all str here, which the annotations below say.
+        redis: Any = self._redis
+        async with redis.pipeline(transaction=True) as pipe:
             await pipe.watch(self.docs_key, self.meta_key)
             epoch, version = await pipe.hmget(self.meta_key, "epoch", "version")
             reseed = epoch is None and self.version > 0  # Redis lost the registry: write ours back
             keys = list(changes) + [f"servable/{k.removeprefix('metrics/')}" for k in changes if k.startswith("metrics/")]
-            stored = dict(zip(keys, await pipe.hmget(self.docs_key, *keys))) if keys else {}
+            stored: dict[str, str | None] = dict(zip(keys, await pipe.hmget(self.docs_key, *keys))) if keys else {}
             drop_counters = [k.removeprefix("metrics/") for k, v in changes.items() if k.startswith("metrics/") and v is None]
-            counter_fields = await pipe.hkeys(self.counters_key) if drop_counters else []
+            counter_fields: list[str] = await pipe.hkeys(self.counters_key) if drop_counters else []
 
             writes: dict[str, str] = {_k: _dumps(doc) for _k, doc in self._known.items()} if reseed else {}
             deletes: list[str] = []
@@ -197,7 +201,8 @@ class RedisStore:
                 if changes.get(servable, stored.get(servable)) is None and servable not in writes:
                     continue  # deleted meanwhile: do not bring its counters back
                 counters[f"{fqrv}@{self.replica_id}"] = " ".join(str(v) for v in counters_of(doc))
-                current = orjson.loads(stored[key]) if stored.get(key) else None
+                stored_doc = stored.get(key)
+                current = orjson.loads(stored_doc) if stored_doc else None
                 merged = merge_shared_metrics(current, self._known.get(key), doc)
                 if merged != current:
                     writes[key] = _dumps(merged)
@@ -304,7 +309,9 @@ class RedisStore:
         if isinstance(exc, StoreUnavailable):
             error = exc
         else:
-            error = StoreUnavailable(f"registry store (Redis) unavailable: {exc}; serving from the last snapshot, retry the change later")
+            error = StoreUnavailable(
+                f"registry store (Redis) unavailable: {exc}; serving from the last snapshot, retry the change later"
+            )
         if self.available:
             self.available = False
             log.warning("registry_store_unavailable", error=str(exc), version=self.version)

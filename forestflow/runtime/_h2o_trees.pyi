@@ -3,8 +3,20 @@
 import numpy as np
 
 def score(
-    X: np.ndarray, offsets: np.ndarray | None, nodes: np.ndarray, values: np.ndarray, bits: np.ndarray, roots: np.ndarray,
-    target: np.ndarray, dom_len: np.ndarray, params: np.ndarray, prior: np.ndarray, model_distrib: np.ndarray, preds: np.ndarray, ties: np.ndarray, /
+    X: np.ndarray,
+    offsets: np.ndarray | None,
+    nodes: np.ndarray,
+    values: np.ndarray,
+    bits: np.ndarray,
+    roots: np.ndarray,
+    target: np.ndarray,
+    dom_len: np.ndarray,
+    params: np.ndarray,
+    prior: np.ndarray,
+    model_distrib: np.ndarray,
+    preds: np.ndarray,
+    ties: np.ndarray,
+    /,
 ) -> None: ...
 def check_tables(
     nodes: np.ndarray, values: np.ndarray, bits: np.ndarray, roots: np.ndarray, target: np.ndarray, n_features: int, width: int, /

@@ -35,9 +35,7 @@ def create_servable(flavor: str, fqrv: FQRV, artifact_dir: Path, settings: dict[
     try:
         loader = _FLAVORS[flavor]
     except KeyError:
-        raise CreateServableRequestInvalidError(
-            f"unknown flavor {flavor!r}; supported: {', '.join(flavor_names())}"
-        ) from None
+        raise CreateServableRequestInvalidError(f"unknown flavor {flavor!r}; supported: {', '.join(flavor_names())}") from None
     return loader()(fqrv, artifact_dir, settings)
 
 

@@ -56,7 +56,7 @@ class ModelColumn:
         prefix = name + "."
         for i, level in enumerate(domain):
             if level.startswith(prefix):
-                lookup.setdefault(level[len(prefix):], i)
+                lookup.setdefault(level[len(prefix) :], i)
         return cls(name, domain, lookup)
 
     def level_of_number(self, x: Any) -> float:

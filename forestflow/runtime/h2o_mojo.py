@@ -38,12 +38,19 @@ log = logging.getLogger(__name__)
 
 #: Model categories this flavor scores; anything else is refused at load.
 SUPPORTED_CATEGORIES = (
-    "Regression", "Binomial", "Multinomial", "Clustering", "AutoEncoder", "DimReduction", "AnomalyDetection",
+    "Regression",
+    "Binomial",
+    "Multinomial",
+    "Clustering",
+    "AutoEncoder",
+    "DimReduction",
+    "AnomalyDetection",
 )
 _WARM_ROWS = 256
 _WARM_SMALL_CALLS = 600
 #: Values of the ``h2o_scorer`` setting and of a servable's ``"scorer"``.
 SCORERS = ("auto", "jvm", "native")
+
 
 def _java_message(exc: BaseException) -> str:
     """A one-line description of a (Java or Python) exception."""
@@ -57,7 +64,7 @@ def _java_message(exc: BaseException) -> str:
 
 
 def _describe_mojo(path: Path) -> str:
-    """"<algo> <category>" from the MOJO's model.ini, for error messages (never raises)."""
+    """ "<algo> <category>" from the MOJO's model.ini, for error messages (never raises)."""
     try:
         with zipfile.ZipFile(path) as zf:
             info, _, _ = parse_model_ini(zf.read("model.ini").decode("utf-8", "replace"))
@@ -120,9 +127,7 @@ class H2OMojoServable(Servable):
         try:
             with zipfile.ZipFile(path) as zf:
                 if "model.ini" not in zf.namelist():
-                    raise CreateServableRequestInvalidError(
-                        f"{raw!r} is a zip archive but not an H2O MOJO (it has no model.ini)"
-                    )
+                    raise CreateServableRequestInvalidError(f"{raw!r} is a zip archive but not an H2O MOJO (it has no model.ini)")
         except zipfile.BadZipFile as exc:
             raise CreateServableRequestInvalidError(f"MOJO file {raw!r} is a corrupt zip archive: {exc}") from None
         return path
@@ -186,11 +191,19 @@ class H2OMojoServable(Servable):
             self._native = None
             raise CreateServableRequestInvalidError(f"{path.name!r} failed to score a warm-up row natively: {exc}") from None
         facts = {
-            "category": model.category, "algorithm": model.algo, "h2oVersion": model.h2o_version,
-            "mojoVersion": model.mojo_version, "uuid": model.uuid, "mojoPath": path.name,
-            "categoricalEncoding": "AUTO", "response": self._response, "offsetColumn": self._offset,
-            "scoring": "batch", "scorer": "native",
-            "trees": int(len(model.trees.roots)), "loadSeconds": round(time.perf_counter() - started, 3),
+            "category": model.category,
+            "algorithm": model.algo,
+            "h2oVersion": model.h2o_version,
+            "mojoVersion": model.mojo_version,
+            "uuid": model.uuid,
+            "mojoPath": path.name,
+            "categoricalEncoding": "AUTO",
+            "response": self._response,
+            "offsetColumn": self._offset,
+            "scoring": "batch",
+            "scorer": "native",
+            "trees": int(len(model.trees.roots)),
+            "loadSeconds": round(time.perf_counter() - started, 3),
         }
         self._meta = self._build_metadata(facts)
         self.ready = True
@@ -208,9 +221,7 @@ class H2OMojoServable(Servable):
         try:
             model = jvm.jclass("hex.genmodel.MojoModel").load(str(path))
         except Exception as exc:
-            raise CreateServableRequestInvalidError(
-                f"cannot load {name!r} as an H2O MOJO: {_java_message(exc)}"
-            ) from None
+            raise CreateServableRequestInvalidError(f"cannot load {name!r} as an H2O MOJO: {_java_message(exc)}") from None
         category = str(model.getModelCategory().name())
         if category not in SUPPORTED_CATEGORIES:
             raise CreateServableRequestInvalidError(
@@ -259,9 +270,7 @@ class H2OMojoServable(Servable):
             self.inline_max_rows = self._inline_rows()
         except Exception as exc:
             self._model = self._wrapper = None
-            raise CreateServableRequestInvalidError(
-                f"{name!r} failed to score a warm-up row: {_java_message(exc)}"
-            ) from None
+            raise CreateServableRequestInvalidError(f"{name!r} failed to score a warm-up row: {_java_message(exc)}") from None
         assert self._meta is not None
         self._meta.extra["inlineMaxRows"] = self.inline_max_rows
         self.ready = True
@@ -274,10 +283,7 @@ class H2OMojoServable(Servable):
         else:
             names = [str(n) for n in model.getNames()][: int(model.nfeatures())]
             domains = [model.getDomainValues(i) for i in range(len(names))]
-        return [
-            ModelColumn.make(n, None if d is None else tuple(str(level) for level in d))
-            for n, d in zip(names, domains)
-        ]
+        return [ModelColumn.make(n, None if d is None else tuple(str(level) for level in d)) for n, d in zip(names, domains)]
 
     def _dummy_rows(self, rows: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Synthetic encoded rows (and offsets) covering the model's levels and missing values."""
@@ -420,7 +426,8 @@ class H2OMojoServable(Servable):
 
     def _build_metadata(self, extra: dict[str, Any]) -> ServableMetadata:
         inputs = [
-            TensorSpec(c.name, "BYTES", (-1,), "categorical", c.domain) if c.domain is not None
+            TensorSpec(c.name, "BYTES", (-1,), "categorical", c.domain)
+            if c.domain is not None
             else TensorSpec(c.name, "FP64", (-1,), "numeric")
             for c in self._columns
         ]

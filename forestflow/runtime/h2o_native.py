@@ -95,23 +95,51 @@ class NativeTreeScorer:
     def __init__(self, model: TreeModel) -> None:
         self.model = model
         t = model.trees
-        self._nodes = np.ascontiguousarray(np.stack(
-            [t.kind.astype(np.int32), t.column, t.na_left.astype(np.int32), t.left, t.right,
-             t.bits_start, t.bits_offset, t.bits_count], axis=1), dtype=np.int32)
+        self._nodes = np.ascontiguousarray(
+            np.stack(
+                [
+                    t.kind.astype(np.int32),
+                    t.column,
+                    t.na_left.astype(np.int32),
+                    t.left,
+                    t.right,
+                    t.bits_start,
+                    t.bits_offset,
+                    t.bits_count,
+                ],
+                axis=1,
+            ),
+            dtype=np.int32,
+        )
         self._values, self._bits, self._roots, self._target = t.split, t.bits, t.roots, t.target
         features = model.domains[: model.n_features]
         self._dom_len = np.array([-1 if d is None else len(d) for d in features], dtype=np.int64)
         if model.algo == "gbm":
-            family = (_FAMILY_BINOMIAL if model.distribution in ("bernoulli", "quasibinomial", "modified_huber")
-                      else _FAMILY_MULTINOMIAL if model.distribution == "multinomial" else _FAMILY_REGRESSION)
+            family = (
+                _FAMILY_BINOMIAL
+                if model.distribution in ("bernoulli", "quasibinomial", "modified_huber")
+                else _FAMILY_MULTINOMIAL
+                if model.distribution == "multinomial"
+                else _FAMILY_REGRESSION
+            )
         else:
             family = _FAMILY_REGRESSION if model.n_classes == 1 else _FAMILY_MULTINOMIAL
         version = 0 if model.mojo_version == 1.0 else (1 if model.mojo_version == 1.1 else 2)
-        self._params = np.array([
-            _GBM if model.algo == "gbm" else _DRF, family, LINKS.index(model.link) if model.link else 0,
-            model.init_f, model.n_classes, model.n_tree_groups, model.binomial_double_trees,
-            model.balance_classes, model.default_threshold, version,
-        ], dtype=np.float64)
+        self._params = np.array(
+            [
+                _GBM if model.algo == "gbm" else _DRF,
+                family,
+                LINKS.index(model.link) if model.link else 0,
+                model.init_f,
+                model.n_classes,
+                model.n_tree_groups,
+                model.binomial_double_trees,
+                model.balance_classes,
+                model.default_threshold,
+                version,
+            ],
+            dtype=np.float64,
+        )
         width = model.preds_size
         self._prior = np.array(model.prior_class_distrib or [0.0] * max(width - 1, 1), dtype=np.float64)
         self._model_distrib = np.array(model.model_class_distrib or [0.0] * max(width - 1, 1), dtype=np.float64)
@@ -128,8 +156,21 @@ class NativeTreeScorer:
         offs = np.zeros(n) if offsets is None else np.ascontiguousarray(offsets, dtype=np.float64)
         preds = np.zeros((n, self.preds_size))
         ties = np.zeros(n, dtype=np.uint8)
-        _h2o_trees.score(X, offs, self._nodes, self._values, self._bits, self._roots, self._target, self._dom_len,
-                         self._params, self._prior, self._model_distrib, preds, ties)
+        _h2o_trees.score(
+            X,
+            offs,
+            self._nodes,
+            self._values,
+            self._bits,
+            self._roots,
+            self._target,
+            self._dom_len,
+            self._params,
+            self._prior,
+            self._model_distrib,
+            preds,
+            ties,
+        )
         if self.preds_size > 3 and ties.any():
             prior = self.model.prior_class_distrib
             for i in np.flatnonzero(ties).tolist():

@@ -166,8 +166,16 @@ class TreeModel:
 # GBM distributions scored natively; others (custom, ordinal, ...) stay on genmodel.
 _BINOMIAL_FAMILIES = ("bernoulli", "quasibinomial", "modified_huber")
 _REGRESSION_FAMILIES = ("gaussian", "poisson", "gamma", "tweedie", "laplace", "quantile", "huber")
-_DEFAULT_LINK = {"bernoulli": "logit", "quasibinomial": "logit", "modified_huber": "logit", "fractionalbinomial": "logit",
-                 "multinomial": "log", "poisson": "log", "gamma": "log", "tweedie": "log"}
+_DEFAULT_LINK = {
+    "bernoulli": "logit",
+    "quasibinomial": "logit",
+    "modified_huber": "logit",
+    "fractionalbinomial": "logit",
+    "multinomial": "log",
+    "poisson": "log",
+    "gamma": "log",
+    "tweedie": "log",
+}
 LINKS = ("identity", "log", "logit", "inverse")
 
 
@@ -246,18 +254,29 @@ def read_tree_model(path: str | Path) -> TreeModel:
         if len(table.target) and int(table.target.max()) >= width:
             raise ValueError(f"n_trees_per_class = {per_group} does not fit {n_classes} classes")
         return TreeModel(
-            algo=algo, category=category, mojo_version=version,
-            h2o_version=str(info.get("h2o_version", "unknown")), uuid=info.get("uuid"),
-            columns=columns, domains=domains, n_features=n_features,
+            algo=algo,
+            category=category,
+            mojo_version=version,
+            h2o_version=str(info.get("h2o_version", "unknown")),
+            uuid=info.get("uuid"),
+            columns=columns,
+            domains=domains,
+            n_features=n_features,
             supervised=_value(info, "supervised", False) is True,
-            n_classes=n_classes, n_tree_groups=groups, n_trees_per_group=int(per_group),
+            n_classes=n_classes,
+            n_tree_groups=groups,
+            n_trees_per_group=int(per_group),
             offset_column=str(offset_col) if offset_col is not None else None,
             balance_classes=bool(_value(info, "balance_classes", False)),
             default_threshold=float(_value(info, "default_threshold", 0.5)),
             prior_class_distrib=_value(info, "prior_class_distrib"),
             model_class_distrib=_value(info, "model_class_distrib"),
-            distribution=distribution, link=link, init_f=init_f, binomial_double_trees=bdt,
-            trees=table, info=info,
+            distribution=distribution,
+            link=link,
+            init_f=init_f,
+            binomial_double_trees=bdt,
+            trees=table,
+            info=info,
         )
 
 
@@ -294,12 +313,18 @@ def flatten_trees(targets: list[int], blobs: list[bytes], tree_version: int = 2)
     bits = np.frombuffer(bytes(nodes.bits) or b"\0", dtype=np.uint8).copy()
     # Children of leaves point at themselves: harmless, never followed.
     return TreeTable(
-        kind=np.array(kind, dtype=np.int8), column=np.array(column, dtype=np.int32),
-        na_left=np.array(na_left, dtype=np.bool_), split=np.array(split, dtype=np.float64),
-        left=np.array(left, dtype=np.int32), right=np.array(right, dtype=np.int32),
-        bits_start=np.array(bstart, dtype=np.int32), bits_offset=np.array(boff, dtype=np.int32),
-        bits_count=np.array(bcount, dtype=np.int32), bits=bits,
-        roots=np.array(roots, dtype=np.int32), target=np.array(targets, dtype=np.int32),
+        kind=np.array(kind, dtype=np.int8),
+        column=np.array(column, dtype=np.int32),
+        na_left=np.array(na_left, dtype=np.bool_),
+        split=np.array(split, dtype=np.float64),
+        left=np.array(left, dtype=np.int32),
+        right=np.array(right, dtype=np.int32),
+        bits_start=np.array(bstart, dtype=np.int32),
+        bits_offset=np.array(boff, dtype=np.int32),
+        bits_count=np.array(bcount, dtype=np.int32),
+        bits=bits,
+        roots=np.array(roots, dtype=np.int32),
+        target=np.array(targets, dtype=np.int32),
     )
 
 

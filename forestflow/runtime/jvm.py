@@ -15,7 +15,6 @@ the ``spawn`` start method for worker processes.
 from __future__ import annotations
 
 import functools
-
 import importlib.util
 import os
 import shlex
@@ -26,7 +25,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["JAVA_DIR", "JVMError", "batch_scorer", "configure", "ensure_jvm", "genmodel_jar", "is_started", "jclass", "score_batch"]
+__all__ = [
+    "JAVA_DIR",
+    "JVMError",
+    "batch_scorer",
+    "configure",
+    "ensure_jvm",
+    "genmodel_jar",
+    "is_started",
+    "jclass",
+    "score_batch",
+]
 
 _lock = threading.Lock()
 _started_pid: int | None = None

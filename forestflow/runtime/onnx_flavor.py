@@ -45,7 +45,13 @@ _OPT_LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 _SETTINGS = (
-    "modelPath", "intraOpThreads", "interOpThreads", "allowSpinning", "graphOptimizationLevel", "featureOrder", "inlineMaxRows",
+    "modelPath",
+    "intraOpThreads",
+    "interOpThreads",
+    "allowSpinning",
+    "graphOptimizationLevel",
+    "featureOrder",
+    "inlineMaxRows",
 )
 _WARM_BATCHES = (1, 8, 100)
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
@@ -104,7 +110,9 @@ class OnnxServable(Servable):
             )
         raw = self.settings.get("modelPath")
         if not isinstance(raw, str) or not raw.strip():
-            raise CreateServableRequestInvalidError('the ONNX flavor needs "modelPath": the .onnx file inside the servable directory')
+            raise CreateServableRequestInvalidError(
+                'the ONNX flavor needs "modelPath": the .onnx file inside the servable directory'
+            )
         base = Path(self.artifact_dir).resolve()
         path = (base / raw).resolve()
         if Path(raw).is_absolute() or not path.is_relative_to(base):
@@ -145,11 +153,11 @@ class OnnxServable(Servable):
             if len(matrices) != 1:
                 raise CreateServableRequestInvalidError(
                     f"{source}: a list names the features of the model's one 2-D input, but the model has "
-                    f"{len(matrices)} ({', '.join(p.name for p in matrices) or 'none'}); give {{\"input\": [names]}}"
+                    f'{len(matrices)} ({", ".join(p.name for p in matrices) or "none"}); give {{"input": [names]}}'
                 )
             raw = {matrices[0].name: raw}
         if not isinstance(raw, dict):
-            raise CreateServableRequestInvalidError(f"{source}: expected a list of feature names or {{\"input\": [names]}}")
+            raise CreateServableRequestInvalidError(f'{source}: expected a list of feature names or {{"input": [names]}}')
         by_name = {p.name: p for p in matrices}
         orders: dict[str, tuple[str, ...]] = {}
         for name, features in raw.items():
@@ -184,9 +192,7 @@ class OnnxServable(Servable):
                 providers=["CPUExecutionProvider"],
             )
         except Exception as exc:
-            raise CreateServableRequestInvalidError(
-                f"onnxruntime cannot load {shown!r}: {_one_line(exc, path, shown)}"
-            ) from None
+            raise CreateServableRequestInvalidError(f"onnxruntime cannot load {shown!r}: {_one_line(exc, path, shown)}") from None
         plans = self._input_plans(session)
         orders = self._feature_orders(plans, info)
         self._inputs = [replace(p, features=orders.get(p.name)) for p in plans]
@@ -203,10 +209,14 @@ class OnnxServable(Servable):
         for node in session.get_inputs():
             typed = element_type(node.type)
             if typed is None:
-                raise CreateServableRequestInvalidError(f"input {node.name!r} has type {node.type}, which the ONNX flavor cannot feed")
+                raise CreateServableRequestInvalidError(
+                    f"input {node.name!r} has type {node.type}, which the ONNX flavor cannot feed"
+                )
             shape = dims(node.shape)
             if not shape:
-                raise CreateServableRequestInvalidError(f"input {node.name!r} is a scalar (no batch dimension); the ONNX flavor feeds batches")
+                raise CreateServableRequestInvalidError(
+                    f"input {node.name!r} is a scalar (no batch dimension); the ONNX flavor feeds batches"
+                )
             plans.append(InputPlan(node.name, typed[0], typed[1], shape))
         return plans
 
@@ -221,7 +231,9 @@ class OnnxServable(Servable):
                 clash = set(zipmap.labels) & set(plain) or set(zipmap.labels) & {i.name for i in session.get_inputs()}
                 columns = tuple(f"{zipmap.name}.{c}" if clash else c for c in zipmap.labels)
                 outputs.append(_Output(node.name, columns, zipmap))
-                specs += [TensorSpec(c, "FP64", (-1,), f"probability of class {label}") for c, label in zip(columns, zipmap.labels)]
+                specs += [
+                    TensorSpec(c, "FP64", (-1,), f"probability of class {label}") for c, label in zip(columns, zipmap.labels)
+                ]
                 continue
             typed = element_type(node.type)
             if typed is None:

@@ -177,7 +177,9 @@ def _assemble(frame: Frame, plan: InputPlan, n: int) -> np.ndarray:
         if column.ndim == 2 and column.shape[1] == 1:
             column = column[:, 0]
         if column.ndim != 1:
-            raise InvalidInput(f"feature {feature!r} of input {plan.name!r} takes one value per row, got shape {list(column.shape)}")
+            raise InvalidInput(
+                f"feature {feature!r} of input {plan.name!r} takes one value per row, got shape {list(column.shape)}"
+            )
         columns.append(column)
     try:  # one conversion for the whole matrix: per column it costs several times more on small batches
         return coerce(np.stack(columns, axis=1), plan)

@@ -15,8 +15,8 @@ the caller under the output parameter ``metadata``.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,7 +57,12 @@ class PipelineServable(Servable):
     """Several servables run as one, in dependency order, tensors passed by id."""
 
     def __init__(
-        self, fqrv: Any, artifact_dir: Path, settings: dict[str, Any], *, create_step: Callable[[str, Any, Path, dict[str, Any]], Servable]
+        self,
+        fqrv: Any,
+        artifact_dir: Path,
+        settings: dict[str, Any],
+        *,
+        create_step: Callable[[str, Any, Path, dict[str, Any]], Servable],
     ) -> None:
         super().__init__(fqrv, artifact_dir, settings)
         #: Builds a step's servable from its flavor name (runtime/flavors.py's create_servable).
@@ -97,7 +102,9 @@ class PipelineServable(Servable):
                 except GatewayError as exc:
                     raise CreateServableRequestInvalidError(f"step {step.name!r}: {exc.message}") from None
                 except Exception as exc:  # a model's own failure while loading: 422 with the reason
-                    raise CreateServableRequestInvalidError(f"step {step.name!r}: loading failed: {type(exc).__name__}: {exc}") from exc
+                    raise CreateServableRequestInvalidError(
+                        f"step {step.name!r}: loading failed: {type(exc).__name__}: {exc}"
+                    ) from exc
                 step = _with_model_inputs(step, servable.metadata())
                 loaded.append(_Step(step, servable))
                 _check_ports(step, servable.metadata())
@@ -190,7 +197,15 @@ class PipelineServable(Servable):
             step = next(s for s in self._steps if s.name == producer.name)
             meta = step.servable.metadata()
             model_spec = next((o for o in meta.outputs if o.name == port.name), None)
-            outputs.append(TensorSpec(key, port.datatype, port.shape, f"{port.name} of step {producer.name!r}", model_spec.domain if model_spec else None))
+            outputs.append(
+                TensorSpec(
+                    key,
+                    port.datatype,
+                    port.shape,
+                    f"{port.name} of step {producer.name!r}",
+                    model_spec.domain if model_spec else None,
+                )
+            )
             source = meta.extra.get("classification")
             if source and source.get("scores") == port.name:
                 classification = {"scores": key, "labels": list(source["labels"])}
@@ -202,8 +217,12 @@ class PipelineServable(Servable):
             extra["classification"] = classification
         names = " -> ".join(s.name for s in spec.steps)
         return ServableMetadata(
-            name="pipeline", platform="pipeline", inputs=inputs, outputs=tuple(outputs),
-            description=f"pipeline {names}", extra=extra,
+            name="pipeline",
+            platform="pipeline",
+            inputs=inputs,
+            outputs=tuple(outputs),
+            description=f"pipeline {names}",
+            extra=extra,
         )
 
 
@@ -251,7 +270,8 @@ def _check_ports(step: StepSpec, meta: ServableMetadata) -> None:
                 )
             if len(model.shape) != len(port.shape):
                 raise CreateServableRequestInvalidError(
-                    f"{port.describe(step.name, 'output')}: declared shape {list(port.shape)} but the model gives {list(model.shape)}"
+                    f"{port.describe(step.name, 'output')}: declared shape {list(port.shape)} "
+                    f"but the model gives {list(model.shape)}"
                 )
     if meta.inputs:
         known_inputs = {i.name for i in meta.inputs}

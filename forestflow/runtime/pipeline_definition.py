@@ -7,7 +7,8 @@ an output's ``id`` (its ``name`` when absent) feeds every input with that ``id``
 ``id`` is empty or absent is the request column called ``name``. Unlike AMD's linear chains this
 is a real DAG: steps are ordered by their dependencies, a tensor may feed several steps, and the
 pipeline's outputs are the tensors no step consumes unless ``[pipeline] outputs = [...]`` names
-them; ``[pipeline] log_intermediate = true`` adds the other tensors to prediction events. Shapes include the batch axis (``[-1]`` one value per row, ``[-1, 4]`` a 4-vector per row).
+them; ``[pipeline] log_intermediate = true`` adds the other tensors to prediction events. Shapes include
+the batch axis (``[-1]`` one value per row, ``[-1, 4]`` a 4-vector per row).
 
 Every problem is a :class:`CreateServableRequestInvalidError` (422) naming the step and tensor.
 """
@@ -26,7 +27,9 @@ from forestflow.runtime.step_platforms import StepPlatform, platform_names, step
 #: AMD's datatype spellings that differ from the V2 names.
 _DATATYPE_ALIASES = {"STRING": "BYTES", "FLOAT32": "FP32", "FLOAT64": "FP64", "FLOAT16": "FP16"}
 #: Keys of a step table that are not options for its flavor (with a repository entry's deployment keys).
-_STEP_KEYS = frozenset({"name", "platform", "id", "inputs", "outputs", "pipeline", "contract", "release", "servable_settings", "contract_settings"})
+_STEP_KEYS = frozenset(
+    {"name", "platform", "id", "inputs", "outputs", "pipeline", "contract", "release", "servable_settings", "contract_settings"}
+)
 
 
 def _invalid(message: str) -> CreateServableRequestInvalidError:
@@ -126,7 +129,9 @@ def parse_definition(doc: dict[str, Any], directory: Path) -> PipelineSpec:
         for port in step.outputs:
             if port.id in producers:
                 other = producers[port.id][0].name
-                raise _invalid(f"{port.describe(step.name, 'output')}: tensor id {port.id!r} is already produced by step {other!r}")
+                raise _invalid(
+                    f"{port.describe(step.name, 'output')}: tensor id {port.id!r} is already produced by step {other!r}"
+                )
             producers[port.id] = (step, port)
 
     consumed: set[str] = set()
@@ -192,8 +197,14 @@ def _ports(items: Any, step: str, kind: str) -> tuple[Port, ...]:
         if datatype not in DATATYPES:
             raise _invalid(f"step {step!r} {kind} {name!r}: unknown datatype {item.get('datatype')!r}")
         shape = item.get("shape", [-1])
-        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
-            raise _invalid(f"step {step!r} {kind} {name!r}: shape must be a list of sizes with the batch axis first, e.g. [-1] or [-1, 4]")
+        if (
+            not isinstance(shape, list)
+            or not shape
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape)
+        ):
+            raise _invalid(
+                f"step {step!r} {kind} {name!r}: shape must be a list of sizes with the batch axis first, e.g. [-1] or [-1, 4]"
+            )
         tensor_id = item.get("id", "")
         if not isinstance(tensor_id, str):
             raise _invalid(f"step {step!r} {kind} {name!r}: id must be a string")
@@ -262,7 +273,7 @@ def _describe_cycle(remaining: list[StepSpec], producers: dict[str, tuple[StepSp
         port = next(p for p in step.inputs if p.id and producers[p.id][0].name in by_name)
         path.append((step.name, port.id))
         step = by_name[producers[port.id][0].name]
-    loop = path[seen[step.name]:]
+    loop = path[seen[step.name] :]
     chain = " <- ".join(f"step {name!r} (reads tensor {tensor!r})" for name, tensor in loop)
     return f"pipeline definition has a cycle: {chain} <- step {loop[0][0]!r}"
 

@@ -142,7 +142,9 @@ class MapStep(_BuiltinStep):
             elif source in inputs:
                 kind, what = "input", source
             else:
-                raise self._invalid(f"output {name!r}: no input named {source!r} and no constant (declare it in [[models.inputs]])")
+                raise self._invalid(
+                    f"output {name!r}: no input named {source!r} and no constant (declare it in [[models.inputs]])"
+                )
             mapping = values.get(name)
             if mapping is not None and not isinstance(mapping, dict):
                 raise self._invalid(f"values.{name} must be a table of value = replacement")
@@ -150,8 +152,10 @@ class MapStep(_BuiltinStep):
             plan.append((name, kind, what, lookup, port["datatype"], f"map output {name!r}"))
         self._plan = plan
         self._meta = ServableMetadata(
-            name="map", platform="map",
-            inputs=tuple(_spec(p) for p in self.inputs), outputs=tuple(_spec(p) for p in self.outputs),
+            name="map",
+            platform="map",
+            inputs=tuple(_spec(p) for p in self.inputs),
+            outputs=tuple(_spec(p) for p in self.outputs),
             description="selects, renames, maps and casts columns",
         )
         self.ready = True
@@ -243,11 +247,13 @@ class ClassifierStep(_BuiltinStep):
         self._wanted = frozenset(p["name"] for p in self.outputs)
         domain = tuple(str(label) for label in labels)
         self._meta = ServableMetadata(
-            name="classifier", platform="classifier",
+            name="classifier",
+            platform="classifier",
             inputs=tuple(_spec(p) for p in self.inputs),
             outputs=tuple(
                 TensorSpec(name, dt, shape, "class label" if name == "label" else "", domain if name == "label" else None)
-                for name, (dt, shape) in CLASSIFIER_OUTPUTS.items() if name in self._wanted
+                for name, (dt, shape) in CLASSIFIER_OUTPUTS.items()
+                if name in self._wanted
             ),
             description=f"classifier over {len(labels)} classes",
             extra={"classification": {"scores": "probabilities", "labels": list(domain)}},
@@ -276,7 +282,9 @@ class ClassifierStep(_BuiltinStep):
     def predict(self, frame: Frame) -> Frame:
         probs = self.probabilities(frame)
         if probs.ndim != 2 or probs.shape[1] != len(self._labels):
-            raise InvalidInput(f"classifier step: expected {len(self._labels)} class probabilities per row, got shape {list(probs.shape)}")
+            raise InvalidInput(
+                f"classifier step: expected {len(self._labels)} class probabilities per row, got shape {list(probs.shape)}"
+            )
         wanted = self._wanted
         out: dict[str, np.ndarray] = {}
         if "label" in wanted or "score" in wanted:
@@ -314,7 +322,10 @@ class RegressorStep(_BuiltinStep):
             raise self._invalid("needs exactly one numeric input")
         clamp = self.settings.get("clamp")
         if clamp is not None and not (
-            isinstance(clamp, list) and len(clamp) == 2 and all(isinstance(v, (int, float)) for v in clamp) and clamp[0] <= clamp[1]
+            isinstance(clamp, list)
+            and len(clamp) == 2
+            and all(isinstance(v, (int, float)) for v in clamp)
+            and clamp[0] <= clamp[1]
         ):
             raise self._invalid("clamp must be [low, high]")
         digits = self.settings.get("round")
@@ -325,8 +336,10 @@ class RegressorStep(_BuiltinStep):
                 raise self._invalid(f"unknown output {port['name']!r}; a regressor gives 'value'")
         self._clamp, self._round, self._input = clamp, digits, self.inputs[0]["name"]
         self._meta = ServableMetadata(
-            name="regressor", platform="regressor",
-            inputs=tuple(_spec(p) for p in self.inputs), outputs=(TensorSpec("value", "FP64", (-1,), "predicted value"),),
+            name="regressor",
+            platform="regressor",
+            inputs=tuple(_spec(p) for p in self.inputs),
+            outputs=(TensorSpec("value", "FP64", (-1,), "predicted value"),),
             description="regression output",
         )
         self.ready = True

@@ -34,7 +34,6 @@ from forestflow.core.frame import Frame
 from forestflow.errors import DeadlineExceeded, GatewayError, Overloaded, PredictionFailed
 from forestflow.runtime.base import Servable
 
-
 #: Most rows one combined call on the event loop may hold: it stays well under a millisecond.
 _MAX_ROWS_ON_LOOP = 64
 #: Only requests this small are gathered with others: for bigger ones a call of their own costs
@@ -337,9 +336,7 @@ class ServableScheduler:
         if job.future.done():
             return
         self.stats.deadline_exceeded += 1
-        job.future.set_exception(
-            DeadlineExceeded(f"deadline of {job.timeout_s * 1000:.0f} ms exceeded for {self.servable.fqrv}")
-        )
+        job.future.set_exception(DeadlineExceeded(f"deadline of {job.timeout_s * 1000:.0f} ms exceeded for {self.servable.fqrv}"))
         self._abandon(job)
 
     def _abandon(self, job: _Job) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True, slots=True)
 class StepPlatform:
     """How a pipeline step of a ``platform`` (AMD's TOML name) becomes a servable of a flavor.

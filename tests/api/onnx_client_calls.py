@@ -45,7 +45,10 @@ def main() -> None:
             outputs = {}
             for name in names:
                 flat = answer.as_numpy(name)
-                outputs[name] = {"shape": list(flat.shape), "values": [v.decode() if isinstance(v, bytes) else v for v in flat.reshape(-1).tolist()]}
+                outputs[name] = {
+                    "shape": list(flat.shape),
+                    "values": [v.decode() if isinstance(v, bytes) else v for v in flat.reshape(-1).tolist()],
+                }
             result[label] = outputs
         seen[model] = result
     json.dump(seen, sys.stdout, default=str)

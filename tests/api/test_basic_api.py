@@ -60,11 +60,23 @@ async def test_malformed_bodies_are_400_with_a_reason(gw: InProcessGateway) -> N
     cases: list[tuple[Any, str]] = [
         ("{not json", "not valid JSON"),
         (b"\xff\xfe\x00", "not valid JSON"),
-        ({"schema": [{"type": "Float99", "fields": ["x"]}], "datum": [{"tensors": [{"Float64": {"data": [1]}}]}]}, "unknown tensor type"),
-        ({"schema": [{"type": "Float64", "fields": ["x"]}], "datum": [{"tensors": [{"Float32": {"data": [1]}}]}]}, "schema has no Float32"),
-        ({"schema": [{"type": "Float64", "fields": ["x", "y"]}], "datum": [{"tensors": [{"Float64": {"data": [1]}}]}]}, "1 value(s) for 2"),
+        (
+            {"schema": [{"type": "Float99", "fields": ["x"]}], "datum": [{"tensors": [{"Float64": {"data": [1]}}]}]},
+            "unknown tensor type",
+        ),
+        (
+            {"schema": [{"type": "Float64", "fields": ["x"]}], "datum": [{"tensors": [{"Float32": {"data": [1]}}]}]},
+            "schema has no Float32",
+        ),
+        (
+            {"schema": [{"type": "Float64", "fields": ["x", "y"]}], "datum": [{"tensors": [{"Float64": {"data": [1]}}]}]},
+            "1 value(s) for 2",
+        ),
         ({"schema": [{"type": "Float64", "fields": ["x"]}], "datum": []}, "at least one record"),
-        ({"schema": [{"type": "Float64", "fields": ["x"]}], "datum": [{"tensors": [{"Float64": {"data": ["a"]}}]}]}, "not valid Float64"),
+        (
+            {"schema": [{"type": "Float64", "fields": ["x"]}], "datum": [{"tensors": [{"Float64": {"data": ["a"]}}]}]},
+            "not valid Float64",
+        ),
         ({"schema": [{"type": "Float64", "fields": ["x"]}]}, "datum: required"),
         ([1, 2], "expected an InferenceRequest"),
     ]

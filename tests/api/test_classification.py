@@ -40,11 +40,16 @@ def h2o(mojo: str, project: str) -> dict[str, Any]:
     }
 
 
-def v2_columns(rows: list[dict[str, str]], names: list[str], numeric: set[str], rename: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def v2_columns(
+    rows: list[dict[str, str]], names: list[str], numeric: set[str], rename: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     rename = rename or {}
     return [
-        {"name": rename.get(n, n), "datatype": "FP64" if n in numeric else "BYTES",
-         "values": [float(r[n]) if n in numeric else r[n] for r in rows]}
+        {
+            "name": rename.get(n, n),
+            "datatype": "FP64" if n in numeric else "BYTES",
+            "values": [float(r[n]) if n in numeric else r[n] for r in rows],
+        }
         for n in names
     ]
 
@@ -78,7 +83,12 @@ async def test_classification_extension_through_tritonclient_http_and_grpc(gw: V
     calls = [
         {"model": "h2o.binomial.1", "columns": v2_columns(prostate, PROSTATE, PROSTATE_NUMERIC), "output": "predict", "k": 2},
         {"model": "h2o.iris.1", "columns": v2_columns(iris, IRIS, set(IRIS[:4])), "output": "predict", "k": 2},
-        {"model": "pipe.prostate.1", "columns": v2_columns(prostate, PROSTATE, PROSTATE_NUMERIC, lower), "output": "label", "k": 1},
+        {
+            "model": "pipe.prostate.1",
+            "columns": v2_columns(prostate, PROSTATE, PROSTATE_NUMERIC, lower),
+            "output": "label",
+            "k": 1,
+        },
         {"model": "h2o.regression.1", "columns": v2_columns(prostate, PROSTATE, PROSTATE_NUMERIC), "output": "predict", "k": 1},
     ]
     job = {"http": gw.hostport, "grpc": gw.grpc_target, "calls": calls}
@@ -101,7 +111,10 @@ async def test_classification_extension_through_tritonclient_http_and_grpc(gw: V
 
 async def test_classification_errors_are_400(gw: V2Gateway) -> None:
     rows = golden("prostate_gbm_binomial", 2)
-    inputs = [{"name": c["name"], "datatype": c["datatype"], "shape": [2], "data": c["values"]} for c in v2_columns(rows, PROSTATE, PROSTATE_NUMERIC)]
+    inputs = [
+        {"name": c["name"], "datatype": c["datatype"], "shape": [2], "data": c["values"]}
+        for c in v2_columns(rows, PROSTATE, PROSTATE_NUMERIC)
+    ]
     for model, outputs, needle in (
         ("h2o.regression.1", [{"name": "predict", "parameters": {"classification": 2}}], "cannot classify"),
         ("h2o.binomial.1", [{"name": "predict", "parameters": {"classification": 0}}], "positive integer"),
@@ -121,7 +134,9 @@ async def test_top_k_of_the_example_pipeline_through_v2_rest_grpc_and_graphpipe(
     cols = v2_columns(rows, PROSTATE, PROSTATE_NUMERIC, {c: c.lower() for c in PROSTATE})
     inputs = [{"name": c["name"], "datatype": c["datatype"], "shape": [3], "data": c["values"]} for c in cols]
     # V2 REST: the default k (2), then k per request through the requested output's parameters.
-    status, body, _ = await gw.post_json("/v2/models/pipe.prostate.1/infer", {"inputs": inputs, "outputs": [{"name": "top_labels"}]})
+    status, body, _ = await gw.post_json(
+        "/v2/models/pipe.prostate.1/infer", {"inputs": inputs, "outputs": [{"name": "top_labels"}]}
+    )
     assert status == 200, body
     assert body["outputs"][0]["shape"] == [3, 2] and body["outputs"][0]["data"] == sum(top2, [])
     request = {"inputs": inputs, "outputs": [{"name": "top_labels", "parameters": {"top_k": 1}}]}
@@ -139,8 +154,11 @@ async def test_top_k_of_the_example_pipeline_through_v2_rest_grpc_and_graphpipe(
     req.parameters["top_k"].int64_param = 1
     req.outputs.add(name="top_labels")
     async with grpc.aio.insecure_channel(gw.grpc_target) as channel:
-        call = channel.unary_unary(f"/{SERVICE}/ModelInfer", request_serializer=lambda m: m.SerializeToString(),
-                                   response_deserializer=M["ModelInferResponse"].FromString)
+        call = channel.unary_unary(
+            f"/{SERVICE}/ModelInfer",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=M["ModelInferResponse"].FromString,
+        )
         response = await call(req)
     assert list(response.outputs[0].shape) == [3, 1]
     raw = response.raw_output_contents[0]
@@ -151,8 +169,13 @@ async def test_top_k_of_the_example_pipeline_through_v2_rest_grpc_and_graphpipe(
         at += 4 + n
     assert values == sum(top1, [])
     # GraphPipe: the official client, k through the config string (request configs).
-    arrays = [np.array([float(v) if c["datatype"] == "FP64" else v for v in c["values"]], dtype=np.float64 if c["datatype"] == "FP64" else object)
-              for c in cols]
+    arrays = [
+        np.array(
+            [float(v) if c["datatype"] == "FP64" else v for v in c["values"]],
+            dtype=np.float64 if c["datatype"] == "FP64" else object,
+        )
+        for c in cols
+    ]
     names = [c["name"] for c in cols]
     uri = gw.url + "/pipe/prostate/1/gp"
     for config, expected in ((None, top2), ("top_k:1", top1)):  # named outputs answer exactly those; "fqrv" names the FQRV tensor

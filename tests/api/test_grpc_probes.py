@@ -24,41 +24,40 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 async def test_health_answers_the_server_and_each_model(tmp_path: Path) -> None:
-    async with v2_gateway(tmp_path / "data") as gw:
-        async with grpc.aio.insecure_channel(gw.grpc_target) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            check = lambda service: health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)  # noqa: E731
-            # No model yet: the server is up; the unknown model's name is NOT_FOUND.
-            assert (await check("")).status == SERVING
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await check(MODEL)
-            assert err.value.code() == grpc.StatusCode.NOT_FOUND and MODEL in err.value.details()
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await check("not a model name")
-            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    async with v2_gateway(tmp_path / "data") as gw, grpc.aio.insecure_channel(gw.grpc_target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        check = lambda service: health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)  # noqa: E731
+        # No model yet: the server is up; the unknown model's name is NOT_FOUND.
+        assert (await check("")).status == SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await check(MODEL)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND and MODEL in err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await check("not a model name")
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
-            await gw.deploy(python_servable())
-            assert (await check("")).status == SERVING
-            assert (await check(MODEL)).status == SERVING
-            assert (await check(f"{MODEL}/v1")).status == SERVING
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await check(f"{MODEL}/v9")
-            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        await gw.deploy(python_servable())
+        assert (await check("")).status == SERVING
+        assert (await check(MODEL)).status == SERVING
+        assert (await check(f"{MODEL}/v1")).status == SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await check(f"{MODEL}/v9")
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
-            # Watch sends the status at once.
-            stream = health.Watch(health_pb2.HealthCheckRequest(service=MODEL))
-            first = await asyncio.wait_for(stream.read(), 5)
-            assert first.status == SERVING
-            stream.cancel()
+        # Watch sends the status at once.
+        stream = health.Watch(health_pb2.HealthCheckRequest(service=MODEL))
+        first = await asyncio.wait_for(stream.read(), 5)
+        assert first.status == SERVING
+        stream.cancel()
 
-            # Draining: neither the server nor the model is SERVING any more.
-            gateway = gw.server.app[GATEWAY]
-            gateway.draining = True
-            try:
-                assert (await check("")).status == NOT_SERVING
-                assert (await check(MODEL)).status == NOT_SERVING
-            finally:
-                gateway.draining = False
+        # Draining: neither the server nor the model is SERVING any more.
+        gateway = gw.server.app[GATEWAY]
+        gateway.draining = True
+        try:
+            assert (await check("")).status == NOT_SERVING
+            assert (await check(MODEL)).status == NOT_SERVING
+        finally:
+            gateway.draining = False
 
 
 async def test_reflection_lists_and_describes_the_v2_service(tmp_path: Path) -> None:

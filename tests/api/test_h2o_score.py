@@ -22,7 +22,10 @@ RTOL = 1e-9
 def definition(name: str, release: str = "r1", directory: Path = H2O_DIR, mojo: str | None = None) -> dict[str, Any]:
     return {
         "path": directory.as_uri(),
-        "fqrv": {"contract": {"organization": "h2o", "project": name.replace("_", "-"), "contract_number": 1}, "release_version": release},
+        "fqrv": {
+            "contract": {"organization": "h2o", "project": name.replace("_", "-"), "contract_number": 1},
+            "release_version": release,
+        },
         "flavor": {"H2OMojo": {"mojoPath": mojo or INFOS[name]["mojo"], "version": "3.46.0.11"}},
         "servableSettings": {
             "policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
@@ -138,7 +141,9 @@ async def test_corrupt_and_non_mojo_zips_are_422_and_others_keep_serving(gw: InP
     (bad / "other.zip").write_bytes(buf.getvalue())
     (bad / "text.zip").write_text("plain text")
     for mojo in ("corrupt.zip", "other.zip", "text.zip", "missing.zip"):
-        async with gw.session.post(gw.url + "/servable", json=definition(name, release=mojo.split(".")[0], directory=bad, mojo=mojo)) as r:
+        async with gw.session.post(
+            gw.url + "/servable", json=definition(name, release=mojo.split(".")[0], directory=bad, mojo=mojo)
+        ) as r:
             payload = await r.json()
             assert r.status == 422, payload
             assert payload["code"] == "CreateServableRequestInvalidError"
@@ -154,8 +159,10 @@ async def test_metadata_names_the_scorer_the_gateway_setting_picked(tmp_path: Pa
     """h2o_scorer = auto: the GBM natively, the GLM with genmodel; = jvm: both with genmodel."""
     from tests.support import serve_in_process
 
-    expected = {"auto": {"prostate_gbm_binomial": "natively", "prostate_glm_binomial": "JVM"},
-                "jvm": {"prostate_gbm_binomial": "JVM", "prostate_glm_binomial": "JVM"}}
+    expected = {
+        "auto": {"prostate_gbm_binomial": "natively", "prostate_glm_binomial": "JVM"},
+        "jvm": {"prostate_gbm_binomial": "JVM", "prostate_glm_binomial": "JVM"},
+    }
     for scorer, models in expected.items():
         async with serve_in_process(tmp_path / scorer, h2o_scorer=scorer) as gw:
             for name, word in models.items():

@@ -63,8 +63,9 @@ async def create_topics(broker: KafkaBroker, *topics: tuple[str, int]) -> None:
         await admin.close()
 
 
-async def produce(broker: KafkaBroker, topic: str, messages: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]],
-                  one_by_one: bool = False) -> None:
+async def produce(
+    broker: KafkaBroker, topic: str, messages: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]], one_by_one: bool = False
+) -> None:
     """Produce (key, value, headers) messages; ``one_by_one`` waits for each (one record per batch)."""
     producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=False, linger_ms=2)
     await producer.start()
@@ -101,7 +102,7 @@ async def deploy(gw: InProcessGateway, body: dict[str, Any]) -> None:
 
 async def ingest_metrics(gw: InProcessGateway) -> dict[str, Any]:
     async with gw.session.get(gw.url + "/metrics/json") as r:
-        return (await r.json())
+        return await r.json()
 
 
 def ingest(gw: InProcessGateway) -> KafkaIngest:
@@ -169,8 +170,16 @@ async def test_bad_messages_get_error_replies_and_later_ones_are_still_answered(
         (b"no-reply-topic", json.dumps(score_body([1.0])).encode(), CONTRACT),
         (b"json", json.dumps(score_body([5.0], configs={"reqid": "json"})).encode(), CONTRACT + to + json_ct),
         (b"proto", proto_body([2.0, 3.0]), CONTRACT + to + [("content-type", b"application/x-protobuf")]),
-        (b"v2", v2_body(4.0), [("forestflow-model", b"acme.demo.1"), ("content-type", b"application/vnd.v2+json"),
-                               ("forestflow-request-id", b"ignored-for-v2-body-id"), *to]),
+        (
+            b"v2",
+            v2_body(4.0),
+            [
+                ("forestflow-model", b"acme.demo.1"),
+                ("content-type", b"application/vnd.v2+json"),
+                ("forestflow-request-id", b"ignored-for-v2-body-id"),
+                *to,
+            ],
+        ),
         (b"own-id", json.dumps(score_body([6.0])).encode(), CONTRACT + to + [("forestflow-request-id", b"my-id-6")]),
     ]
     # No default reply topic: a message that names none is dropped.
@@ -190,8 +199,17 @@ async def test_bad_messages_get_error_replies_and_later_ones_are_still_answered(
     got = {r.key.decode(): r for r in records}
     assert sorted(got) == sorted(k.decode() for k, _, _ in messages if k != b"no-reply-topic")
     status = {k: int(header(r, "forestflow-status")) for k, r in got.items()}
-    assert status == {"malformed": 400, "unknown": 404, "no-contract": 400, "bad-type": 400, "bad-v2": 400,
-                      "json": 200, "proto": 200, "v2": 200, "own-id": 200}
+    assert status == {
+        "malformed": 400,
+        "unknown": 404,
+        "no-contract": 400,
+        "bad-type": 400,
+        "bad-v2": 400,
+        "json": 200,
+        "proto": 200,
+        "v2": 200,
+        "own-id": 200,
+    }
     body = {k: json.loads(r.value) for k, r in got.items() if k != "proto"}
     assert body["malformed"]["code"] == "InvalidInput" and "not valid JSON" in body["malformed"]["error"]
     assert body["unknown"]["UnknownContract"]["contract"]["project"] == "nope"
@@ -212,9 +230,7 @@ async def test_bad_messages_get_error_replies_and_later_ones_are_still_answered(
     # names the servable: V2 events carry the wire bodies instead of a Prediction).
     decoded = [pb.PredictionEvent.FromString(e.value) for e in events]
     assert all(e.protocol == "kafka" and e.status == 200 for e in decoded)
-    assert Counter((e.servedRequest, e.fqrv.release_version) for e in decoded) == {
-        (True, "v1"): 4, (False, "shadow"): 4
-    }
+    assert Counter((e.servedRequest, e.fqrv.release_version) for e in decoded) == {(True, "v1"): 4, (False, "shadow"): 4}
     assert {e.requestId for e in decoded} == {header(got[k], "forestflow-request-id") for k in ("json", "proto", "v2", "own-id")}
 
 
@@ -348,8 +364,9 @@ async def test_a_gateway_killed_mid_stream_and_restarted_answers_every_request(
 
 
 async def run_cli(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "forestflow.cli", *args, cwd=ROOT,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "forestflow.cli", *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode or 0, out.decode(), err.decode()
 
@@ -361,17 +378,52 @@ async def test_kafka_score_and_replies_commands(broker: KafkaBroker, tmp_path: P
     body.write_text(json.dumps(score_body([21.0], ["cli"])))
     async with serve_in_process(tmp_path / "d", **ingest_settings(broker, requests, replies, group)) as gw:
         await deploy(gw, python_servable())
-        code, out, err = await run_cli("kafka", "score", str(body), "--bootstrap", broker.bootstrap, "--topic", requests,
-                                       "--reply-topic", replies, "--contract", "acme/demo/1", "--key", "mine")
+        code, out, err = await run_cli(
+            "kafka",
+            "score",
+            str(body),
+            "--bootstrap",
+            broker.bootstrap,
+            "--topic",
+            requests,
+            "--reply-topic",
+            replies,
+            "--contract",
+            "acme/demo/1",
+            "--key",
+            "mine",
+        )
         assert code == 0, err
         line = json.loads(out)
         assert (line["key"], line["status"]) == ("mine", 200) and line["requestId"].startswith("cli-")
         assert line["body"]["Prediction"]["datum"][0]["tensors"][0]["Float64"]["data"] == [42.0]
-        code, out, err = await run_cli("kafka", "score", str(body), "--bootstrap", broker.bootstrap, "--topic", requests,
-                                       "--reply-topic", replies, "--contract", "acme/other/1")
+        code, out, err = await run_cli(
+            "kafka",
+            "score",
+            str(body),
+            "--bootstrap",
+            broker.bootstrap,
+            "--topic",
+            requests,
+            "--reply-topic",
+            replies,
+            "--contract",
+            "acme/other/1",
+        )
         assert code == 1 and json.loads(out)["status"] == 404, err
-        code, out, err = await run_cli("kafka", "replies", "--bootstrap", broker.bootstrap, "--topic", replies,
-                                       "--from-beginning", "--key", "mine", "--idle-timeout", "2")
+        code, out, err = await run_cli(
+            "kafka",
+            "replies",
+            "--bootstrap",
+            broker.bootstrap,
+            "--topic",
+            replies,
+            "--from-beginning",
+            "--key",
+            "mine",
+            "--idle-timeout",
+            "2",
+        )
     assert code == 0, err
     lines = [json.loads(x) for x in out.splitlines()]
     assert [(x["key"], x["status"]) for x in lines] == [("mine", 200)]

@@ -65,7 +65,9 @@ async def test_model_code_errors_are_500_prediction_failed_and_logged(gw: InProc
 
 async def test_decoding_errors_stay_400(gw: InProcessGateway) -> None:
     await deploy_raising(gw)
-    status, payload = await post(gw, "/v2/models/acme.demo.1/infer", {"inputs": [{"name": "x", "datatype": "FP64", "shape": [2], "data": [1.0]}]})
+    status, payload = await post(
+        gw, "/v2/models/acme.demo.1/infer", {"inputs": [{"name": "x", "datatype": "FP64", "shape": [2], "data": [1.0]}]}
+    )
     assert status == 400 and payload.get("error"), payload
 
 
@@ -84,11 +86,10 @@ async def test_wrong_row_count_is_a_500_naming_the_servable(gw: InProcessGateway
 async def test_model_code_errors_are_internal_on_grpc_and_500_on_graphpipe(tmp_path: Path, label: str) -> None:
     import grpc
     import numpy as np
+    from graphpipe import convert
 
     from tests.api.test_v2_grpc import Client, raw_request
     from tests.api.v2_support import v2_gateway
-    from graphpipe import convert
-
     from tests.api_gp.helpers import GP_PATH, post_raw
 
     async with v2_gateway(tmp_path / "data") as gw:
@@ -101,6 +102,8 @@ async def test_model_code_errors_are_internal_on_grpc_and_500_on_graphpipe(tmp_p
             assert "on purpose" not in err.value.details()
             reply = await call("ModelInfer", **raw_request([1.0], [b"ok"]))
             assert np.frombuffer(reply.raw_output_contents[0], dtype="<f8").tolist() == [2.0]
-        body = convert.serialize_infer_request(convert.InferReq(None, [np.array([label, "ok"]), np.array([1.0, 2.0])], ["label", "x"], None))
+        body = convert.serialize_infer_request(
+            convert.InferReq(None, [np.array([label, "ok"]), np.array([1.0, 2.0])], ["label", "x"], None)
+        )
         _, errors = await post_raw(gw.server, bytes(body), GP_PATH)
         assert [e["code"] for e in errors] == [500], errors

@@ -44,8 +44,10 @@ def definition(directory: Path, case: OnnxCase, settings: dict[str, Any] | None 
         "path": directory.as_uri(),
         "fqrv": {"contract": {"organization": "onnx", "project": case.name, "contract_number": 1}, "release_version": "r1"},
         "flavor": {"ONNX": {"modelPath": case.file, **case.settings, **(settings or {})}},
-        "servableSettings": {"policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
-                             "loggingSettings": {"logLevel": "NONE"}},
+        "servableSettings": {
+            "policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
+            "loggingSettings": {"logLevel": "NONE"},
+        },
     }
 
 
@@ -64,7 +66,9 @@ def check(case: OnnxCase, got: dict[str, list[Any]], where: str) -> None:
         elif isinstance(want[0], str):
             assert values == want, f"{case.name} via {where}: {name}"
         else:
-            assert np.allclose(np.asarray(values, dtype=np.float64), want, rtol=0, atol=TOLERANCE), f"{case.name} via {where}: {name}"
+            assert np.allclose(np.asarray(values, dtype=np.float64), want, rtol=0, atol=TOLERANCE), (
+                f"{case.name} via {where}: {name}"
+            )
 
 
 def score_body(case: OnnxCase, drop: str | None = None) -> dict[str, Any]:
@@ -75,7 +79,7 @@ def score_body(case: OnnxCase, drop: str | None = None) -> dict[str, Any]:
     schema = ([{"type": "String", "fields": text}] if text else []) + [{"type": "Float64", "fields": numbers}]
     datum = []
     for i in range(case.rows):
-        tensors = ([{"String": {"data": [case.columns[n][i] for n in text]}}] if text else [])
+        tensors = [{"String": {"data": [case.columns[n][i] for n in text]}}] if text else []
         tensors.append({"Float64": {"data": [case.columns[n][i] for n in numbers]}})
         datum.append({"tensors": tensors})
     return {"schema": schema, "datum": datum}
@@ -87,7 +91,8 @@ def pd_inputs(case: OnnxCase, shape: str, drop: str | None = None) -> list[dict[
     dims = {"[N]": [n], "[N,1]": [n, 1], "[1,N]": [1, n]}[shape]
     return [
         {"name": f, "shape": dims, "datatype": "BYTES" if isinstance(v[0], str) else "FP64", "data": v}
-        for f, v in case.columns.items() if f != drop
+        for f, v in case.columns.items()
+        if f != drop
     ]
 
 
@@ -95,20 +100,29 @@ def tensor_inputs(case: OnnxCase) -> list[dict[str, Any]]:
     """The model's own ONNX inputs as whole tensors (np layout for the one-input models)."""
     n = case.rows
     if case.name == "pipeline":
-        return [{"name": "color", "shape": [n, 1], "datatype": "BYTES", "data": case.columns["color"]},
-                {"name": "x", "shape": [n, 2], "datatype": "FP64", "data": case.matrix(["x1", "x2"]).tolist()}]
+        return [
+            {"name": "color", "shape": [n, 1], "datatype": "BYTES", "data": case.columns["color"]},
+            {"name": "x", "shape": [n, 2], "datatype": "FP64", "data": case.matrix(["x1", "x2"]).tolist()},
+        ]
     return [{"name": "predict", "shape": [n, 4], "datatype": "FP64", "data": case.matrix(FEATURES).tolist()}]
 
 
 def graphpipe_tensors(case: OnnxCase) -> tuple[list[np.ndarray], list[str]]:
     if case.name == "pipeline":
-        return [np.array(case.columns["color"], dtype=object).reshape(-1, 1), case.matrix(["x1", "x2"]).astype(np.float32)], ["color", "x"]
+        return [np.array(case.columns["color"], dtype=object).reshape(-1, 1), case.matrix(["x1", "x2"]).astype(np.float32)], [
+            "color",
+            "x",
+        ]
     return [case.matrix(FEATURES).astype(np.float32)], [MATRIX_INPUT[case.name]]
 
 
 async def run_triton(python: Path, job: dict[str, Any]) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
-        str(python), str(CLIENT_SCRIPT), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        str(python),
+        str(CLIENT_SCRIPT),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(json.dumps(job).encode()), 90)
@@ -121,7 +135,9 @@ async def run_triton(python: Path, job: dict[str, Any]) -> dict[str, Any]:
 
 
 def triton_job(case: OnnxCase) -> dict[str, Any]:
-    features = [{"name": f, "datatype": "BYTES" if isinstance(v[0], str) else "FP64", "values": v} for f, v in case.columns.items()]
+    features = [
+        {"name": f, "datatype": "BYTES" if isinstance(v[0], str) else "FP64", "values": v} for f, v in case.columns.items()
+    ]
     tensors = [{"name": t["name"], "datatype": t["datatype"], "values": t["data"]} for t in tensor_inputs(case)]
     return {"model": model_name(case), "requests": {"pd": features, "tensors": tensors, "missing": features[:-1]}}
 
@@ -190,9 +206,15 @@ async def test_metadata_in_every_protocol(gw: InProcessGateway, cases: tuple[Pat
     ]
     async with gw.session.get(gw.url + "/onnx/multiclass/1/r1/metadata") as r:
         basic = (await r.json())["BasicMetaData"]
-    assert basic["inputs"] == [{"name": "input", "description": "features: f0, f1, f2, f3", "shape": ["-1", "4"], "type": "Float32"}]
-    assert basic["outputs"][0] == {"name": "output_label", "description": "predicted label levels: [setosa,versicolor,virginica]",
-                                   "shape": ["-1"], "type": "String"}
+    assert basic["inputs"] == [
+        {"name": "input", "description": "features: f0, f1, f2, f3", "shape": ["-1", "4"], "type": "Float32"}
+    ]
+    assert basic["outputs"][0] == {
+        "name": "output_label",
+        "description": "predicted label levels: [setosa,versicolor,virginica]",
+        "shape": ["-1"],
+        "type": "String",
+    }
     assert basic["description"].startswith("ONNX model from skl2onnx")
     uri = gw.url + "/onnx/multiclass/1/gp"
     assert await client(remote.get_input_names, uri) == ["input"]
@@ -200,7 +222,9 @@ async def test_metadata_in_every_protocol(gw: InProcessGateway, cases: tuple[Pat
     assert await client(remote.get_output_names, uri) == ["fqrv", "output_label", "setosa", "versicolor", "virginica"]
 
 
-async def test_a_corrupt_model_is_422_and_a_missing_input_is_400(gw: InProcessGateway, tmp_path: Path, cases: tuple[Path, list[OnnxCase]]) -> None:
+async def test_a_corrupt_model_is_422_and_a_missing_input_is_400(
+    gw: InProcessGateway, tmp_path: Path, cases: tuple[Path, list[OnnxCase]]
+) -> None:
     directory, models = cases
     case = next(c for c in models if c.name == "binary")
     bad = tmp_path / "bad"
@@ -220,14 +244,21 @@ async def test_a_corrupt_model_is_422_and_a_missing_input_is_400(gw: InProcessGa
     async with gw.session.post(gw.url + "/onnx/binary/1/score", json=score_body(case, drop="f2")) as r:
         payload = await r.json()
     assert r.status == 400, payload
-    assert payload["error"] == "missing input 'X' (FP32 [N, 4]): send it as one tensor, or every feature as a column; missing feature(s): f2"
-    async with gw.session.post(gw.url + "/v2/models/onnx.binary.1/infer", json={"inputs": pd_inputs(case, "[N]", drop="f0")}) as r:
+    assert (
+        payload["error"]
+        == "missing input 'X' (FP32 [N, 4]): send it as one tensor, or every feature as a column; missing feature(s): f2"
+    )
+    async with gw.session.post(
+        gw.url + "/v2/models/onnx.binary.1/infer", json={"inputs": pd_inputs(case, "[N]", drop="f0")}
+    ) as r:
         payload = await r.json()
     assert r.status == 400 and payload["error"].endswith("missing feature(s): f0"), payload
     text = [{"name": f, "shape": [case.rows], "datatype": "BYTES", "data": ["abc"] * case.rows} for f in FEATURES]
     async with gw.session.post(gw.url + "/v2/models/onnx.binary.1/infer", json={"inputs": text}) as r:
         payload = await r.json()
-    assert r.status == 400 and payload["error"] == "input 'X' (feature 'f0'): 'abc' is not a number; the model takes FP32", payload
+    assert r.status == 400 and payload["error"] == "input 'X' (feature 'f0'): 'abc' is not a number; the model takes FP32", (
+        payload
+    )
     # The GraphPipe codec checks a vector input's declared shape before the model sees the tensor.
     with pytest.raises(Exception, match="shape \\[2, 3\\] does not fit input 'X' \\(declared \\[-1, 4\\]"):
         await execute_multi(gw.url + "/onnx/binary/1/gp", [np.ones((2, 3), dtype=np.float32)], ["X"])

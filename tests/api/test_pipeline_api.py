@@ -33,8 +33,9 @@ def golden_rows() -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def string_body(rows: list[dict[str, str]], names: list[str], configs: dict[str, str] | None = None,
-                rename: dict[str, str] | None = None) -> dict[str, Any]:
+def string_body(
+    rows: list[dict[str, str]], names: list[str], configs: dict[str, str] | None = None, rename: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Every value as a String (blank -> null), columns named ``rename[c]`` (default: as is)."""
     rename = rename or {}
     return {
@@ -127,18 +128,25 @@ async def test_fan_out_and_join_dag_equals_the_models_scored_alone(gw: InProcess
     steps = [
         prostate_map_step(),
         {
-            "name": "average", "platform": "python", "id": "average.py",
+            "name": "average",
+            "platform": "python",
+            "id": "average.py",
             "inputs": [port("a", tensor="gbm_yes"), port("b", tensor="glm_yes")],
             "outputs": [port("p", tensor="mean_yes")],
         },
         h2o_step("gbm", GBM, [port("1", tensor="gbm_yes")]),
         h2o_step("glm", GLM, [port("1", tensor="glm_yes")]),
         {
-            "name": "decide", "platform": "classifier", "threshold": 0.5,
-            "inputs": [port("p", tensor="mean_yes")], "outputs": [port("label", "BYTES"), port("score")],
+            "name": "decide",
+            "platform": "classifier",
+            "threshold": 0.5,
+            "inputs": [port("p", tensor="mean_yes")],
+            "outputs": [port("label", "BYTES"), port("score")],
         },
     ]
-    directory = pipeline_dir(tmp_path / "dag", toml(steps, outputs=["gbm_yes", "glm_yes", "mean_yes", "label"]), (GBM, GLM), {"average.py": average})
+    directory = pipeline_dir(
+        tmp_path / "dag", toml(steps, outputs=["gbm_yes", "glm_yes", "mean_yes", "label"]), (GBM, GLM), {"average.py": average}
+    )
     status, body = await post(gw, "/servable", servable_request(directory))
     assert status == 200, body
     for n, mojo in ((1, GBM), (2, GLM)):
@@ -179,10 +187,22 @@ VECTOR_STEPS = (
 
 def vector_pipeline(tmp_path: Path, log_intermediate: bool = False) -> Path:
     steps = [
-        {"name": "stack", "platform": "python", "id": "steps.py", "entry_point": "stack",
-         "inputs": [port(c) for c in ("sl", "sw", "pl", "pw")], "outputs": [port("features", tensor="vec", shape=[-1, 4])]},
-        {"name": "total", "platform": "python", "id": "steps.py", "entry_point": "total",
-         "inputs": [port("x", tensor="vec", shape=[-1, 4])], "outputs": [port("sum")]},
+        {
+            "name": "stack",
+            "platform": "python",
+            "id": "steps.py",
+            "entry_point": "stack",
+            "inputs": [port(c) for c in ("sl", "sw", "pl", "pw")],
+            "outputs": [port("features", tensor="vec", shape=[-1, 4])],
+        },
+        {
+            "name": "total",
+            "platform": "python",
+            "id": "steps.py",
+            "entry_point": "total",
+            "inputs": [port("x", tensor="vec", shape=[-1, 4])],
+            "outputs": [port("sum")],
+        },
     ]
     text = ("[pipeline]\nlog_intermediate = true\n" if log_intermediate else "") + toml(steps)
     return pipeline_dir(tmp_path / "vector", text, files={"steps.py": VECTOR_STEPS})
@@ -203,7 +223,10 @@ async def test_python_step_reads_a_vector_tensor_and_metadata_goes_both_ways(gw:
     assert columns(body["Prediction"])["sum"] == [sum(r) for r in rows]
     assert body["Metadata"] == {"seen_shape": "2x4", "greeting": "hello basic"}  # request configs are not echoed
     v2 = {
-        "inputs": [{"name": n, "datatype": "FP64", "shape": [2], "data": [r[i] for r in rows]} for i, n in enumerate(("sl", "sw", "pl", "pw"))],
+        "inputs": [
+            {"name": n, "datatype": "FP64", "shape": [2], "data": [r[i] for r in rows]}
+            for i, n in enumerate(("sl", "sw", "pl", "pw"))
+        ],
         "parameters": {"who": "v2"},
     }
     status, body = await post(gw, "/v2/models/pipe.vec.1/infer", v2)
@@ -229,13 +252,19 @@ async def test_steps_without_returned_metadata_add_no_field(gw: InProcessGateway
     status, body = await post(gw, "/servable", servable_request(EXAMPLE))
     assert status == 200, body
     rows = golden_rows()[:1]
-    status, body = await post(gw, "/pipe/prostate/1/score", string_body(rows, PROSTATE, {"top_k": "1"}, rename={c: c.lower() for c in PROSTATE}))
+    status, body = await post(
+        gw, "/pipe/prostate/1/score", string_body(rows, PROSTATE, {"top_k": "1"}, rename={c: c.lower() for c in PROSTATE})
+    )
     assert status == 200
     assert set(body) == {"Prediction"}
-    assert columns(body["Prediction"], {"probabilities": 2, "top_labels": 1, "top_scores": 1})["top_labels"] == [["no capsule"]]  # configs.top_k reached the classifier
+    assert columns(body["Prediction"], {"probabilities": 2, "top_labels": 1, "top_scores": 1})["top_labels"] == [
+        ["no capsule"]
+    ]  # configs.top_k reached the classifier
 
 
-async def test_model_step_without_declared_inputs_reads_its_models_inputs_from_the_request(gw: InProcessGateway, tmp_path: Path) -> None:
+async def test_model_step_without_declared_inputs_reads_its_models_inputs_from_the_request(
+    gw: InProcessGateway, tmp_path: Path
+) -> None:
     """An h2o_mojo step with no [[models.inputs]]: its MOJO's own columns come from the request (issue 33 item 1)."""
     step = {"name": "gbm", "platform": "h2o_mojo", "id": GBM, "outputs": [port("1", tensor="yes")]}
     directory = pipeline_dir(tmp_path / "bare_step", toml([step], outputs=["yes"]), (GBM,))

@@ -12,7 +12,6 @@ from tests.pipeline_support import pipeline_dir, port, servable_request, toml
 from tests.support import InProcessGateway
 
 
-
 async def test_map_onnx_classifier_pipeline_equals_scikit_learn(gw: InProcessGateway, tmp_path: Path) -> None:
     directory = tmp_path / "iris-pipeline"
     directory.mkdir()
@@ -38,7 +37,11 @@ async def test_map_onnx_classifier_pipeline_equals_scikit_learn(gw: InProcessGat
             "labels": case.classes,
             "top_k": 2,
             "inputs": [port(f"p_{c}", "FP64", f"p_{c}") for c in case.classes],
-            "outputs": [port("label", "BYTES"), port("probabilities", "FP64", shape=[-1, 3]), port("top_labels", "BYTES", shape=[-1, -1])],
+            "outputs": [
+                port("label", "BYTES"),
+                port("probabilities", "FP64", shape=[-1, 3]),
+                port("top_labels", "BYTES", shape=[-1, -1]),
+            ],
         },
     ]
     pipeline_dir(directory, toml(steps))

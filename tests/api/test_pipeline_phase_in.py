@@ -55,7 +55,10 @@ async def test_pipeline_release_shadows_then_phases_in_against_a_single_model(tm
     async with serve_in_process(data, evaluation_interval_s=0.1, access_log=False, log_level="warning") as gw:
         model = h2o_definition(GBM, CONTRACT, release="gbm", log_level="FULL")
         model["servableSettings"]["loggingSettings"]["keyFeatures"] = ["reqid"]
-        model["contractSettings"] = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 2}}, "router": {"LatestPhaseInPctBasedRouter": {}}}
+        model["contractSettings"] = {
+            "expirationPolicy": {"KeepLatest": {"servablesToKeep": 2}},
+            "router": {"LatestPhaseInPctBasedRouter": {}},
+        }
         async with gw.session.post(gw.url + "/servable", json=model) as r:
             assert r.status == 200, await r.text()
         candidate = servable_request(EXAMPLE, release="pipe", log_level="FULL")
@@ -73,7 +76,10 @@ async def test_pipeline_release_shadows_then_phases_in_against_a_single_model(tm
         assert sorted(e["inferenceRequest"]["configs"]["reqid"] for e in shadows) == ["q0", "q1", "q2", "q3"]
 
         # 2. Phase the pipeline in over 2 s: a split, then all traffic on it.
-        policy = {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"LinearTimeBasedPhaseIn": {"phase_in_over_secs": 2}}}
+        policy = {
+            "validityPolicy": [{"ImmediatelyValid": {}}],
+            "phaseInPolicy": {"LinearTimeBasedPhaseIn": {"phase_in_over_secs": 2}},
+        }
         async with gw.session.put(gw.url + "/pipe/prostate/1/pipe/policy-settings", json=policy) as r:
             assert r.status == 200, await r.text()
         start = len(answers)

@@ -18,8 +18,10 @@ def passthrough(name: str, reads: list[dict[str, Any]], writes: list[dict[str, A
 
 CASES: dict[str, tuple[list[dict[str, Any]], list[str]]] = {
     "cycle": (
-        [passthrough("a", [port("x", tensor="t2")], [port("y", tensor="t1")]),
-         passthrough("b", [port("x", tensor="t1")], [port("y", tensor="t2")])],
+        [
+            passthrough("a", [port("x", tensor="t2")], [port("y", tensor="t1")]),
+            passthrough("b", [port("x", tensor="t1")], [port("y", tensor="t2")]),
+        ],
         ["cycle", "step 'a'", "step 'b'", "tensor 't1'", "tensor 't2'"],
     ),
     "unknown input id": (
@@ -35,7 +37,10 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[str]]] = {
         ["step 'b' input 'x' (tensor 't')", "datatype BYTES", "step 'a' produces it as FP64"],
     ),
     "shape mismatch": (
-        [passthrough("a", [port("x")], [port("y", "FP64", "t", [-1, 4])]), passthrough("b", [port("x", "FP64", "t", [-1, 3])], [port("z")])],
+        [
+            passthrough("a", [port("x")], [port("y", "FP64", "t", [-1, 4])]),
+            passthrough("b", [port("x", "FP64", "t", [-1, 3])], [port("z")]),
+        ],
         ["step 'b' input 'x' (tensor 't')", "shape [-1, 3]", "step 'a' produces it as [-1, 4]"],
     ),
     "unknown platform": (

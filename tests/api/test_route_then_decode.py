@@ -35,7 +35,10 @@ async def post(gw: InProcessGateway, path: str, body: Any) -> tuple[int, Any]:
 
 async def test_v2_np_and_v1_instances_decode_against_the_release_that_scores(gw: InProcessGateway) -> None:
     await deploy_two_orders(gw)
-    np_body = {"inputs": [{"name": "x", "datatype": "FP64", "shape": [1, 3], "data": [1.0, 2.0, 3.0]}], "parameters": {"content_type": "np"}}
+    np_body = {
+        "inputs": [{"name": "x", "datatype": "FP64", "shape": [1, 3], "data": [1.0, 2.0, 3.0]}],
+        "parameters": {"content_type": "np"},
+    }
     answered: Counter[str] = Counter()
     for _ in range(10):
         status, body = await post(gw, "/v2/models/acme.demo.1/infer", np_body)
@@ -67,7 +70,9 @@ async def test_graphpipe_without_names_decodes_against_the_release_that_scores(g
 
 
 @pytest.mark.parametrize("path", ["/v2/models/acme.demo.1/infer", "/v1/models/acme.demo.1:predict", GP_PATH])
-async def test_the_contract_is_resolved_once_per_request(gw: InProcessGateway, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_contract_is_resolved_once_per_request(
+    gw: InProcessGateway, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     await deploy_two_orders(gw)
     registry = gw.gateway.registry
     calls = []
@@ -79,8 +84,12 @@ async def test_the_contract_is_resolved_once_per_request(gw: InProcessGateway, p
 
     monkeypatch.setattr(registry, "contract_state", counted)
     body: Any = (
-        {"inputs": [{"name": "x", "datatype": "FP64", "shape": [1, 3], "data": [1.0, 2.0, 3.0]}], "parameters": {"content_type": "np"}}
-        if path.startswith("/v2") else {"instances": [[1.0, 2.0, 3.0]]}
+        {
+            "inputs": [{"name": "x", "datatype": "FP64", "shape": [1, 3], "data": [1.0, 2.0, 3.0]}],
+            "parameters": {"content_type": "np"},
+        }
+        if path.startswith("/v2")
+        else {"instances": [[1.0, 2.0, 3.0]]}
     )
     if path == GP_PATH:
         outputs = await execute_multi(gw.url + GP_PATH, [np.array([[1.0, 2.0, 3.0]])], None, ["y"])

@@ -78,10 +78,7 @@ def events(tmp_path: Path) -> list[dict[str, Any]]:
 
 def of(evts: list[dict[str, Any]], release: str, served: bool) -> list[dict[str, Any]]:
     """The events of one release, served (answers) or not (shadow copies)."""
-    return [
-        e for e in evts
-        if e["fqrv"]["releaseVersion"] == release and bool(e.get("servedRequest", False)) is served
-    ]
+    return [e for e in evts if e["fqrv"]["releaseVersion"] == release and bool(e.get("servedRequest", False)) is served]
 
 
 class Gate:
@@ -123,7 +120,9 @@ async def test_shadow_copies_go_to_every_logging_servable_but_the_answering_one(
         await wait_until(lambda: len(events(tmp_path)) == 10 + 10 + 2, what="22 prediction events")
     evts = events(tmp_path)
     assert len(of(evts, "live", True)) == 10 and not of(evts, "live", False)
-    assert sorted(e["inferenceRequest"]["configs"]["reqid"] for e in of(evts, "full", False)) == sorted(f"q{i}" for i in range(10))
+    assert sorted(e["inferenceRequest"]["configs"]["reqid"] for e in of(evts, "full", False)) == sorted(
+        f"q{i}" for i in range(10)
+    )
     # SAMPLE shadows the requests whose contract counter is a multiple of log_sample_every.
     assert sorted(e["inferenceRequest"]["configs"]["reqid"] for e in of(evts, "sample", False)) == ["q4", "q9"]
     assert not [e for e in evts if e["fqrv"]["releaseVersion"] in ("silent",)]
@@ -280,7 +279,10 @@ async def test_promotion_from_shadow_to_live_by_phase_in_then_expiry(tmp_path: P
     async with gateway(tmp_path, evaluation_interval_s=0.1) as gw:
         await deploy(gw, release="old", log_level="FULL", contract_settings=keep_two)
         await deploy(
-            gw, release="new", log_level="FULL", validity=[{"NeverValid": {}}],
+            gw,
+            release="new",
+            log_level="FULL",
+            validity=[{"NeverValid": {}}],
             phase_in={"LinearTimeBasedPhaseIn": {"phase_in_over_secs": 2}},
         )
         # 1. Pure shadow: every request is answered by "old" and copied to "new".
@@ -290,7 +292,10 @@ async def test_promotion_from_shadow_to_live_by_phase_in_then_expiry(tmp_path: P
         assert not of(events(tmp_path), "new", True)
 
         # 2. Promote: valid now, phased in linearly over 2 s.
-        policy = {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"LinearTimeBasedPhaseIn": {"phase_in_over_secs": 2}}}
+        policy = {
+            "validityPolicy": [{"ImmediatelyValid": {}}],
+            "phaseInPolicy": {"LinearTimeBasedPhaseIn": {"phase_in_over_secs": 2}},
+        }
         async with gw.session.put(gw.url + "/acme/demo/1/new/policy-settings", json=policy) as resp:
             assert resp.status == 200, await resp.text()
         promoted_at = len(answers)
@@ -356,4 +361,7 @@ async def test_a_client_that_disconnects_gives_its_queue_place_back(tmp_path: Pa
         log = gw.gateway.prediction_log
         await wait_for(lambda: log.stats.delivered == 2, 5, "both outcomes logged")
     lines = [orjson.loads(line) for line in (tmp_path / "data" / "predictions.jsonl").read_bytes().splitlines()]
-    assert sorted((e["event"]["status"], e["event"].get("errorCode")) for e in lines) == [(200, None), (499, "ClientClosedRequest")]
+    assert sorted((e["event"]["status"], e["event"].get("errorCode")) for e in lines) == [
+        (200, None),
+        (499, "ClientClosedRequest"),
+    ]

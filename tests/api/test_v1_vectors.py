@@ -51,28 +51,61 @@ async def test_kserve_v1_client_with_vector_and_multi_input_models(tmp_path: Pat
         {"status": 200, "body": {"outputs": ROW_OUT}},
     ]
     assert results[4]["status"] == 400
-    assert results[4]["body"] == {"error": "instances[0]: input 'INPUT0' (shape [-1, 4]) takes shape [4] per instance, got shape [3]"}
+    assert results[4]["body"] == {
+        "error": "instances[0]: input 'INPUT0' (shape [-1, 4]) takes shape [4] per instance, got shape [3]"
+    }
     assert results[5] == results[6] == {"status": 200, "body": {"predictions": MULTI_OUT}}
-    assert results[7] == {"status": 200, "body": {"outputs": {"SCALED": [r["SCALED"] for r in MULTI_OUT], "LABEL": [r["LABEL"] for r in MULTI_OUT]}}}
+    assert results[7] == {
+        "status": 200,
+        "body": {"outputs": {"SCALED": [r["SCALED"] for r in MULTI_OUT], "LABEL": [r["LABEL"] for r in MULTI_OUT]}},
+    }
     assert results[8] == {"status": 400, "body": {"error": "input 'SCALE': takes one value per instance, got [2]"}}
 
 
 @pytest.mark.parametrize(
     ("module", "payload", "mentions"),
     [
-        ("vector.py", {"instances": [[0, 1, 2, 3], [0, 1]]}, "instances[1]: input 'INPUT0' (shape [-1, 4]) takes shape [4] per instance, got shape [2]"),
-        ("vector.py", {"instances": [[0, 1, 2, [3]]]}, "instances[0]: input 'INPUT0' (shape [-1, 4]) takes shape [4] per instance, got a ragged or mixed value"),
+        (
+            "vector.py",
+            {"instances": [[0, 1, 2, 3], [0, 1]]},
+            "instances[1]: input 'INPUT0' (shape [-1, 4]) takes shape [4] per instance, got shape [2]",
+        ),
+        (
+            "vector.py",
+            {"instances": [[0, 1, 2, [3]]]},
+            "instances[0]: input 'INPUT0' (shape [-1, 4]) takes shape [4] per instance, got a ragged or mixed value",
+        ),
         ("vector.py", {"instances": [[[0, 1, 2, 3]]]}, "got shape [1, 4]"),
-        ("vector.py", {"instances": [["a", "b", "c", "d"]]}, "instances[0]: input 'INPUT0' expects FP32 values, got ['a', 'b', 'c', 'd']"),
+        (
+            "vector.py",
+            {"instances": [["a", "b", "c", "d"]]},
+            "instances[0]: input 'INPUT0' expects FP32 values, got ['a', 'b', 'c', 'd']",
+        ),
         ("vector.py", {"instances": [[True, False, True, False]]}, "expects FP32 values"),
-        ("vector.py", {"instances": [1, 2]}, "instances[0]: input 'INPUT0' (shape [-1, 4]) takes shape [4] per instance, got shape []"),
+        (
+            "vector.py",
+            {"instances": [1, 2]},
+            "instances[0]: input 'INPUT0' (shape [-1, 4]) takes shape [4] per instance, got shape []",
+        ),
         ("vector.py", {"instances": [{"INPUT0": [1, 2, 3, 4, 5]}]}, "got shape [5]"),
-        ("vector.py", {"inputs": {"INPUT0": [[0, 1, 2, 3]], "extra": [1, 2]}}, "inputs: every input needs one entry per record, got INPUT0=1, extra=2"),
+        (
+            "vector.py",
+            {"inputs": {"INPUT0": [[0, 1, 2, 3]], "extra": [1, 2]}},
+            "inputs: every input needs one entry per record, got INPUT0=1, extra=2",
+        ),
         ("vector.py", {"inputs": {"INPUT0": 5}}, "inputs.INPUT0: expected a non-empty list"),
-        ("vector.py", {"inputs": {"INPUT0": [[0, 1, 2, 3], [0, 1, 2, "x"]]}}, "inputs.INPUT0[1]: input 'INPUT0' expects FP32 values"),
+        (
+            "vector.py",
+            {"inputs": {"INPUT0": [[0, 1, 2, 3], [0, 1, 2, "x"]]}},
+            "inputs.INPUT0[1]: input 'INPUT0' expects FP32 values",
+        ),
         ("vector.py", {"inputs": {}}, "inputs: an object with at least one input"),
         ("multi.py", {"instances": [[[1, 2, 3, 4], 2]]}, "instances[0]: expected 3 values (INPUT0, SCALE, TAG), got 2"),
-        ("multi.py", {"instances": [[[1, 2, 3], 2, "a"]]}, "instances[0]: input 'INPUT0' (shape [-1, 4]) takes shape [4] per instance, got shape [3]"),
+        (
+            "multi.py",
+            {"instances": [[[1, 2, 3], 2, "a"]]},
+            "instances[0]: input 'INPUT0' (shape [-1, 4]) takes shape [4] per instance, got shape [3]",
+        ),
         ("multi.py", {"instances": [[[1, 2, 3, 4], "2", "a"]]}, "input 'SCALE': expected numbers (FP64), got '2'"),
     ],
 )

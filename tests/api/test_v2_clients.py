@@ -39,8 +39,15 @@ def check_outputs(seen: dict[str, Any], names: tuple[str, ...] = ("double", "ech
 async def test_real_clients_against_the_echo_servable(tmp_path: Path, client_python: Path) -> None:
     async with v2_gateway(tmp_path / "data") as gw:
         await gw.deploy(python_servable())
-        job = {"http": gw.hostport, "grpc": gw.grpc_target, "model": MODEL, "version": "v1",
-               "columns": JOB_COLUMNS, "outputs": ["double", "echo"], "bad_input": "x"}
+        job = {
+            "http": gw.hostport,
+            "grpc": gw.grpc_target,
+            "model": MODEL,
+            "version": "v1",
+            "columns": JOB_COLUMNS,
+            "outputs": ["double", "echo"],
+            "bad_input": "x",
+        }
         triton, kserve = await run_families(client_python, job, "triton", "kserve")
 
     # The gateway's private-pool classes load beside each client's own inference.* ones, wire-identical.
@@ -124,13 +131,25 @@ async def test_h2o_scores_agree_across_score_v2_layouts_and_clients(tmp_path: Pa
         "path": H2O_DIR.as_uri(),
         "fqrv": {"contract": {"organization": "h2o", "project": "prostate", "contract_number": 1}, "release_version": H2O_MOJO},
         "flavor": {"H2OMojo": {"mojoPath": f"{H2O_MOJO}.zip"}},
-        "servableSettings": {"policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
-                             "loggingSettings": {"logLevel": "NONE"}},
+        "servableSettings": {
+            "policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
+            "loggingSettings": {"logLevel": "NONE"},
+        },
     }
     score = {
-        "schema": [{"type": "String", "fields": sorted(CATEGORICAL)}, {"type": "Float64", "fields": [f for f in FEATURES if f not in CATEGORICAL]}],
-        "datum": [{"tensors": [{"String": {"data": [r[c] for c in sorted(CATEGORICAL)]}},
-                               {"Float64": {"data": [float(r[f]) for f in FEATURES if f not in CATEGORICAL]}}]} for r in rows],
+        "schema": [
+            {"type": "String", "fields": sorted(CATEGORICAL)},
+            {"type": "Float64", "fields": [f for f in FEATURES if f not in CATEGORICAL]},
+        ],
+        "datum": [
+            {
+                "tensors": [
+                    {"String": {"data": [r[c] for c in sorted(CATEGORICAL)]}},
+                    {"Float64": {"data": [float(r[f]) for f in FEATURES if f not in CATEGORICAL]}},
+                ]
+            }
+            for r in rows
+        ],
     }
 
     def pd_input(f: str, shape: list[int]) -> dict[str, Any]:
@@ -139,15 +158,32 @@ async def test_h2o_scores_agree_across_score_v2_layouts_and_clients(tmp_path: Pa
         return {"name": f, "shape": shape, "datatype": "FP64", "data": numbers[f]}
 
     layouts = {
-        "np": {"inputs": [{"name": "predict", "shape": [n, len(FEATURES)], "datatype": "FP64",
-                           "data": [[numbers[f][i] for f in FEATURES] for i in range(n)]}]},
+        "np": {
+            "inputs": [
+                {
+                    "name": "predict",
+                    "shape": [n, len(FEATURES)],
+                    "datatype": "FP64",
+                    "data": [[numbers[f][i] for f in FEATURES] for i in range(n)],
+                }
+            ]
+        },
         "mlserver pd": {"parameters": {"content_type": "pd"}, "inputs": [pd_input(f, [n, 1]) for f in FEATURES]},
         "trustyai pd": {"inputs": [pd_input(f, [1, n]) for f in FEATURES]},
     }
     job = {
-        "model": H2O_MODEL, "version": H2O_MOJO, "outputs": ["1", "predict", "0"], "bad_input": "AGE",
-        "columns": [{"name": f, "datatype": "BYTES" if f in CATEGORICAL else "FP64",
-                     "values": [r[f] for r in rows] if f in CATEGORICAL else numbers[f]} for f in FEATURES],
+        "model": H2O_MODEL,
+        "version": H2O_MOJO,
+        "outputs": ["1", "predict", "0"],
+        "bad_input": "AGE",
+        "columns": [
+            {
+                "name": f,
+                "datatype": "BYTES" if f in CATEGORICAL else "FP64",
+                "values": [r[f] for r in rows] if f in CATEGORICAL else numbers[f],
+            }
+            for f in FEATURES
+        ],
     }
     async with v2_gateway(tmp_path / "data") as gw:
         await gw.deploy(body)
@@ -166,11 +202,19 @@ async def test_h2o_scores_agree_across_score_v2_layouts_and_clients(tmp_path: Pa
     want = {k: expected[k] for k in ("predict", "0", "1")}
     for name, got in by_layout.items():
         assert got == want, name
-    for seen in (triton["http"]["infer"], triton["grpc"]["infer"], triton["grpc"]["after_errors"],
-                 kserve["rest_v2"]["infer_json"], kserve["rest_v2"]["infer_binary"], kserve["grpc"]["infer"]):
+    for seen in (
+        triton["http"]["infer"],
+        triton["grpc"]["infer"],
+        triton["grpc"]["after_errors"],
+        kserve["rest_v2"]["infer_json"],
+        kserve["rest_v2"]["infer_binary"],
+        kserve["grpc"]["infer"],
+    ):
         assert seen_columns(seen) == want
     assert seen_columns(triton["http"]["infer_json"]) == {"1": want["1"]}
     assert triton["http"]["bad_shape"]["status"] == "400" and "'AGE'" in triton["http"]["bad_shape"]["message"]
-    assert kserve["rest_v1"]["predict_lists"] == kserve["rest_v1"]["predict_objects"] == {
-        "predictions": [{"predict": p, "0": a, "1": b} for p, a, b in zip(want["predict"], want["0"], want["1"])]
-    }
+    assert (
+        kserve["rest_v1"]["predict_lists"]
+        == kserve["rest_v1"]["predict_objects"]
+        == {"predictions": [{"predict": p, "0": a, "1": b} for p, a, b in zip(want["predict"], want["0"], want["1"])]}
+    )

@@ -146,10 +146,14 @@ async def test_np_mlserver_pd_and_trustyai_pd_score_identically(gw: InProcessGat
     flat = [v for row in ROWS for v in row]
     requests = {
         "np": {"inputs": [{"name": "predict", "shape": [n, 3], "datatype": "FP64", "data": flat}]},
-        "np nested": {"parameters": {"content_type": "np"},
-                      "inputs": [{"name": "input-0", "shape": [n, 3], "datatype": "FP64", "data": ROWS}]},
-        "mlserver pd": {"parameters": {"content_type": "pd"},
-                        "inputs": [{"name": c, "shape": [n, 1], "datatype": "FP64", "data": COLS[c]} for c in "abc"]},
+        "np nested": {
+            "parameters": {"content_type": "np"},
+            "inputs": [{"name": "input-0", "shape": [n, 3], "datatype": "FP64", "data": ROWS}],
+        },
+        "mlserver pd": {
+            "parameters": {"content_type": "pd"},
+            "inputs": [{"name": c, "shape": [n, 1], "datatype": "FP64", "data": COLS[c]} for c in "abc"],
+        },
         "trustyai pd": {"inputs": [{"name": c, "shape": [1, n], "datatype": "FP64", "data": [COLS[c]]} for c in "abc"]},
         "1-D pd": {"inputs": [{"name": c, "shape": [n], "datatype": "FP64", "data": COLS[c]} for c in "abc"]},
     }

@@ -51,8 +51,14 @@ def raw_request(xs: list[float], labels: list[bytes], **kw: Any) -> dict[str, An
     req.inputs.add(name="label", datatype="BYTES", shape=[len(labels)])
     req.raw_input_contents.append(np.array(xs, dtype="<f8").tobytes())
     req.raw_input_contents.append(b"".join(struct.pack("<I", len(b)) + b for b in labels))
-    return {"model_name": req.model_name, "model_version": req.model_version, "id": req.id,
-            "inputs": req.inputs, "raw_input_contents": req.raw_input_contents, "outputs": req.outputs}
+    return {
+        "model_name": req.model_name,
+        "model_version": req.model_version,
+        "id": req.id,
+        "inputs": req.inputs,
+        "raw_input_contents": req.raw_input_contents,
+        "outputs": req.outputs,
+    }
 
 
 def test_every_error_kind_has_a_status_and_the_pool_is_private() -> None:

@@ -19,10 +19,15 @@ def big_payload(rows: int) -> bytes:
     """``rows`` records; only the numeric output is asked for (this is about the request)."""
     xs = [i * 0.5 + 0.123456789 for i in range(rows)]
     labels = [f"r{i % 1000}" for i in range(rows)]
-    return orjson.dumps({"inputs": [
-        {"name": "x", "shape": [rows], "datatype": "FP64", "data": xs},
-        {"name": "label", "shape": [rows], "datatype": "BYTES", "data": labels},
-    ], "outputs": [{"name": "double"}]})
+    return orjson.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [rows], "datatype": "FP64", "data": xs},
+                {"name": "label", "shape": [rows], "datatype": "BYTES", "data": labels},
+            ],
+            "outputs": [{"name": "double"}],
+        }
+    )
 
 
 async def deploy(gw: InProcessGateway) -> None:
@@ -48,7 +53,9 @@ async def _decoded_off_the_loop(gw: InProcessGateway) -> None:
         answer = await r.read()
         assert r.status == 200, answer[:500]
     outputs = {o["name"]: o for o in orjson.loads(answer)["outputs"]}
-    assert outputs["double"]["shape"] == [rows] and outputs["double"]["data"][-1] == pytest.approx(2 * ((rows - 1) * 0.5 + 0.123456789))
+    assert outputs["double"]["shape"] == [rows] and outputs["double"]["data"][-1] == pytest.approx(
+        2 * ((rows - 1) * 0.5 + 0.123456789)
+    )
     # Decoded by a pool process: how long the loop would have stalled otherwise is bench/large_bodies.py's.
     assert body_pool.decoded_off_loop == before + 1
 

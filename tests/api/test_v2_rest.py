@@ -67,14 +67,22 @@ async def test_model_metadata_and_readiness(gw: InProcessGateway) -> None:
             meta = await r.json()
         assert r.status == 200
         assert meta["name"] == MODEL and meta["platform"] == "python" and sorted(meta["versions"]) == ["v1", "v2"]
-        assert meta["inputs"] == [{"name": "x", "datatype": "FP64", "shape": [-1]}, {"name": "label", "datatype": "BYTES", "shape": [-1]}]
+        assert meta["inputs"] == [
+            {"name": "x", "datatype": "FP64", "shape": [-1]},
+            {"name": "label", "datatype": "BYTES", "shape": [-1]},
+        ]
         assert [o["name"] for o in meta["outputs"]] == ["double", "echo"]
     async with gw.session.get(gw.url + f"/v2/models/{MODEL}/ready") as r:
         assert (r.status, await r.json()) == (200, {"name": MODEL, "ready": True})
     async with gw.session.get(gw.url + f"/v2/models/{MODEL}/versions/v2/ready") as r:
         assert r.status == 200
-    for path in ("/v2/models/acme.demo.9", "/v2/models/acme.demo.9/ready", "/v2/models/not-a-contract",
-                 f"/v2/models/{MODEL}/versions/v7", f"/v2/models/{MODEL}/versions/v7/ready"):
+    for path in (
+        "/v2/models/acme.demo.9",
+        "/v2/models/acme.demo.9/ready",
+        "/v2/models/not-a-contract",
+        f"/v2/models/{MODEL}/versions/v7",
+        f"/v2/models/{MODEL}/versions/v7/ready",
+    ):
         async with gw.session.get(gw.url + path) as r:
             assert r.status == 404, path
             assert r.headers["Content-Type"] == "application/json"
@@ -94,7 +102,10 @@ async def test_json_inference_echoes_id_and_names_the_model(gw: InProcessGateway
         {"name": "echo", "datatype": "BYTES", "shape": [2], "data": ["a", "ß"]},
     ]
     # Nested data, a requested subset, a version in the path; no id: the gateway's request id.
-    payload = {"inputs": [{"name": "x", "shape": [2, 1], "datatype": "FP32", "data": [[1.0], [4.0]]}], "outputs": [{"name": "double"}]}
+    payload = {
+        "inputs": [{"name": "x", "shape": [2, 1], "datatype": "FP32", "data": [[1.0], [4.0]]}],
+        "outputs": [{"name": "double"}],
+    }
     async with gw.session.post(gw.url + f"/v2/models/{MODEL}/versions/v1/infer", json=payload) as r:
         body = await r.json()
         assert r.status == 200 and body["id"] == r.headers["X-Request-Id"]
@@ -107,7 +118,9 @@ async def test_version_path_scores_that_release(gw: InProcessGateway) -> None:
     async with gw.session.post(gw.url + INFER, json={"inputs": json_inputs([1.0], ["a"])}) as r:
         assert (await r.json())["model_version"] == "v1"  # routed: v2 never becomes valid
     for version in ("v1", "v2"):
-        async with gw.session.post(gw.url + f"/v2/models/{MODEL}/versions/{version}/infer", json={"inputs": json_inputs([1.0], ["a"])}) as r:
+        async with gw.session.post(
+            gw.url + f"/v2/models/{MODEL}/versions/{version}/infer", json={"inputs": json_inputs([1.0], ["a"])}
+        ) as r:
             assert r.status == 200 and (await r.json())["model_version"] == version
     async with gw.session.post(gw.url + f"/v2/models/{MODEL}/versions/v9/infer", json={"inputs": json_inputs([1.0], ["a"])}) as r:
         assert r.status == 404 and "v9" in (await r.json())["error"]
@@ -117,13 +130,18 @@ async def test_binary_inputs_and_outputs(gw: InProcessGateway) -> None:
     await deploy(gw)
     x = np.array([0.5, -1.0, 3.0], dtype=np.float64).tobytes()
     labels = bytes_blob([b"one", b"\xff\xfe", b"three"])  # the second is not UTF-8: must come back binary
-    head = orjson.dumps({
-        "inputs": [
-            {"name": "x", "shape": [3], "datatype": "FP64", "parameters": {"binary_data_size": len(x)}},
-            {"name": "label", "shape": [3, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(labels)}},
-        ],
-        "outputs": [{"name": "double", "parameters": {"binary_data": True}}, {"name": "echo", "parameters": {"binary_data": False}}],
-    })
+    head = orjson.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [3], "datatype": "FP64", "parameters": {"binary_data_size": len(x)}},
+                {"name": "label", "shape": [3, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(labels)}},
+            ],
+            "outputs": [
+                {"name": "double", "parameters": {"binary_data": True}},
+                {"name": "echo", "parameters": {"binary_data": False}},
+            ],
+        }
+    )
     headers = {"Inference-Header-Content-Length": str(len(head))}
     async with gw.session.post(gw.url + INFER, data=head + x + labels, headers=headers, skip_auto_headers=["Content-Type"]) as r:
         assert r.status == 200, await r.text()
@@ -135,8 +153,11 @@ async def test_binary_inputs_and_outputs(gw: InProcessGateway) -> None:
     assert blobs["echo"] == labels  # asked for JSON, but non-UTF-8 bytes can only go binary
 
     # binary_data_output asks for every output in binary unless one says otherwise.
-    payload = {"parameters": {"binary_data_output": True}, "inputs": json_inputs([2.0], ["ok"]),
-               "outputs": [{"name": "double"}, {"name": "echo", "parameters": {"binary_data": False}}]}
+    payload = {
+        "parameters": {"binary_data_output": True},
+        "inputs": json_inputs([2.0], ["ok"]),
+        "outputs": [{"name": "double"}, {"name": "echo", "parameters": {"binary_data": False}}],
+    }
     async with gw.session.post(gw.url + INFER, json=payload) as r:
         reply, blobs = split_binary(await r.read(), int(r.headers["Inference-Header-Content-Length"]))
     assert np.frombuffer(blobs["double"], dtype="<f8").tolist() == [4.0]
@@ -168,13 +189,29 @@ BAD_REQUESTS: list[tuple[str, Any, str]] = [
     ("fraction as int", {"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": [1.5]}]}, "'x'"),
     ("numbers as BYTES", {"inputs": [{"name": "label", "shape": [1], "datatype": "BYTES", "data": [3]}]}, "'label'"),
     ("negative shape", {"inputs": [{"name": "x", "shape": [-1], "datatype": "FP64", "data": [1]}]}, "'x'"),
-    ("two values per row", {"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP64", "data": [1, 2, 3, 4]},
-                                       {"name": "label", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}, "'x'"),
+    (
+        "two values per row",
+        {
+            "inputs": [
+                {"name": "x", "shape": [2, 2], "datatype": "FP64", "data": [1, 2, 3, 4]},
+                {"name": "label", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]},
+            ]
+        },
+        "'x'",
+    ),
     ("rows disagree", {"inputs": json_inputs([1.0, 2.0], ["a"])}, "rows"),
     ("no data", {"inputs": [{"name": "x", "shape": [1], "datatype": "FP64"}]}, "'x'"),
-    ("missing binary", {"inputs": [{"name": "x", "shape": [1], "datatype": "FP64", "parameters": {"binary_data_size": 8}}]}, "'x'"),
+    (
+        "missing binary",
+        {"inputs": [{"name": "x", "shape": [1], "datatype": "FP64", "parameters": {"binary_data_size": 8}}]},
+        "'x'",
+    ),
     ("unknown output", {"inputs": json_inputs([1.0], ["a"]), "outputs": [{"name": "nope"}]}, "nope"),
-    ("bad binary_data", {"inputs": json_inputs([1.0], ["a"]), "outputs": [{"name": "echo", "parameters": {"binary_data": "yes"}}]}, "'echo'"),
+    (
+        "bad binary_data",
+        {"inputs": json_inputs([1.0], ["a"]), "outputs": [{"name": "echo", "parameters": {"binary_data": "yes"}}]},
+        "'echo'",
+    ),
     ("bad content_type", {"parameters": {"content_type": "xml"}, "inputs": json_inputs([1.0], ["a"])}, "content_type"),
 ]
 
@@ -230,12 +267,16 @@ async def test_v2_and_v1_are_routed_shadowed_and_logged_like_score(tmp_path: Any
             payload = {"parameters": {"reqid": f"v2-{i}"}, "inputs": json_inputs([1.0], ["a"])}
             async with gw.session.post(gw.url + INFER, json=payload) as r:
                 assert (await r.json())["model_version"] == "live"
-        async with gw.session.post(gw.url + "/v1/models/acme.demo.1:predict",
-                                   json={"parameters": {"reqid": "v1-0"}, "instances": [{"x": 2.0, "label": "b"}]}) as r:
+        async with gw.session.post(
+            gw.url + "/v1/models/acme.demo.1:predict",
+            json={"parameters": {"reqid": "v1-0"}, "instances": [{"x": 2.0, "label": "b"}]},
+        ) as r:
             assert r.status == 200
         # A version in the path answers from that release only: no shadow copy.
-        async with gw.session.post(gw.url + f"/v2/models/{MODEL}/versions/cand/infer",
-                                   json={"parameters": {"reqid": "direct"}, "inputs": json_inputs([1.0], ["a"])}) as r:
+        async with gw.session.post(
+            gw.url + f"/v2/models/{MODEL}/versions/cand/infer",
+            json={"parameters": {"reqid": "direct"}, "inputs": json_inputs([1.0], ["a"])},
+        ) as r:
             assert (await r.json())["model_version"] == "cand"
         async with gw.session.get(gw.url + "/acme/demo/1/stats") as r:
             stats = {m["ServableMetrics"]["fqrv"]["releaseVersion"]: m["ServableMetrics"] for m in await r.json()}
@@ -243,12 +284,16 @@ async def test_v2_and_v1_are_routed_shadowed_and_logged_like_score(tmp_path: Any
         assert (int(stats["cand"]["scoreCount"]), int(stats["cand"]["shadeCount"])) == (1, 4)
     log = tmp_path / "data" / "predictions.jsonl"
     events = [orjson.loads(line)["event"] for line in log.read_bytes().splitlines() if line.strip()]
+
     # V2 events carry the request as it was sent (wireRequest); V1 ones ForestFlow's InferenceRequest.
     def reqid(e: dict[str, Any]) -> str:
         return e["wireRequest"]["parameters"]["reqid"] if e["protocol"] == "v2" else e["inferenceRequest"]["configs"]["reqid"]
 
     seen = sorted((e["fqrv"]["releaseVersion"], bool(e.get("servedRequest")), reqid(e), e["protocol"]) for e in events)
-    expected = [("cand", False, f"v2-{i}", "v2") for i in range(3)] + [("cand", False, "v1-0", "v1"), ("cand", True, "direct", "v2")]
+    expected = [("cand", False, f"v2-{i}", "v2") for i in range(3)] + [
+        ("cand", False, "v1-0", "v1"),
+        ("cand", True, "direct", "v2"),
+    ]
     expected += [("live", True, f"v2-{i}", "v2") for i in range(3)] + [("live", True, "v1-0", "v1")]
     assert seen == sorted(expected)
 

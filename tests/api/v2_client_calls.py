@@ -8,8 +8,8 @@ and kserve cannot share a process (both register ``inference.*`` protobuf names)
 
 The job: ``{"http": "host:port", "grpc": "host:port", "repo": path, "model", "version",
 "columns": [{name, datatype, values}], "outputs": [names], "bad_input": name}``; kserve_v1 takes
-``{"http": "host:port", "calls": [{"model", "body"}]}`` and sends each body as it is. Every answer is recorded, errors included, so that
-the test (not this script) decides what is right.
+``{"http": "host:port", "calls": [{"model", "body"}]}`` and sends each body as it is. Every answer is recorded,
+errors included, so that the test (not this script) decides what is right.
 """
 
 from __future__ import annotations
@@ -62,8 +62,12 @@ def private_pool(repo: str, request_class: Any) -> dict[str, Any]:
     ours.raw_input_contents.append(bytes(16))
     theirs = request_class.FromString(ours.SerializeToString())
     back = messages()["ModelInferRequest"].FromString(theirs.SerializeToString())
-    return {"round_trip": back == ours, "name": theirs.inputs[0].name, "shape": list(theirs.inputs[0].shape),
-            "param": theirs.inputs[0].parameters["k"].int64_param}
+    return {
+        "round_trip": back == ours,
+        "name": theirs.inputs[0].name,
+        "shape": list(theirs.inputs[0].shape),
+        "param": theirs.inputs[0].parameters["k"].int64_param,
+    }
 
 
 # ---- tritonclient --------------------------------------------------------------------------------
@@ -106,8 +110,11 @@ def triton_family(job: dict[str, Any], family: str, mod: Any) -> dict[str, Any]:
     def outputs_of(result: Any) -> dict[str, Any]:
         response = result.get_response(**as_json)
         names = [o["name"] for o in response["outputs"]]
-        return {"id": response.get("id"), "model_version": response.get("model_version"),
-                "outputs": {n: plain(result.as_numpy(n)) for n in names}}
+        return {
+            "id": response.get("id"),
+            "model_version": response.get("model_version"),
+            "outputs": {n: plain(result.as_numpy(n)) for n in names},
+        }
 
     r["live"], r["ready"] = c.is_server_live(), c.is_server_ready()
     r["model_ready"] = c.is_model_ready(model)
@@ -121,9 +128,9 @@ def triton_family(job: dict[str, Any], family: str, mod: Any) -> dict[str, Any]:
     if family == "http":
         json_out = [mod.InferRequestedOutput(first, binary_data=False)]
         r["infer_json"] = outputs_of(c.infer(model, inputs(False), outputs=json_out))
-        r["infer_gzip"] = outputs_of(c.infer(
-            model, inputs(True), request_compression_algorithm="gzip", response_compression_algorithm="gzip"
-        ))
+        r["infer_gzip"] = outputs_of(
+            c.infer(model, inputs(True), request_compression_algorithm="gzip", response_compression_algorithm="gzip")
+        )
     else:
         r["infer_subset"] = outputs_of(c.infer(model, inputs(True), outputs=[mod.InferRequestedOutput(first)]))
     r["unknown_model"] = error(c.infer, UNKNOWN, inputs(True))
@@ -140,7 +147,6 @@ async def kserve(job: dict[str, Any]) -> dict[str, Any]:
     import grpc
     import httpx
     from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig
-
     from kserve.protocol.grpc import grpc_predict_v2_pb2
 
     model = job["model"]
@@ -158,8 +164,11 @@ async def kserve(job: dict[str, Any]) -> dict[str, Any]:
         return InferRequest(model_name=name, infer_inputs=inputs, request_id="req-k")
 
     def outputs_of(response: Any) -> dict[str, Any]:
-        return {"id": response.id, "model_name": response.model_name,
-                "outputs": {o.name: plain(o.as_numpy()) for o in response.outputs}}
+        return {
+            "id": response.id,
+            "model_name": response.model_name,
+            "outputs": {o.name: plain(o.as_numpy()) for o in response.outputs},
+        }
 
     async def error(call: Any) -> dict[str, Any]:
         try:

@@ -65,8 +65,12 @@ async def run_clients(python: Path, family: str, job: dict[str, Any], timeout_s:
     """Run one client family against the gateway without blocking its event loop."""
     job = {"repo": str(ROOT), **job}
     proc = await asyncio.create_subprocess_exec(
-        str(python), str(CLIENT_SCRIPT), family,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        str(python),
+        str(CLIENT_SCRIPT),
+        family,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(json.dumps(job).encode()), timeout_s)

@@ -28,7 +28,9 @@ async def client(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(call, *args, **kwargs)
 
 
-async def execute_multi(uri: str, inputs: list[np.ndarray], names: list[str] | None, outputs: list[str] | None = None, config: str | None = None) -> list[np.ndarray]:
+async def execute_multi(
+    uri: str, inputs: list[np.ndarray], names: list[str] | None, outputs: list[str] | None = None, config: str | None = None
+) -> list[np.ndarray]:
     """The official client's execute_multi."""
     return await client(remote.execute_multi, uri, inputs, names, outputs, config)
 

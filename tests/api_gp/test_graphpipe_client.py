@@ -36,7 +36,10 @@ async def test_metadata_describes_the_active_release(gw: InProcessGateway) -> No
     async with gw.session.get(gw.url + GP_PATH) as r:
         described = await r.json()
     assert described["version"] == "acme.demo.1.v2" and described["server"] == "forestflow"
-    assert [(i["name"], i["type"], i["shape"]) for i in described["inputs"]] == [("x", "Float64", [-1, 1]), ("label", "String", [-1, 1])]
+    assert [(i["name"], i["type"], i["shape"]) for i in described["inputs"]] == [
+        ("x", "Float64", [-1, 1]),
+        ("label", "String", [-1, 1]),
+    ]
 
 
 async def test_execute_multi_gives_the_same_predictions_as_score(gw: InProcessGateway) -> None:

@@ -113,11 +113,18 @@ def test_responses_of_every_type_parse_with_the_official_reader_and_keep_data_al
     n = 5
     rng = np.random.default_rng(5)
     columns = {
-        "f64": rng.normal(size=n), "f32": rng.normal(size=n).astype(np.float32), "f16": rng.normal(size=n).astype(np.float16),
-        "i8": np.array([-128, 0, 1, 127, -1], dtype=np.int8), "i16": np.arange(n, dtype=np.int16) - 3,
-        "i32": np.arange(n, dtype=np.int32) * -7, "i64": np.array([-(2**62), 0, 2**40, 7, -1], dtype=np.int64),
-        "u8": np.arange(n, dtype=np.uint8), "u16": np.arange(n, dtype=np.uint16) * 300, "u32": np.arange(n, dtype=np.uint32) * 2**30,
-        "u64": np.arange(n, dtype=np.uint64) * 2**62, "flag": np.array([True, False, True, True, False]),
+        "f64": rng.normal(size=n),
+        "f32": rng.normal(size=n).astype(np.float32),
+        "f16": rng.normal(size=n).astype(np.float16),
+        "i8": np.array([-128, 0, 1, 127, -1], dtype=np.int8),
+        "i16": np.arange(n, dtype=np.int16) - 3,
+        "i32": np.arange(n, dtype=np.int32) * -7,
+        "i64": np.array([-(2**62), 0, 2**40, 7, -1], dtype=np.int64),
+        "u8": np.arange(n, dtype=np.uint8),
+        "u16": np.arange(n, dtype=np.uint16) * 300,
+        "u32": np.arange(n, dtype=np.uint32) * 2**30,
+        "u64": np.arange(n, dtype=np.uint64) * 2**62,
+        "flag": np.array([True, False, True, True, False]),
         "text": np.array(["a", "é", "", "long" * 80, None], dtype=object),
         "blob": np.array([b"\x00\x01", b"", b"x", b"yz", b"\xff"], dtype=object),
         "vec": rng.normal(size=(n, 3)),

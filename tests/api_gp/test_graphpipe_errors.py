@@ -34,8 +34,18 @@ async def test_client_errors_carry_our_message(gw: InProcessGateway) -> None:
         ([np.array([1.0])], ["nope"], None, "unknown input 'nope'; the model takes x, label"),
         ([np.array([1.0]), np.array(["a"])], ["x", "x"], None, "duplicate names"),
         ([np.array([1.0, 2.0]), np.array(["a"])], ["x", "label"], None, "disagree on the record count"),
-        ([np.array([[1.0, 2.0]])], None, None, "expected one String tensor for categorical inputs and one numeric tensor for numeric inputs"),
-        ([np.array([[1.0, 2.0]]), np.array([["a"]])], None, None, "the numeric tensor has 2 values per record for 1 numeric input(s) (x)"),
+        (
+            [np.array([[1.0, 2.0]])],
+            None,
+            None,
+            "expected one String tensor for categorical inputs and one numeric tensor for numeric inputs",
+        ),
+        (
+            [np.array([[1.0, 2.0]]), np.array([["a"]])],
+            None,
+            None,
+            "the numeric tensor has 2 values per record for 1 numeric input(s) (x)",
+        ),
         ([np.array([[1.0]]), np.array([[2.0]])], None, None, "got an extra numeric one"),
         ([np.array([1.0])], ["x"], ["double", "nope"], "unknown output(s) nope; available: double, echo"),
         ([np.zeros((0, 1))], ["x"], None, "at least one record"),
@@ -138,6 +148,8 @@ async def test_concurrent_garbage_does_not_disturb_good_requests(gw: InProcessGa
 async def test_a_body_over_the_limit_is_a_413_entry(tmp_path: Path) -> None:
     async with serve_in_process(tmp_path / "data", max_body_bytes=4096) as gw:
         await deploy(gw, python_servable())
-        _, errors = await post_raw(gw, bytes(convert.serialize_infer_request(convert.InferReq(None, [np.zeros(1000)], ["x"], None))))
+        _, errors = await post_raw(
+            gw, bytes(convert.serialize_infer_request(convert.InferReq(None, [np.zeros(1000)], ["x"], None)))
+        )
         assert errors == [{"code": 413, "message": b"request body over the limit of 4096 bytes"}]
         await assert_still_serving(gw)

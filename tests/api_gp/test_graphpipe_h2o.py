@@ -43,7 +43,12 @@ def score_body(rows: list[dict[str, str]], numeric: list[str]) -> dict[str, Any]
     return {
         "schema": [{"type": "String", "fields": CATEGORICAL}, {"type": "Float64", "fields": numeric}],
         "datum": [
-            {"tensors": [{"String": {"data": [r[c] for c in CATEGORICAL]}}, {"Float64": {"data": [float(r[n]) for n in numeric]}}]}
+            {
+                "tensors": [
+                    {"String": {"data": [r[c] for c in CATEGORICAL]}},
+                    {"Float64": {"data": [float(r[n]) for n in numeric]}},
+                ]
+            }
             for r in rows
         ],
     }

@@ -94,7 +94,12 @@ async def test_without_an_active_release_the_shadow_still_gets_its_copy(gw: InPr
 async def test_shadow_without_the_requested_outputs_logs_all_of_its_own(gw: InProcessGateway) -> None:
     await deploy(gw, python_servable(contract_settings=KEEP_TWO))
     types_dir = FIXTURES / "servables" / "gp_types"
-    await deploy(gw, python_servable(release="types", validity=[{"NeverValid": {}}], log_level="FULL", key_features=["reqid"], directory=types_dir))
+    await deploy(
+        gw,
+        python_servable(
+            release="types", validity=[{"NeverValid": {}}], log_level="FULL", key_features=["reqid"], directory=types_dir
+        ),
+    )
     outputs, errors = await post_raw(gw, infer_bytes([2.0], "reqid:k", ["double"]))
     assert errors == [] and len(outputs) == 1 and outputs[0].tolist() == [[4.0]]
     [line] = await wait_for_events(data_dir(gw) / "predictions.gp.jsonl", 1)

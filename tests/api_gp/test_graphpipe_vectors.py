@@ -75,23 +75,49 @@ async def test_execute_multi_maps_unnamed_tensors_in_metadata_order(gw: InProces
     np.testing.assert_array_equal(scaled, X * np.array([[2.0], [0.5]], dtype=np.float32))
     assert [v.decode() for v in label[:, 0]] == ["a:12", "ü:11.25"]
     # By name, in any order, scalars as [n, 1]; outputs exactly as asked.
-    label, scaled = await execute_multi(multi, [tag.reshape(2, 1), X, scale.reshape(2, 1)], ["TAG", "INPUT0", "SCALE"], ["LABEL", "SCALED"])
+    label, scaled = await execute_multi(
+        multi, [tag.reshape(2, 1), X, scale.reshape(2, 1)], ["TAG", "INPUT0", "SCALE"], ["LABEL", "SCALED"]
+    )
     assert [v.decode() for v in label[:, 0]] == ["a:12", "ü:11.25"] and scaled.shape == (2, 4)
 
 
 async def test_bad_vector_requests_get_error_entries(gw: InProcessGateway) -> None:
     vector, multi = await deploy_both(gw)
     cases: list[tuple[str, list[np.ndarray], list[str] | None, list[str] | None, str]] = [
-        (vector, [np.ones((2, 3), np.float32)], None, None, "input_tensors[0]: shape [2, 3] does not fit input 'INPUT0' (declared [-1, 4]: send [n, 4])"),
+        (
+            vector,
+            [np.ones((2, 3), np.float32)],
+            None,
+            None,
+            "input_tensors[0]: shape [2, 3] does not fit input 'INPUT0' (declared [-1, 4]: send [n, 4])",
+        ),
         (vector, [np.ones(8, np.float32)], None, None, "input_tensors[0]: shape [8] does not fit input 'INPUT0'"),
-        (vector, [np.ones((2, 2, 2), np.float32)], ["INPUT0"], None, "input_tensors[0]: shape [2, 2, 2] does not fit input 'INPUT0'"),
+        (
+            vector,
+            [np.ones((2, 2, 2), np.float32)],
+            ["INPUT0"],
+            None,
+            "input_tensors[0]: shape [2, 2, 2] does not fit input 'INPUT0'",
+        ),
         (vector, [np.array([["a"] * 4])], None, None, "input_tensors[0]: a String tensor for input 'INPUT0', which takes FP32"),
         (vector, [X, X], None, None, "got 2 tensor(s) without input_names for 1 input(s) (INPUT0)"),
         (vector, [X], None, ["OUTPUT0", "nope"], "unknown output(s) nope; available: OUTPUT0"),
         (vector, [X], None, ["OUTPUT0", "OUTPUT0"], "output_names: duplicate names"),
         (multi, [X, np.array([2.0, 0.5])], None, None, "got 2 tensor(s) without input_names for 3 input(s) (INPUT0, SCALE, TAG)"),
-        (multi, [X, np.ones((2, 2)), np.array(["a", "b"])], None, None, "input_tensors[1]: shape [2, 2] has more than one value per record; input 'SCALE' takes one"),
-        (multi, [X, np.array(["a", "b"]), np.array([1.0, 2.0])], None, None, "input_tensors[1]: a String tensor for input 'SCALE', which takes FP64"),
+        (
+            multi,
+            [X, np.ones((2, 2)), np.array(["a", "b"])],
+            None,
+            None,
+            "input_tensors[1]: shape [2, 2] has more than one value per record; input 'SCALE' takes one",
+        ),
+        (
+            multi,
+            [X, np.array(["a", "b"]), np.array([1.0, 2.0])],
+            None,
+            None,
+            "input_tensors[1]: a String tensor for input 'SCALE', which takes FP64",
+        ),
     ]
     for uri, inputs, names, outputs, message in cases:
         with pytest.raises(Exception) as caught:

@@ -13,6 +13,7 @@ from forestflow.codecs.schema_datum import TENSOR_KEY, type_groups
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 
+
 # The oracle: the same messages built field by field through the protobuf API.
 def _fill_proto_datums(frame: Frame, schema: Any, datums: Any) -> None:
     groups = type_groups(frame)
@@ -124,7 +125,9 @@ def test_read_varint_reads_what_varint_writes(value: int) -> None:
     assert read_varint(memoryview(data), 1) == (value, len(data) - 4)
 
 
-@pytest.mark.parametrize(("data", "pos"), [(b"", 0), (b"\x80", 0), (b"\x80\x80", 1), (b"\x01", 1), (b"\x01", -1), (b"\xff" * 11, 0)])
+@pytest.mark.parametrize(
+    ("data", "pos"), [(b"", 0), (b"\x80", 0), (b"\x80\x80", 1), (b"\x01", 1), (b"\x01", -1), (b"\xff" * 11, 0)]
+)
 def test_read_varint_refuses_what_is_cut_short(data: bytes, pos: int) -> None:
     with pytest.raises(ValueError, match="no whole varint"):
         read_varint(data, pos)
@@ -165,9 +168,18 @@ def any_frame(draw: Any) -> Frame:
         elif kind == "bytes":
             col = np.array(draw(st.lists(st.binary(max_size=8), min_size=size, max_size=size)) + [b""], dtype=object)[:size]
         elif kind == "unicode-fixed":
-            col = np.array(draw(st.lists(st.text(alphabet="abcé", min_size=1, max_size=4), min_size=size, max_size=size)), dtype="U4")
+            col = np.array(
+                draw(st.lists(st.text(alphabet="abcé", min_size=1, max_size=4), min_size=size, max_size=size)), dtype="U4"
+            )
         elif kind == "bytes-fixed":
-            col = np.array(draw(st.lists(st.binary(min_size=1, max_size=4).filter(lambda b: not b.endswith(b"\x00")), min_size=size, max_size=size)), dtype="S4")
+            col = np.array(
+                draw(
+                    st.lists(
+                        st.binary(min_size=1, max_size=4).filter(lambda b: not b.endswith(b"\x00")), min_size=size, max_size=size
+                    )
+                ),
+                dtype="S4",
+            )
         else:
             col = _numbers(np.dtype(draw(st.sampled_from(_NUMERIC))), size, draw)
         if shape == "vector":
@@ -217,7 +229,11 @@ def test_text_columns_of_the_wrong_kind_are_refused_clearly() -> None:
 def test_c_writer_on_either_side_of_its_stack_buffers(columns: int, rows: int) -> None:
     # Up to 32 columns and 16 records the writer works in stack buffers, past that in the heap.
     rng = np.random.default_rng(columns * 100 + rows)
-    kinds = [lambda: rng.normal(size=rows), lambda: rng.integers(-9, 9, size=rows), lambda: np.array([f"t{i}" for i in range(rows)], dtype=object)]
+    kinds = [
+        lambda: rng.normal(size=rows),
+        lambda: rng.integers(-9, 9, size=rows),
+        lambda: np.array([f"t{i}" for i in range(rows)], dtype=object),
+    ]
     frame = Frame({f"c{i}": kinds[i % 3]() for i in range(columns)}, {})
     configs = {"user": "u1", "region": "eu"}
     assert pb.InferenceRequest.FromString(inference_request_bytes(frame, configs)) == request_to_proto(frame, configs)
@@ -238,9 +254,14 @@ def test_c_writer_reads_numpy_arrays_of_one_element_whatever_stride_they_report(
 def test_event_head_checks_its_arguments() -> None:
     good: list[Any] = [b"\x10\x01", 1700000000000, "req-1", b"", 1.5, 200, b""]
     assert _ffwire.event_head(*good)[:2] == b"\x10\x01"
-    for at, bad, error in [(0, "text", "argument 1 must be bytes, not str"), (1, 1.5, "argument 2 must be int, not float"),
-                           (2, b"req", "argument 3 must be str, not bytes"), (3, None, "argument 4 must be bytes, not NoneType"),
-                           (5, "200", "argument 6 must be int, not str"), (6, bytearray(), "argument 7 must be bytes, not bytearray")]:
+    for at, bad, error in [
+        (0, "text", "argument 1 must be bytes, not str"),
+        (1, 1.5, "argument 2 must be int, not float"),
+        (2, b"req", "argument 3 must be str, not bytes"),
+        (3, None, "argument 4 must be bytes, not NoneType"),
+        (5, "200", "argument 6 must be int, not str"),
+        (6, bytearray(), "argument 7 must be bytes, not bytearray"),
+    ]:
         args = list(good)
         args[at] = bad
         with pytest.raises(TypeError, match=error):

@@ -37,37 +37,50 @@ def oracle_schema_datum(frame: Frame) -> tuple[list[Any], list[Any]]:
             values: list[Any] = []
             for name in names:
                 cell = frame.columns[name][r]
-                values += [_value(ff_type, v) for v in (cell.tolist() if isinstance(cell, np.ndarray) else [cell.item() if hasattr(cell, "item") else cell])]
+                values += [
+                    _value(ff_type, v)
+                    for v in (cell.tolist() if isinstance(cell, np.ndarray) else [cell.item() if hasattr(cell, "item") else cell])
+                ]
             tensors.append({TENSOR_KEY[ff_type]: {"data": values}})
         datum.append({"tensors": tensors})
     return [{"type": t, "fields": names} for t, names in groups], datum
 
 
 FRAMES = {
-    "binomial": Frame({
-        "predict": np.array(["yes", "no", "yes"], dtype=object),
-        "no": np.array([0.25, 0.5, float("nan")]),
-        "yes": np.array([0.75, 0.5, 1e-300]),
-    }),
-    "every type and vectors": Frame({
-        "i64": np.array([2**62, -1], dtype=np.int64),
-        "i32": np.array([7, -7], dtype=np.int32),
-        "f32": np.array([1.5, -0.25], dtype=np.float32),
-        "flag": np.array([True, False]),
-        "blob": np.array([b"\x00\xff", b"ok"], dtype=object),
-        "vec": np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]),
-        "text": np.array(['quote " and \\ and \u00e9', "x"], dtype=object),
-    }),
+    "binomial": Frame(
+        {
+            "predict": np.array(["yes", "no", "yes"], dtype=object),
+            "no": np.array([0.25, 0.5, float("nan")]),
+            "yes": np.array([0.75, 0.5, 1e-300]),
+        }
+    ),
+    "every type and vectors": Frame(
+        {
+            "i64": np.array([2**62, -1], dtype=np.int64),
+            "i32": np.array([7, -7], dtype=np.int32),
+            "f32": np.array([1.5, -0.25], dtype=np.float32),
+            "flag": np.array([True, False]),
+            "blob": np.array([b"\x00\xff", b"ok"], dtype=object),
+            "vec": np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]),
+            "text": np.array(['quote " and \\ and \u00e9', "x"], dtype=object),
+        }
+    ),
     "zero rows": Frame({"predict": np.array([], dtype=np.float64)}),
-    "one row with vectors, bytes and int64": Frame({
-        "vec": np.array([[1.0, float("nan")]]), "blob": np.array([b"\x01"], dtype=object),
-        "i64": np.array([[5, 6]], dtype=np.int64), "flag": np.array([True]),
-    }),
-    "row boundaries inside values": Frame({
-        "a": np.array(['x"],["y', '"],["', "],["], dtype=object),
-        "b": np.array(["\\", '\\"', "end"], dtype=object),
-        "n": np.array([[1, 2], [3, 4], [5, 6]], dtype=np.int64),
-    }),
+    "one row with vectors, bytes and int64": Frame(
+        {
+            "vec": np.array([[1.0, float("nan")]]),
+            "blob": np.array([b"\x01"], dtype=object),
+            "i64": np.array([[5, 6]], dtype=np.int64),
+            "flag": np.array([True]),
+        }
+    ),
+    "row boundaries inside values": Frame(
+        {
+            "a": np.array(['x"],["y', '"],["', "],["], dtype=object),
+            "b": np.array(["\\", '\\"', "end"], dtype=object),
+            "n": np.array([[1, 2], [3, 4], [5, 6]], dtype=np.int64),
+        }
+    ),
     "a null among strings, a one-row frame": Frame({"s": np.array([None], dtype=object), "t": np.array(["k"], dtype=object)}),
     "nulls among strings": Frame({"s": np.array(["a", None, "c"], dtype=object)}),
     "empty vectors": Frame({"v": np.zeros((2, 0))}),
@@ -78,8 +91,11 @@ FRAMES = {
 def test_prediction_json_equals_the_per_row_construction(name: str) -> None:
     frame = FRAMES[name]
     schema, datum = oracle_schema_datum(frame)
-    expected = {"fqrv": {"contract": {"organization": "org", "project": "proj", "contractNumber": 3}, "releaseVersion": "r1"},
-                "schema": schema, "datum": datum}
+    expected = {
+        "fqrv": {"contract": {"organization": "org", "project": "proj", "contractNumber": 3}, "releaseVersion": "r1"},
+        "schema": schema,
+        "datum": datum,
+    }
     assert orjson.loads(prediction_json(FQ, frame)) == expected
     assert orjson.loads(prediction_json(FQ, frame, ["typo"])) == {**expected, "unknownInputs": ["typo"]}
 
@@ -93,11 +109,13 @@ def test_request_json_equals_the_per_row_construction(name: str) -> None:
 
 
 def test_a_logged_request_parses_back_to_the_same_frame() -> None:
-    frame = Frame({
-        "RACE": np.array(["1", "2"], dtype=object),
-        "AGE": np.array([65.0, float("nan")]),
-        "PSA": np.array([1.5, 2.5]),
-    })
+    frame = Frame(
+        {
+            "RACE": np.array(["1", "2"], dtype=object),
+            "AGE": np.array([65.0, float("nan")]),
+            "PSA": np.array([1.5, 2.5]),
+        }
+    )
     back, configs = frame_from_json(orjson.loads(request_json(frame, {"reqid": "a"})))
     assert configs == {"reqid": "a"}
     assert back.columns["RACE"].tolist() == ["1", "2"] and back.columns["PSA"].tolist() == [1.5, 2.5]

@@ -38,7 +38,10 @@ def one_request(port: int, x: float) -> tuple[str, object]:
 
 @pytest.mark.slow
 def test_sigterm_mid_stream_answers_every_accepted_request(tmp_path: Path, gateway_process: type[GatewayProcess]) -> None:
-    gw = gateway_process(tmp_path / "data", env={"FORESTFLOW_DRAIN_GRACE_S": "1.0", "FORESTFLOW_SHUTDOWN_TIMEOUT_S": "10", "FORESTFLOW_SCORING_SLOTS": "8"}).start()
+    gw = gateway_process(
+        tmp_path / "data",
+        env={"FORESTFLOW_DRAIN_GRACE_S": "1.0", "FORESTFLOW_SHUTDOWN_TIMEOUT_S": "10", "FORESTFLOW_SCORING_SLOTS": "8"},
+    ).start()
     r = requests.post(gw.url + "/servable", json=python_servable(log_level="FULL"), timeout=60)
     assert r.status_code == 200, r.text
     outcomes: list[tuple[float, str, object, float]] = []
@@ -85,8 +88,10 @@ def test_sigterm_mid_stream_answers_every_accepted_request(tmp_path: Path, gatew
     resets = [(x, detail) for _, kind, detail, x in outcomes if kind == "reset"]
     refused = [x for _, kind, _, x in outcomes if kind == "refused"]
     after_sigterm = [x for started, kind, _, x in outcomes if kind == "answer" and started > sigterm_at[0]]
-    print(f"drain: {len(outcomes)} requests, {len(answers)} answered ({len(after_sigterm)} sent after SIGTERM), "
-          f"{len(refused)} refused, {len(resets)} reset after accept; exit {exit_code}")
+    print(
+        f"drain: {len(outcomes)} requests, {len(answers)} answered ({len(after_sigterm)} sent after SIGTERM), "
+        f"{len(refused)} refused, {len(resets)} reset after accept; exit {exit_code}"
+    )
     assert exit_code == 0, gw.log()
     assert resets == [], resets[:5]
     for x, (status, body) in answers:

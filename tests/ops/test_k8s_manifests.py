@@ -49,19 +49,28 @@ def test_probes_ports_and_settings_match_the_gateway(tmp_path: Path) -> None:
     env: dict[str, str] = {}
     env.update(by_kind("ConfigMap", "forestflow-settings")["data"])
     env.update(by_kind("Secret", "forestflow-secrets")["stringData"])
-    assert {ref.get("configMapRef", ref.get("secretRef"))["name"] for ref in container["envFrom"]} == {"forestflow-settings", "forestflow-secrets"}
+    assert {ref.get("configMapRef", ref.get("secretRef"))["name"] for ref in container["envFrom"]} == {
+        "forestflow-settings",
+        "forestflow-secrets",
+    }
     assert env["FORESTFLOW_ADMIN_TOKEN"] and env["FORESTFLOW_REDIS_URL"].startswith("redis://")
     settings = Settings.load(environ=env)  # the gateway accepts every value (a non-loopback bind needs the token)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"http": settings.port, "grpc": settings.grpc_port}
-    routes = {r.resource.canonical for r in build_app(Settings.load(environ={}, overrides={"data_dir": tmp_path})).router.routes() if r.method == "GET"}
+    routes = {
+        r.resource.canonical
+        for r in build_app(Settings.load(environ={}, overrides={"data_dir": tmp_path})).router.routes()
+        if r.method == "GET"
+    }
     for probe, path in (("livenessProbe", "/health/live"), ("startupProbe", "/health/live"), ("readinessProbe", "/health/ready")):
         get = container[probe]["httpGet"]
         assert get["path"] == path and get["path"] in routes
         assert ports[get["port"]] == settings.port
     assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
     # the pod is given time to drain: grace, in-flight requests, then the log flush
-    assert pod["terminationGracePeriodSeconds"] > settings.drain_grace_s + settings.shutdown_timeout_s + settings.log_flush_timeout_s
+    assert (
+        pod["terminationGracePeriodSeconds"] > settings.drain_grace_s + settings.shutdown_timeout_s + settings.log_flush_timeout_s
+    )
     service = by_kind("Service", "forestflow")
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     assert {p["targetPort"] for p in service["spec"]["ports"]} == {"http", "grpc"}

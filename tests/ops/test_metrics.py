@@ -42,12 +42,20 @@ async def test_metrics_count_requests_latency_servables_and_log(gw: InProcessGat
     for n in range(5):  # unknown contracts: counted, but their names never become label values
         async with gw.session.post(gw.url + f"/nobody/x/{n}/score", json=score_body([1.0])) as r:
             assert r.status == 404
-    async with gw.session.post(gw.url + "/v2/models/acme.demo.1/infer", json={"inputs": [{"name": "x", "datatype": "FP64", "shape": [1], "data": [2.0]}]}) as r:
+    async with gw.session.post(
+        gw.url + "/v2/models/acme.demo.1/infer", json={"inputs": [{"name": "x", "datatype": "FP64", "shape": [1], "data": [2.0]}]}
+    ) as r:
         assert r.status == 200, await r.text()
 
     text, parsed = await scrape(gw)
-    assert value(parsed, "forestflow_requests_total", contract="acme.demo.1", fqrv="acme.demo.1.v1", protocol="basic", status="200") == 3
-    assert value(parsed, "forestflow_requests_total", contract="acme.demo.1", fqrv="acme.demo.1.v1", protocol="v2", status="200") == 1
+    assert (
+        value(parsed, "forestflow_requests_total", contract="acme.demo.1", fqrv="acme.demo.1.v1", protocol="basic", status="200")
+        == 3
+    )
+    assert (
+        value(parsed, "forestflow_requests_total", contract="acme.demo.1", fqrv="acme.demo.1.v1", protocol="v2", status="200")
+        == 1
+    )
     assert value(parsed, "forestflow_requests_total", contract="", fqrv="", protocol="basic", status="404") == 5
     assert "nobody" not in text
     # sub-millisecond buckets, and every scored request in the scoring histogram
@@ -95,7 +103,10 @@ async def test_grpc_calls_are_counted(v2: tuple[Any, Any]) -> None:  # noqa: F81
         await call("ModelInfer", **(raw_request([1.0], [b"a"]) | {"model_name": "no.such.1"}))
     await call("ServerReady")
     _, parsed = await scrape(gw.server)
-    assert value(parsed, "forestflow_requests_total", contract="acme.demo.1", fqrv="acme.demo.1.v1", protocol="v2-grpc", status="OK") == 2
+    assert (
+        value(parsed, "forestflow_requests_total", contract="acme.demo.1", fqrv="acme.demo.1.v1", protocol="v2-grpc", status="OK")
+        == 2
+    )
     assert value(parsed, "forestflow_requests_total", contract="", fqrv="", protocol="v2-grpc", status="NOT_FOUND") == 1
     assert value(parsed, "forestflow_requests_total", contract="", fqrv="", protocol="v2-grpc", status="OK") == 1
     assert value(parsed, "forestflow_scoring_duration_seconds_count", fqrv="acme.demo.1.v1") == 2

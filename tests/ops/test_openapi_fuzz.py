@@ -1,7 +1,7 @@
 """schemathesis against a live gateway serving an H2O model: no server errors, responses as documented.
 
-Bounded: per operation its documented examples, 20 generated positive and 10 negative cases (positive and negative data), admin writes
-with the admin token so their bodies are parsed too.
+Bounded: per operation its documented examples, 20 generated positive and 10 negative cases (positive and
+negative data), admin writes with the admin token so their bodies are parsed too.
 """
 
 from __future__ import annotations
@@ -91,8 +91,14 @@ def test_live_gateway_matches_its_openapi(live_schema: schemathesis.BaseSchema) 
             (operation.as_strategy(GenerationMode.NEGATIVE), MAX_EXAMPLES // 2),
         ]
         for strategy, examples in [*strategies, *generated]:
-            run = settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck),
-                           phases=[Phase.generate], derandomize=True, database=None)(given(strategy)(lambda case: check(case)))
+            run = settings(
+                max_examples=examples,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+                phases=[Phase.generate],
+                derandomize=True,
+                database=None,
+            )(given(strategy)(lambda case: check(case)))
             try:
                 run()
             except Unsatisfiable:  # nothing in this operation can be made invalid (no parameters, no body)

@@ -53,7 +53,9 @@ def test_not_ready_while_servables_load_at_start(tmp_path: Path, gateway_process
     assert body["started"] and body["loading"] == [] and body["servables"] == 1
 
 
-def test_not_ready_while_the_registry_store_is_unreachable_at_start(tmp_path: Path, gateway_process: type[GatewayProcess]) -> None:
+def test_not_ready_while_the_registry_store_is_unreachable_at_start(
+    tmp_path: Path, gateway_process: type[GatewayProcess]
+) -> None:
     redis = RedisServer(tmp_path / "redis", port=free_port())  # not started yet: Redis is away
     gw = gateway_process(tmp_path / "data", env={"FORESTFLOW_REDIS_URL": redis.url, "FORESTFLOW_REDIS_SYNC_INTERVAL_S": "0.2"})
     gw.start(wait_started=False)
@@ -97,7 +99,9 @@ async def test_not_ready_when_the_jvm_of_an_h2o_servable_is_gone(gw: InProcessGa
         assert (await r.json())["unhealthy"] == {}
 
 
-async def test_a_natively_scored_h2o_servable_needs_no_jvm_to_be_ready(gw: InProcessGateway, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_natively_scored_h2o_servable_needs_no_jvm_to_be_ready(
+    gw: InProcessGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with gw.session.post(gw.url + "/servable", json=definition("prostate_gbm_binomial")) as r:  # GBM: native
         assert r.status == 200, await r.text()
     monkeypatch.setattr(jpype, "isJVMStarted", lambda: False)

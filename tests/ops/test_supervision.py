@@ -62,7 +62,11 @@ def test_a_failed_start_exits_non_zero_with_one_line(tmp_path: Path) -> None:
     (data / "state" / "registry.json").write_text("{not json")
     result = subprocess.run(
         [sys.executable, "-m", "forestflow.cli", "serve", "--port", "0", "--grpc-port", "-1", "--data-dir", str(data)],
-        env={"PATH": "/usr/bin:/bin", "FORESTFLOW_DRAIN_GRACE_S": "0"}, capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "FORESTFLOW_DRAIN_GRACE_S": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert result.returncode == 1, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("forestflow: error:")]
@@ -73,12 +77,22 @@ def test_a_failed_start_exits_non_zero_with_one_line(tmp_path: Path) -> None:
 def test_supervisor_waits_for_the_drain_grace_before_sigkill(tmp_path: Path) -> None:
     """A worker that needs its whole drain grace to stop is not killed: it exits 0 (before, the
     wait ignored drain_grace_s and it was SIGKILLed after shutdown + flush timeouts + 5 s)."""
-    settings = Settings.load(environ={}, overrides={
-        "data_dir": tmp_path, "drain_grace_s": 6.0, "shutdown_timeout_s": 0.1, "log_flush_timeout_s": 0.1,
-    })
+    settings = Settings.load(
+        environ={},
+        overrides={
+            "data_dir": tmp_path,
+            "drain_grace_s": 6.0,
+            "shutdown_timeout_s": 0.1,
+            "log_flush_timeout_s": 0.1,
+        },
+    )
     assert stop_deadline_s(settings) >= 6.0 + 0.1 + 0.1
     # Stands for a worker draining for 5.6 s (less than grace + timeouts, more than the old 5.2 s wait).
-    script = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: (time.sleep(5.6), sys.exit(0)))\nprint('up', flush=True)\ntime.sleep(60)\n"
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(5.6), sys.exit(0)))\n"
+        "print('up', flush=True)\ntime.sleep(60)\n"
+    )
     worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     try:
         assert worker.stdout is not None and worker.stdout.readline() == b"up\n"
@@ -91,7 +105,6 @@ def test_supervisor_waits_for_the_drain_grace_before_sigkill(tmp_path: Path) -> 
         if worker.poll() is None:
             worker.kill()
             worker.wait()
-
 
 
 async def test_close_does_not_wait_out_a_restart_backoff(tmp_path: Path) -> None:
@@ -120,9 +133,11 @@ async def test_close_does_not_wait_out_a_restart_backoff(tmp_path: Path) -> None
 
 
 def test_supervisor_passes_sighup_to_its_workers() -> None:
-    script = ("import signal, sys, time\n"
-              "signal.signal(signal.SIGHUP, lambda *a: (print('hup', flush=True), sys.exit(0)))\n"
-              "print('up', flush=True)\ntime.sleep(60)\n")
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGHUP, lambda *a: (print('hup', flush=True), sys.exit(0)))\n"
+        "print('up', flush=True)\ntime.sleep(60)\n"
+    )
     worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     try:
         assert worker.stdout is not None and worker.stdout.readline() == b"up\n"

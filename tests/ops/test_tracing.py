@@ -65,7 +65,9 @@ async def test_a_traced_request_yields_its_spans_the_header_the_log_line_and_the
                 body = python_servable(release=release, log_level="FULL", validity=validity)
                 async with gw.session.post(gw.url + "/servable", json=body) as r:
                     assert r.status == 200
-            async with gw.session.post(gw.url + "/acme/demo/1/score", json=score_body([1.5]), headers={"traceparent": PARENT}) as r:
+            async with gw.session.post(
+                gw.url + "/acme/demo/1/score", json=score_body([1.5]), headers={"traceparent": PARENT}
+            ) as r:
                 assert r.status == 200
                 answer_parent = r.headers["traceparent"]
                 request_id = r.headers["X-Request-Id"]
@@ -123,7 +125,9 @@ async def test_grpc_metadata_traceparent_is_continued(tmp_path: Path) -> None:
                     request_serializer=lambda m: m.SerializeToString(),
                     response_deserializer=bytes,
                 )
-                answer = call(messages()["ModelInferRequest"](**raw_request([1.0], [b"a"])), metadata=(("traceparent", PARENT),), timeout=10)
+                answer = call(
+                    messages()["ModelInferRequest"](**raw_request([1.0], [b"a"])), metadata=(("traceparent", PARENT),), timeout=10
+                )
                 await answer
                 answer_parent = dict(await answer.initial_metadata())["traceparent"]
         await wait_for(lambda: any(s.name == "ModelInfer" for s in spans), 10, "the ModelInfer span exported")

@@ -23,8 +23,17 @@ def chromium() -> webdriver.Chrome:
     driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage", "--window-size=1200,900"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--window-size=1200,900",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return options, Service(executable_path=driver_path)
@@ -33,12 +42,16 @@ def chromium() -> webdriver.Chrome:
 # The page redraws every second: read it in one script call, never through elements kept between calls.
 def shares(driver: webdriver.Chrome, contract: str) -> dict[str, float]:
     """The traffic share the chart drew last, per fqrv."""
-    raw = driver.execute_script(f'const c = document.querySelector(\'canvas.share[data-contract="{contract}"]\'); return c ? c.dataset.lastShares : null;')
+    raw = driver.execute_script(
+        f"const c = document.querySelector('canvas.share[data-contract=\"{contract}\"]'); return c ? c.dataset.lastShares : null;"
+    )
     return json.loads(raw or "{}")
 
 
 def chart_points(driver: webdriver.Chrome, contract: str) -> int:
-    return int(driver.execute_script(f'return document.querySelector(\'canvas.share[data-contract="{contract}"]\').dataset.points;'))
+    return int(
+        driver.execute_script(f"return document.querySelector('canvas.share[data-contract=\"{contract}\"]').dataset.points;")
+    )
 
 
 def text_of(driver: webdriver.Chrome, selector: str) -> str:

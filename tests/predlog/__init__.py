@@ -117,5 +117,3 @@ async def produce_raw(bootstrap: str, topic: str, items: list[tuple[bytes | None
             await producer.send_and_wait(topic, value, key=key)
     finally:
         await producer.stop()
-
-

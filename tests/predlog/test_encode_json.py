@@ -17,13 +17,18 @@ from tests.predlog import make_record
 def records() -> list[PredictionRecord]:
     ok = make_record(3, {"user": "u3"})
     vector = dataclasses.replace(
-        make_record(4), response=Frame.from_columns({"label": ["a", "b"], "p": np.array([[0.25, 0.75], [0.5, 0.5]])}),
+        make_record(4),
+        response=Frame.from_columns({"label": ["a", "b"], "p": np.array([[0.25, 0.75], [0.5, 0.5]])}),
         request=Frame.from_columns({"x": np.array([1.0, 2.0]), "b": np.array([True, False])}),
     )
-    failed = dataclasses.replace(make_record(5), response=None, status=504, error="deadline exceeded", error_code="DeadlineExceeded")
+    failed = dataclasses.replace(
+        make_record(5), response=None, status=504, error="deadline exceeded", error_code="DeadlineExceeded"
+    )
     shadow = make_record(6, served=False)
     gp = make_record(7, {"user": "g"}, graphpipe=True)
-    gp_failed = dataclasses.replace(make_record(8, graphpipe=True), raw_response=None, status=400, error="bad", error_code="InvalidInput")
+    gp_failed = dataclasses.replace(
+        make_record(8, graphpipe=True), raw_response=None, status=400, error="bad", error_code="InvalidInput"
+    )
     return [ok, vector, failed, shadow, gp, gp_failed]
 
 
@@ -36,7 +41,9 @@ def test_json_line_equals_protobuf_json_mapping(record: PredictionRecord) -> Non
 
 
 def test_basic_json_bodies_are_embedded_verbatim() -> None:
-    request_json = b'{"schema":[{"type":"Float64","fields":["x"]}],"datum":[{"tensors":[{"Float64":{"data":[3]}}]}],"configs":{"user":"u3"}}'
+    request_json = (
+        b'{"schema":[{"type":"Float64","fields":["x"]}],"datum":[{"tensors":[{"Float64":{"data":[3]}}]}],"configs":{"user":"u3"}}'
+    )
     response_json = b'{"fqrv":{"releaseVersion":"r"},"schema":[],"datum":[]}'
     record = dataclasses.replace(make_record(3, {"user": "u3"}), request_json=request_json, response_json=response_json)
     event = orjson.loads(encode_event_json(record))["event"]

@@ -70,7 +70,9 @@ def more_records() -> list[PredictionRecord]:
     return [*base, odd, *traced]
 
 
-@pytest.mark.parametrize("record", more_records(), ids=["ok", "vector", "failed", "shadow", "gp", "gp-failed", "odd", "traced", "gp-traced"])
+@pytest.mark.parametrize(
+    "record", more_records(), ids=["ok", "vector", "failed", "shadow", "gp", "gp-failed", "odd", "traced", "gp-traced"]
+)
 def test_event_matches_protobuf_api(record: PredictionRecord) -> None:
     decoded = decode_event(encode_event(record), record.is_graphpipe)
     assert decoded == event_to_proto(record)
@@ -82,7 +84,22 @@ def test_record_fields_keep_the_order_the_service_builds_them_in() -> None:
     # service.Gateway._log_outcome builds records positionally (keywords cost 3x on the request
     # path): a field moved or inserted in the middle would shift every value after it.
     assert [f.name for f in dataclasses.fields(PredictionRecord)] == [
-        "fqrv", "served", "request", "configs", "logging", "request_id", "protocol", "event_time_ms", "latency_ms",
-        "status", "response", "error", "error_code", "raw_request", "raw_response", "request_json", "response_json",
+        "fqrv",
+        "served",
+        "request",
+        "configs",
+        "logging",
+        "request_id",
+        "protocol",
+        "event_time_ms",
+        "latency_ms",
+        "status",
+        "response",
+        "error",
+        "error_code",
+        "raw_request",
+        "raw_response",
+        "request_json",
+        "response_json",
         "trace_id",
     ]

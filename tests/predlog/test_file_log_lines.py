@@ -55,7 +55,8 @@ async def test_pretty_printed_bodies_give_one_parsable_line_per_event(tmp_path: 
             "parameters": {"reqid": "v2-pretty"},
         }
         async with gw.session.post(
-            gw.url + "/v2/models/acme.demo.1/infer", data=json.dumps(v2_body, indent=4).encode(),
+            gw.url + "/v2/models/acme.demo.1/infer",
+            data=json.dumps(v2_body, indent=4).encode(),
             headers={"Content-Type": "application/json"},
         ) as resp:
             assert resp.status == 200, await resp.text()

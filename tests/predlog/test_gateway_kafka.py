@@ -62,7 +62,10 @@ async def test_n_batches_give_n_served_events_keyed_by_configs(broker: KafkaBrok
         expected_key = f"{configs['customer']}/{configs['order']}".encode() if configs else None
         assert record.key == expected_key
         assert dict(event.inferenceRequest.configs) == configs
-        got_x = [d.tensors[[s.type for s in event.inferenceRequest.schema].index(pb.Float64)].Float64.data[0] for d in event.inferenceRequest.datum]
+        got_x = [
+            d.tensors[[s.type for s in event.inferenceRequest.schema].index(pb.Float64)].Float64.data[0]
+            for d in event.inferenceRequest.datum
+        ]
         assert got_x == xs
         assert [d.tensors[0].Float64.data[0] for d in event.prediction.datum] == [2 * x for x in xs]
         assert event.prediction.fqrv.release_version == "v1"
@@ -79,7 +82,9 @@ async def test_broker_stopped_while_1000_requests_are_scored(broker: KafkaBroker
             ids: list[str] = []
 
             async def one(i: int) -> None:
-                async with gw.session.post(gw.url + "/acme/demo/1/score", json=score_body([float(i)], configs={"reqid": str(i)})) as r:
+                async with gw.session.post(
+                    gw.url + "/acme/demo/1/score", json=score_body([float(i)], configs={"reqid": str(i)})
+                ) as r:
                     assert r.status == 200
                     ids.append(r.headers["X-Request-Id"])
 
@@ -108,9 +113,28 @@ def log_stats_delivered(gw: object) -> int:
 def test_logs_tail_cli_prints_json_lines(broker: KafkaBroker, tmp_path: Path) -> None:
     topic = TOPIC + ".n"  # written by the first test of this module
     result = subprocess.run(
-        [sys.executable, "-m", "forestflow.cli", "logs", "tail", "--bootstrap", broker.bootstrap, "--topic", topic,
-         "--from-beginning", "--key", "c1/101", "--max-events", "1", "--idle-timeout", "10"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "forestflow.cli",
+            "logs",
+            "tail",
+            "--bootstrap",
+            broker.bootstrap,
+            "--topic",
+            topic,
+            "--from-beginning",
+            "--key",
+            "c1/101",
+            "--max-events",
+            "1",
+            "--idle-timeout",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]

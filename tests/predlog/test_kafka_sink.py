@@ -130,9 +130,7 @@ async def test_broker_death_mid_run_hands_back_everything_then_fresh_producer_de
 
 
 @pytest.mark.slow
-async def test_recovers_after_the_broker_process_is_killed_and_comes_back_empty(
-    broker: KafkaBroker, topic: str
-) -> None:
+async def test_recovers_after_the_broker_process_is_killed_and_comes_back_empty(broker: KafkaBroker, topic: str) -> None:
     sink = kafka_sink(broker.bootstrap, topic)
     await sink.start()
     try:

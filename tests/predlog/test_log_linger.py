@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from forestflow.predlog import make_prediction_log
 from forestflow.predlog.file_sink import FileSink
 from forestflow.predlog.log import LogEntry, PredictionLog
 from forestflow.settings import Settings
-from forestflow.predlog import make_prediction_log
 from tests.predlog import make_record
 
 

@@ -173,9 +173,7 @@ async def test_overflow_beyond_buffer_counts_every_drop(broker: KafkaBroker, top
 
 @pytest.mark.slow
 @pytest.mark.parametrize("deadline_s", [0.8, 2.5])
-async def test_close_with_broker_down_is_bounded_and_counts_the_rest(
-    broker: KafkaBroker, topic: str, deadline_s: float
-) -> None:
+async def test_close_with_broker_down_is_bounded_and_counts_the_rest(broker: KafkaBroker, topic: str, deadline_s: float) -> None:
     plog = await connected_log(broker, topic)
     await asyncio.to_thread(broker.stop)
     for i in range(300):
@@ -247,12 +245,8 @@ async def test_file_sink_jsonl(tmp_path: Path) -> None:
     basic, gp = await _write_file_log(tmp_path / "log" / "predictions.jsonl", "jsonl")
     lines = [json.loads(line) for line in (tmp_path / "log" / "predictions.jsonl").read_text().splitlines()]
     gp_lines = [json.loads(line) for line in (tmp_path / "log" / "predictions.gp.jsonl").read_text().splitlines()]
-    assert [(d["topic"], d["key"], d["event"]["requestId"]) for d in lines] == [
-        ("basic", r.key, r.request_id) for r in basic
-    ]
-    assert [(d["topic"], d["key"], d["event"]["requestId"]) for d in gp_lines] == [
-        ("graphpipe", "g", r.request_id) for r in gp
-    ]
+    assert [(d["topic"], d["key"], d["event"]["requestId"]) for d in lines] == [("basic", r.key, r.request_id) for r in basic]
+    assert [(d["topic"], d["key"], d["event"]["requestId"]) for d in gp_lines] == [("graphpipe", "g", r.request_id) for r in gp]
     request = lines[5]["event"]["inferenceRequest"]
     assert request["configs"] == {"user": "u5"}
     assert {"type": "Float64", "fields": ["x"]} in request["schema"]

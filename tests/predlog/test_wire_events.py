@@ -22,9 +22,9 @@ from forestflow._proto.grpc_predict_v2 import SERVICE, messages
 from forestflow.codecs.schema_datum import frame_from_json
 from forestflow.predlog.convert import to_forestflow
 from forestflow.predlog.encode import encode_event, encode_event_json, event_to_dict
+from forestflow.predlog.file_tail import tail_file
 from forestflow.predlog.log import LogEntry
 from forestflow.predlog.record import PredictionRecord, WireBody
-from forestflow.predlog.file_tail import tail_file
 from forestflow.predlog.tail import add_tail_arguments, run_tail, tail
 from tests.api.v2_support import v2_gateway
 from tests.kafka_broker import KafkaBroker
@@ -56,10 +56,14 @@ async def test_v2_events_are_logged_as_sent_and_converted_to_forestflow_shape(tm
     async with v2_gateway(tmp_path / "data") as gw:
         await gw.deploy(python_servable(log_level="FULL"))
         # REST, JSON, written over several lines: logged as that document, on one line.
-        rest_doc = {"id": "rest-json", "parameters": {"reqid": "rest-json"}, "inputs": [
-            {"name": "x", "shape": [2], "datatype": "FP64", "data": [1.5, 2.0]},
-            {"name": "label", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]},
-        ]}
+        rest_doc = {
+            "id": "rest-json",
+            "parameters": {"reqid": "rest-json"},
+            "inputs": [
+                {"name": "x", "shape": [2], "datatype": "FP64", "data": [1.5, 2.0]},
+                {"name": "label", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]},
+            ],
+        }
         rest_body = orjson.dumps(rest_doc, option=orjson.OPT_INDENT_2)
         assert b"\n" in rest_body
         async with gw.server.session.post(gw.url + INFER, data=rest_body) as r:
@@ -68,10 +72,16 @@ async def test_v2_events_are_logged_as_sent_and_converted_to_forestflow_shape(tm
         # REST with binary tensors in and out: logged byte for byte with the JSON header's length.
         x = np.array([0.5, -1.0, 3.0], dtype="<f8").tobytes()
         labels = b"".join(struct.pack("<I", len(b)) + b for b in (b"one", b"two", b"three"))
-        head = orjson.dumps({"id": "rest-binary", "parameters": {"reqid": "rest-binary", "binary_data_output": True}, "inputs": [
-            {"name": "x", "shape": [3], "datatype": "FP64", "parameters": {"binary_data_size": len(x)}},
-            {"name": "label", "shape": [3], "datatype": "BYTES", "parameters": {"binary_data_size": len(labels)}},
-        ]})
+        head = orjson.dumps(
+            {
+                "id": "rest-binary",
+                "parameters": {"reqid": "rest-binary", "binary_data_output": True},
+                "inputs": [
+                    {"name": "x", "shape": [3], "datatype": "FP64", "parameters": {"binary_data_size": len(x)}},
+                    {"name": "label", "shape": [3], "datatype": "BYTES", "parameters": {"binary_data_size": len(labels)}},
+                ],
+            }
+        )
         headers = {"Inference-Header-Content-Length": str(len(head))}
         async with gw.server.session.post(gw.url + INFER, data=head + x + labels, headers=headers) as r:
             assert r.status == 200
@@ -88,9 +98,11 @@ async def test_v2_events_are_logged_as_sent_and_converted_to_forestflow_shape(tm
             call = channel.unary_unary(f"/{SERVICE}/ModelInfer", request_serializer=bytes, response_deserializer=bytes)
             grpc_answer = await call(grpc_request)
         # BASIC /score with the same rows as the JSON and gRPC requests: ForestFlow's event, as before.
-        score = {"schema": [{"type": "Float64", "fields": ["x"]}, {"type": "String", "fields": ["label"]}],
-                 "datum": [{"tensors": [{"Float64": {"data": [v]}}, {"String": {"data": [s]}}]} for v, s in ((1.5, "a"), (2.0, "b"))],
-                 "configs": {"reqid": "score"}}
+        score = {
+            "schema": [{"type": "Float64", "fields": ["x"]}, {"type": "String", "fields": ["label"]}],
+            "datum": [{"tensors": [{"Float64": {"data": [v]}}, {"String": {"data": [s]}}]} for v, s in ((1.5, "a"), (2.0, "b"))],
+            "configs": {"reqid": "score"},
+        }
         async with gw.server.session.post(gw.url + "/acme/demo/1/score", json=score) as r:
             assert r.status == 200
     log = tmp_path / "data" / "predictions.jsonl"
@@ -149,9 +161,17 @@ def _wire_record(i: int, request: bytes, response: bytes | None, **kw: Any) -> P
     return record
 
 
-REQUEST = orjson.dumps({"parameters": {"user": "u1"}, "inputs": [{"name": "x", "shape": [2], "datatype": "FP64", "data": [1.0, 2.0]}]})
-RESPONSE = orjson.dumps({"model_name": "a.b.1", "model_version": "r", "id": "req-1",
-                         "outputs": [{"name": "y", "shape": [2], "datatype": "FP64", "data": [2.0, 4.0]}]})
+REQUEST = orjson.dumps(
+    {"parameters": {"user": "u1"}, "inputs": [{"name": "x", "shape": [2], "datatype": "FP64", "data": [1.0, 2.0]}]}
+)
+RESPONSE = orjson.dumps(
+    {
+        "model_name": "a.b.1",
+        "model_version": "r",
+        "id": "req-1",
+        "outputs": [{"name": "y", "shape": [2], "datatype": "FP64", "data": [2.0, 4.0]}],
+    }
+)
 
 
 def test_protobuf_wire_event_carries_the_bytes_and_no_forestflow_copy() -> None:
@@ -164,11 +184,15 @@ def test_protobuf_wire_event_carries_the_bytes_and_no_forestflow_copy() -> None:
     line = orjson.loads(encode_event_json(record))["event"]
     mapped = event_to_dict(encode_event(record))
     assert line["wireRequest"] == orjson.loads(REQUEST) and line["wireResponse"] == orjson.loads(RESPONSE)
-    assert {k: v for k, v in line.items() if not k.startswith("wire")} == {k: v for k, v in mapped.items() if not k.startswith("wire")}
+    assert {k: v for k, v in line.items() if not k.startswith("wire")} == {
+        k: v for k, v in mapped.items() if not k.startswith("wire")
+    }
     # A failed V2 prediction: the request, the status and the error, no answer.
     failed = pb.PredictionEvent.FromString(encode_event(_wire_record(2, REQUEST, None)))
     assert failed.wireRequest == REQUEST and not failed.HasField("wireResponse") and failed.status == 504
-    assert to_forestflow(event_to_dict(encode_event(_wire_record(2, REQUEST, None))))["inferenceRequest"]["configs"] == {"user": "u1"}
+    assert to_forestflow(event_to_dict(encode_event(_wire_record(2, REQUEST, None))))["inferenceRequest"]["configs"] == {
+        "user": "u1"
+    }
 
 
 def test_undecodable_wire_body_is_reported_not_raised() -> None:

@@ -31,8 +31,21 @@ class RedisServer:
         """Start on the same port as before and wait until it answers PING."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir), "--logfile", str(self.workdir / f"redis-{self.port}.log")],
+            [
+                REDIS_SERVER,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--logfile",
+                str(self.workdir / f"redis-{self.port}.log"),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

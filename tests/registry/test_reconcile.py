@@ -73,8 +73,12 @@ async def test_shared_stamps_and_performance_are_adopted_counters_stay_local(tmp
         for _ in range(3):
             assert (await score(gw))[0] == 200
         docs = registry("v1")
-        docs["metrics/acme.demo.1.v1"] = {"createdAtMS": 1, "becameValidAtMS": 12345, "scoreCount": 99,
-                                          "performanceMetrics": {"auc": 0.75}}
+        docs["metrics/acme.demo.1.v1"] = {
+            "createdAtMS": 1,
+            "becameValidAtMS": 12345,
+            "scoreCount": 99,
+            "performanceMetrics": {"auc": 0.75},
+        }
         await gateway.replica_sync.reconcile(docs)
         metrics = gateway.entry(V1).metrics
         assert (metrics.became_valid_at_ms, metrics.performance_metrics, metrics.score_count) == (12345, {"auc": 0.75}, 3)

@@ -19,8 +19,13 @@ FQ = FQRV.parse("acme.demo.1.v1")
 
 
 def metrics(score: int = 0, shade: int = 0, stamp: int | None = None, perf: dict[str, float] | None = None) -> dict:
-    doc = {"createdAtMS": 1000, "scoreCount": score, "shadeCount": shade, "currentPhaseInPct": 100,
-           "performanceMetrics": perf or {}}
+    doc = {
+        "createdAtMS": 1000,
+        "scoreCount": score,
+        "shadeCount": shade,
+        "currentPhaseInPct": 100,
+        "performanceMetrics": perf or {},
+    }
     if stamp is not None:
         doc["becameValidAtMS"] = stamp
     return doc
@@ -49,8 +54,9 @@ async def wait_for(condition: Callable[[], bool | Awaitable[bool]], timeout_s: f
 async def test_documents_round_trip_and_every_change_bumps_the_version(redis_server: RedisServer) -> None:
     async with store(redis_server) as a, store(redis_server) as b:
         assert await a.load() == {}
-        await a.apply({"servable/acme.demo.1.v1": SERVABLE, "contract/acme.demo.1": {"router": "x"},
-                       "routing/acme.demo.1": {"picker": {}}})
+        await a.apply(
+            {"servable/acme.demo.1.v1": SERVABLE, "contract/acme.demo.1": {"router": "x"}, "routing/acme.demo.1": {"picker": {}}}
+        )
         assert a.version == 1
         docs = await b.load()
         assert docs == {"servable/acme.demo.1.v1": SERVABLE, "contract/acme.demo.1": {"router": "x"}}
@@ -236,8 +242,9 @@ async def test_pool_exhaustion_is_a_503_after_the_timeout_not_a_crash(redis_serv
     url = await proxy.start()
     s = RedisStore(url, 5.0, pool_size=2, pool_timeout_s=0.05)
     try:
-        results = await asyncio.gather(*(s.apply({f"contract/acme.demo.{i}": {"n": i}}) for i in range(1, 9)),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(s.apply({f"contract/acme.demo.{i}": {"n": i}}) for i in range(1, 9)), return_exceptions=True
+        )
         errors = [r for r in results if isinstance(r, BaseException)]
         assert errors and all(isinstance(e, StoreUnavailable) for e in errors), results
         assert all("No connection available" in str(e) for e in errors)

@@ -42,8 +42,13 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> flo
     raise AssertionError(f"{what}: not within {timeout_s}s (last: {last!r})")
 
 
-def replicas(gateway_process: type[GatewayProcess], tmp_path: Path, redis: RedisServer, *names: str,
-             sync_interval_s: float = SYNC_INTERVAL_S) -> list[GatewayProcess]:
+def replicas(
+    gateway_process: type[GatewayProcess],
+    tmp_path: Path,
+    redis: RedisServer,
+    *names: str,
+    sync_interval_s: float = SYNC_INTERVAL_S,
+) -> list[GatewayProcess]:
     env = {
         "FORESTFLOW_REDIS_URL": redis.url,
         "FORESTFLOW_REDIS_SYNC_INTERVAL_S": str(sync_interval_s),
@@ -171,9 +176,7 @@ def test_a_lost_pubsub_message_is_caught_by_the_version_check(
 
 
 @pytest.mark.slow
-def test_redis_outage_under_traffic(
-    tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer
-) -> None:
+def test_redis_outage_under_traffic(tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer) -> None:
     a, b = replicas(gateway_process, tmp_path, redis_server, "a", "b")
     assert deploy(a, python_servable(contract_settings=KEEP_THREE)).status_code == 200
     wait_until(lambda: score(b)[0] == 200, 2.0, "B serves v1")
@@ -204,10 +207,15 @@ def test_redis_outage_under_traffic(
         assert requests.get(a.url + "/health/ready", timeout=5).status_code == 200  # the snapshot serves
         # The outage lasts until both replicas have noticed it and served on through it, not a fixed time.
         for gw in (a, b):
-            wait_until(lambda gw=gw: requests.get(gw.url + "/health/ready", timeout=5).json()["storeAvailable"] is False,
-                       20.0, "the replica notices Redis is gone")
+            wait_until(
+                lambda gw=gw: requests.get(gw.url + "/health/ready", timeout=5).json()["storeAvailable"] is False,
+                20.0,
+                "the replica notices Redis is gone",
+            )
         served_during = {name: counts[200] for name, counts in statuses.items()}
-        wait_until(lambda: all(statuses[n][200] >= served_during[n] + 100 for n in statuses), 20.0, "traffic served without Redis")
+        wait_until(
+            lambda: all(statuses[n][200] >= served_during[n] + 100 for n in statuses), 20.0, "traffic served without Redis"
+        )
         redis_server.start()  # same port, and empty: the replicas write their snapshot back
         wait_until(lambda: deploy(b, python_servable(release="v2")).status_code == 200, 5.0, "deploy after Redis returns")
         wait_until(lambda: releases(a) == ["v1", "v2"], 2.0, "A learns the deploy made through B")
@@ -247,13 +255,17 @@ def test_failure_counters_are_summed_over_replicas(
     a, b = replicas(gateway_process, tmp_path, redis_server, "a", "b")
     assert deploy(a, python_servable(contract_settings=KEEP_THREE)).status_code == 200
     failing = python_servable(
-        release="v2", directory=GATES, module="raises.py", log_level="FULL",
+        release="v2",
+        directory=GATES,
+        module="raises.py",
+        log_level="FULL",
         validity=[{"MinServedEventsBasedValidity": {"validAfterMinServedEvents": 2}}],
     )
     assert deploy(a, failing).status_code == 200
     wait_until(
         lambda: releases(b) == ["v1", "v2"] and requests.get(b.url + "/health/ready", timeout=5).status_code == 200,
-        3.0, "B has v1 and v2 loaded",
+        3.0,
+        "B has v1 and v2 loaded",
     )
     sent = 0
     for gw in (a, b, a, b, a, b):

@@ -111,7 +111,7 @@ def roll_out(leader: GatewayProcess, clients: Clients, releases: list[str]) -> N
     for release in releases:
         r = deploy(leader, release_body(release))
         assert r.status_code == 200, r.text
-        wait_until(lambda: clients.everyone_saw(release), 15.0, f"every client answered by {release}")
+        wait_until(lambda release=release: clients.everyone_saw(release), 15.0, f"every client answered by {release}")
 
 
 def assert_no_failures(clients: Clients, minimum: int) -> None:
@@ -151,8 +151,12 @@ def test_rollout_on_two_redis_replicas_answers_every_request(
     a, b = replicas(gateway_process, tmp_path, redis_server)
     assert deploy(a, release_body("v1")).status_code == 200
     wait_until(lambda: requests.post(b.url + SCORE, json=score_body([1.0]), timeout=5).status_code == 200, 5.0, "B serves v1")
-    sessions = [(b.url, requests.Session(), False), (b.url, requests.Session(), True), (b.url, requests.Session(), False),
-                (a.url, requests.Session(), False)]
+    sessions = [
+        (b.url, requests.Session(), False),
+        (b.url, requests.Session(), True),
+        (b.url, requests.Session(), False),
+        (a.url, requests.Session(), False),
+    ]
     with Clients(sessions) as clients:
         wait_until(lambda: clients.everyone_saw("v1"), 10.0, "every client answered")
         roll_out(a, clients, ["v2", "v3", "v4"])
@@ -208,16 +212,24 @@ def test_a_contract_whose_only_release_is_loading_answers_503_not_422(
     slow = python_servable(release="v1", module="slow_load.py")
     slow["flavor"]["Python"]["entryPoint"] = "SlowLoad"
     assert deploy(a, slow).status_code == 200
-    wait_until(lambda: "acme.demo.1.v1" in requests.get(b.url + "/health/ready", timeout=5).json()["loading"], 3.0, "B loading v1")
+    wait_until(
+        lambda: "acme.demo.1.v1" in requests.get(b.url + "/health/ready", timeout=5).json()["loading"], 3.0, "B loading v1"
+    )
     r = requests.post(b.url + SCORE, json=score_body([1.0]), timeout=10)
     assert r.status_code == 503, r.text
     assert r.headers["Retry-After"] == "1"
     assert r.json()["code"] == "ContractNotReady" and "acme.demo.1" in r.json()["error"]
-    r = requests.post(b.url + INFER, json={"inputs": [{"name": "x", "shape": [1], "datatype": "FP64", "data": [1.0]}]}, timeout=10)
+    r = requests.post(
+        b.url + INFER, json={"inputs": [{"name": "x", "shape": [1], "datatype": "FP64", "data": [1.0]}]}, timeout=10
+    )
     assert r.status_code == 503 and "ready" in r.json()["error"], r.text
     wait_until(lambda: requests.post(b.url + SCORE, json=score_body([1.0]), timeout=5).status_code == 200, 10.0, "B serves v1")
     # All releases invalid by policy: still the 422 of ForestFlow.
-    r = requests.put(a.url + "/acme/demo/1/v1/policy-settings", json={"validityPolicy": [{"NeverValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}}, timeout=10)
+    r = requests.put(
+        a.url + "/acme/demo/1/v1/policy-settings",
+        json={"validityPolicy": [{"NeverValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
+        timeout=10,
+    )
     assert r.status_code == 200, r.text
     r = requests.post(a.url + SCORE, json=score_body([1.0]), timeout=10)
     assert r.status_code == 422 and r.json()["code"] == "NoActiveServablesForContract", r.text

@@ -26,8 +26,8 @@ import pytest
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, ServableNotReady
-from forestflow.runtime.h2o_inputs import parse_number
 from forestflow.runtime import inline_probe, jvm
+from forestflow.runtime.h2o_inputs import parse_number
 from forestflow.runtime.h2o_mojo import H2OMojoServable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +121,13 @@ def genmodel_predict(servable: H2OMojoServable, row: dict[str, Any]) -> Any:
 def test_fixtures_cover_the_categories() -> None:
     categories = {INFOS[n]["category"] for n in SCORED}
     assert categories == {
-        "Regression", "Binomial", "Multinomial", "Clustering", "AnomalyDetection", "AutoEncoder", "DimReduction",
+        "Regression",
+        "Binomial",
+        "Multinomial",
+        "Clustering",
+        "AnomalyDetection",
+        "AutoEncoder",
+        "DimReduction",
     }
     for name in SCORED:
         kinds = {r["kind"] for r in golden(name)}
@@ -250,19 +256,25 @@ def test_batch_equals_single_rows(servables: dict[str, H2OMojoServable]) -> None
     s = servables["prostate_gbm_binomial"]
     rng = np.random.default_rng(3)
     n = 300
-    frame = Frame({
-        "AGE": rng.uniform(40, 90, n), "PSA": rng.uniform(0, 100, n), "VOL": rng.uniform(0, 80, n),
-        "GLEASON": rng.integers(0, 10, n).astype(np.float64),
-        "RACE": rng.choice(np.array(["0", "1", "2", None, "9"], dtype=object), n),
-        "DPROS": rng.choice(np.array(["1", "2", "3", "4"], dtype=object), n),
-        "DCAPS": rng.choice(np.array(["1", "2", None], dtype=object), n),
-    })
+    frame = Frame(
+        {
+            "AGE": rng.uniform(40, 90, n),
+            "PSA": rng.uniform(0, 100, n),
+            "VOL": rng.uniform(0, 80, n),
+            "GLEASON": rng.integers(0, 10, n).astype(np.float64),
+            "RACE": rng.choice(np.array(["0", "1", "2", None, "9"], dtype=object), n),
+            "DPROS": rng.choice(np.array(["1", "2", "3", "4"], dtype=object), n),
+            "DCAPS": rng.choice(np.array(["1", "2", None], dtype=object), n),
+        }
+    )
     frame.columns["AGE"][::7] = np.nan
-    as_numbers = Frame({
-        **frame.columns,
-        "DPROS": rng.choice(np.array([1.0, 2.0, 3.0, 4.0, 5.0, np.nan]), n).astype(np.float32),
-        "PSA": np.array([f" {v:.3f}" if i % 5 else "n/a" for i, v in enumerate(frame["PSA"])], dtype=object),
-    })
+    as_numbers = Frame(
+        {
+            **frame.columns,
+            "DPROS": rng.choice(np.array([1.0, 2.0, 3.0, 4.0, 5.0, np.nan]), n).astype(np.float32),
+            "PSA": np.array([f" {v:.3f}" if i % 5 else "n/a" for i, v in enumerate(frame["PSA"])], dtype=object),
+        }
+    )
     for f in (frame, as_numbers):
         batch = s.predict(f)
         singles = [s.predict(f.slice(i, i + 1)) for i in range(n)]
@@ -311,8 +323,13 @@ def test_java_helper_class_is_built_from_its_source() -> None:
 
 def test_offset_column(servables: dict[str, H2OMojoServable]) -> None:
     s = servables["prostate_glm_offset"]
-    row = {"AGE": [65.0], "RACE": np.array(["1"], dtype=object), "DPROS": np.array(["2"], dtype=object),
-           "VOL": [10.0], "GLEASON": [6.0]}
+    row = {
+        "AGE": [65.0],
+        "RACE": np.array(["1"], dtype=object),
+        "DPROS": np.array(["2"], dtype=object),
+        "VOL": [10.0],
+        "GLEASON": [6.0],
+    }
     without = s.predict(Frame.from_columns(row))["predict"][0]
     with_offset = s.predict(Frame.from_columns({**row, "OFFSET": [0.5]}))["predict"][0]
     assert with_offset - without == pytest.approx(0.5, rel=1e-12)  # gaussian GLM: identity link
@@ -327,8 +344,7 @@ def test_output_types_and_metadata(servables: dict[str, H2OMojoServable], name: 
     meta = s.metadata()
     assert meta.name == "prediction" and meta.platform == "h2o_mojo"
     assert [(t.name, t.datatype, t.domain) for t in meta.inputs] == [
-        (c["name"], "BYTES" if c["type"] == "categorical" else "FP64",
-         tuple(c["domain"]) if c["domain"] is not None else None)
+        (c["name"], "BYTES" if c["type"] == "categorical" else "FP64", tuple(c["domain"]) if c["domain"] is not None else None)
         for c in info["inputs"]
     ]
     assert [(t.name, t.datatype, tuple(t.shape)) for t in meta.outputs] == [

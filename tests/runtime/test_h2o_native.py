@@ -30,7 +30,8 @@ from tests.runtime.test_h2o_mojo import FIXTURES, FQ, INFOS, golden, text_frame,
 
 RTOL = 1e-12
 TREES = sorted(
-    name for name, info in INFOS.items()
+    name
+    for name, info in INFOS.items()
     if info.get("golden") and info["algo"] in ("gbm", "drf") and info["categorical_encoding"] == "AUTO"
 )
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +70,15 @@ def assert_golden(name: str, out: Frame, rows: list[dict[str, str]]) -> None:
 def test_fixtures_cover_the_tree_cases() -> None:
     models = {name: read_tree_model(FIXTURES / INFOS[name]["mojo"]) for name in TREES}
     assert {m.distribution for m in models.values() if m.algo == "gbm"} >= {
-        "bernoulli", "multinomial", "gaussian", "poisson", "gamma", "tweedie", "laplace", "quantile", "huber",
+        "bernoulli",
+        "multinomial",
+        "gaussian",
+        "poisson",
+        "gamma",
+        "tweedie",
+        "laplace",
+        "quantile",
+        "huber",
     }
     assert any(m.algo == "gbm" and m.n_classes >= 4 for m in models.values())
     assert any(m.algo == "drf" and m.category == "Binomial" and not m.binomial_double_trees for m in models.values())
@@ -196,9 +205,14 @@ def _edited_mojo(tmp_path: Path, source: str, edit: Callable[[str], str]) -> str
 
 def test_calibrated_and_unknown_mojos_go_to_genmodel(tmp_path: Path) -> None:
     """A MOJO carrying calibration, or a newer tree format, is refused natively; auto hands it to the JVM."""
-    calibrated = _edited_mojo(tmp_path, "prostate_gbm_binomial.zip",
-                              lambda ini: ini.replace("[columns]", "calib_method = platt\ncalib_glm_beta = [1.5, -0.5]\n\n[columns]"))
-    newer = _edited_mojo(tmp_path, "prostate_drf_regression.zip", lambda ini: ini.replace("mojo_version = 1.40", "mojo_version = 1.50"))
+    calibrated = _edited_mojo(
+        tmp_path,
+        "prostate_gbm_binomial.zip",
+        lambda ini: ini.replace("[columns]", "calib_method = platt\ncalib_glm_beta = [1.5, -0.5]\n\n[columns]"),
+    )
+    newer = _edited_mojo(
+        tmp_path, "prostate_drf_regression.zip", lambda ini: ini.replace("mojo_version = 1.40", "mojo_version = 1.50")
+    )
     for mojo, reason in ((calibrated, "calibrated"), (newer, "newer")):
         with pytest.raises(CreateServableRequestInvalidError, match=reason):
             H2OMojoServable(FQ, tmp_path, {"mojoPath": mojo, "scorer": "native"}).load()
@@ -227,14 +241,28 @@ def test_the_c_kernel_checks_its_arguments() -> None:
 
     scorer = NativeTreeScorer(read_tree_model(FIXTURES / "prostate_gbm_binomial.zip"))
     n, f, w = 2, scorer.n_features, scorer.preds_size
-    tables = (scorer._nodes, scorer._values, scorer._bits, scorer._roots, scorer._target, scorer._dom_len,
-              scorer._params, scorer._prior, scorer._model_distrib)
+    tables = (
+        scorer._nodes,
+        scorer._values,
+        scorer._bits,
+        scorer._roots,
+        scorer._target,
+        scorer._dom_len,
+        scorer._params,
+        scorer._prior,
+        scorer._model_distrib,
+    )
 
     def call(X: object = None, offsets: object = None, preds: object = None, ties: object = None, **swap: object) -> None:
         named = dict(zip(("nodes", "values", "bits", "roots", "target", "dom_len", "params", "prior", "model_distrib"), tables))
         named.update(swap)
-        _h2o_trees.score(np.zeros((n, f)) if X is None else X, np.zeros(n) if offsets is None else offsets, *named.values(),
-                         np.zeros((n, w)) if preds is None else preds, np.zeros(n, dtype=np.uint8) if ties is None else ties)
+        _h2o_trees.score(
+            np.zeros((n, f)) if X is None else X,
+            np.zeros(n) if offsets is None else offsets,
+            *named.values(),
+            np.zeros((n, w)) if preds is None else preds,
+            np.zeros(n, dtype=np.uint8) if ties is None else ties,
+        )
 
     call()  # the arguments as the scorer passes them
     with pytest.raises(TypeError, match="X must be a 2-D array of 'd'"):
@@ -341,8 +369,16 @@ def test_native_path_needs_no_java(native: dict[str, H2OMojoServable]) -> None:
     assert out["scorer"] == "native" and out["jvm_started"] is False and out["jpype_imported"] is False
     # Same numbers as in this process (where genmodel is around).
     here = native["prostate_gbm_multinomial4"]
-    frame = Frame({"AGE": np.array([65.0]), "PSA": np.array([1.4]), "VOL": np.array([0.0]), "GLEASON": np.array([6.0]),
-                   "RACE": np.array(["1"], dtype=object), "DCAPS": np.array(["1"], dtype=object)})
+    frame = Frame(
+        {
+            "AGE": np.array([65.0]),
+            "PSA": np.array([1.4]),
+            "VOL": np.array([0.0]),
+            "GLEASON": np.array([6.0]),
+            "RACE": np.array(["1"], dtype=object),
+            "DCAPS": np.array(["1"], dtype=object),
+        }
+    )
     expected = here.predict(frame)
     assert out["probs"] == [float(expected[c][0]) for c in ("1", "2", "3", "4")]
     assert out["labels"][0] == expected["predict"][0]

@@ -53,13 +53,26 @@ def typed_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Identity-like outputs for an INT64, a BOOL, a STRING and a DOUBLE ['batch', 2] input."""
     directory = tmp_path_factory.mktemp("typed")
     save(
-        directory, "typed",
-        [helper.make_node("Identity", ["i"], ["i_out"]), helper.make_node("Not", ["b"], ["b_out"]),
-         helper.make_node("Identity", ["s"], ["s_out"]), helper.make_node("Identity", ["d"], ["d_out"])],
-        [helper.make_tensor_value_info("i", TensorProto.INT64, ["N"]), helper.make_tensor_value_info("b", TensorProto.BOOL, ["N"]),
-         helper.make_tensor_value_info("s", TensorProto.STRING, ["N"]), helper.make_tensor_value_info("d", TensorProto.DOUBLE, ["batch", 2])],
-        [helper.make_tensor_value_info("i_out", TensorProto.INT64, ["N"]), helper.make_tensor_value_info("b_out", TensorProto.BOOL, ["N"]),
-         helper.make_tensor_value_info("s_out", TensorProto.STRING, ["N"]), helper.make_tensor_value_info("d_out", TensorProto.DOUBLE, ["batch", 2])],
+        directory,
+        "typed",
+        [
+            helper.make_node("Identity", ["i"], ["i_out"]),
+            helper.make_node("Not", ["b"], ["b_out"]),
+            helper.make_node("Identity", ["s"], ["s_out"]),
+            helper.make_node("Identity", ["d"], ["d_out"]),
+        ],
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, ["N"]),
+            helper.make_tensor_value_info("b", TensorProto.BOOL, ["N"]),
+            helper.make_tensor_value_info("s", TensorProto.STRING, ["N"]),
+            helper.make_tensor_value_info("d", TensorProto.DOUBLE, ["batch", 2]),
+        ],
+        [
+            helper.make_tensor_value_info("i_out", TensorProto.INT64, ["N"]),
+            helper.make_tensor_value_info("b_out", TensorProto.BOOL, ["N"]),
+            helper.make_tensor_value_info("s_out", TensorProto.STRING, ["N"]),
+            helper.make_tensor_value_info("d_out", TensorProto.DOUBLE, ["batch", 2]),
+        ],
     )
     return directory
 
@@ -78,7 +91,10 @@ def typed_frame(**overrides: Any) -> Frame:
         ({"modelPath": "../x.onnx"}, "inside the servable directory"),
         ({"modelPath": "binary.onnx", "intraOpThread": 2}, "unknown setting(s) intraOpThread"),
         ({"modelPath": "binary.onnx", "intraOpThreads": -1}, "intraOpThreads: expected an integer >= 0"),
-        ({"modelPath": "binary.onnx", "graphOptimizationLevel": "max"}, "graphOptimizationLevel: expected one of disable, basic, extended, all"),
+        (
+            {"modelPath": "binary.onnx", "graphOptimizationLevel": "max"},
+            "graphOptimizationLevel: expected one of disable, basic, extended, all",
+        ),
         ({"modelPath": "binary.onnx", "allowSpinning": "yes"}, "allowSpinning: expected true or false"),
         ({"modelPath": "binary.onnx", "featureOrder": ["a", "b"]}, "2 feature name(s) for an input of 4 columns"),
         ({"modelPath": "binary.onnx", "featureOrder": {"Y": ["a"]}}, "'Y' is not a 2-D input of the model; its 2-D inputs: X"),
@@ -102,8 +118,12 @@ def test_files_that_are_no_onnx_model_are_refused(tmp_path: Path, models: dict[s
             servable(tmp_path, modelPath=name)
     # Parses, but onnxruntime refuses it (an operator that does not exist).
     model = helper.make_model(
-        helper.make_graph([helper.make_node("NoSuchOp", ["a"], ["b"])], "g",
-                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N"])], [helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N"])]),
+        helper.make_graph(
+            [helper.make_node("NoSuchOp", ["a"], ["b"])],
+            "g",
+            [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N"])],
+            [helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N"])],
+        ),
         opset_imports=[helper.make_opsetid("", 13)],
     )
     (tmp_path / "unknown_op.onnx").write_bytes(model.SerializeToString())
@@ -114,9 +134,13 @@ def test_files_that_are_no_onnx_model_are_refused(tmp_path: Path, models: dict[s
 
 
 def test_a_sequence_output_is_refused_at_load(tmp_path: Path) -> None:
-    save(tmp_path, "seq", [helper.make_node("SequenceConstruct", ["a"], ["s"])],
-         [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N"])],
-         [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)])
+    save(
+        tmp_path,
+        "seq",
+        [helper.make_node("SequenceConstruct", ["a"], ["s"])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N"])],
+        [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)],
+    )
     with pytest.raises(CreateServableRequestInvalidError, match="output 's' has type seq"):
         servable(tmp_path, modelPath="seq.onnx")
 
@@ -125,9 +149,19 @@ def test_a_sequence_output_is_refused_at_load(tmp_path: Path) -> None:
 def test_columns_are_coerced_to_each_input_type(typed_model: Path) -> None:
     s = servable(typed_model, modelPath="typed.onnx")
     meta = s.metadata()
-    assert [(i.name, i.datatype, i.shape) for i in meta.inputs] == [("i", "INT64", (-1,)), ("b", "BOOL", (-1,)), ("s", "BYTES", (-1,)), ("d", "FP64", (-1, 2))]
+    assert [(i.name, i.datatype, i.shape) for i in meta.inputs] == [
+        ("i", "INT64", (-1,)),
+        ("b", "BOOL", (-1,)),
+        ("s", "BYTES", (-1,)),
+        ("d", "FP64", (-1, 2)),
+    ]
     assert meta.platform == "onnx_onnxv1" and meta.extra["warmedUp"] is True
-    frame = typed_frame(i=[1.0, 2.0, -3.0], b=[1, 0, 1], s=np.array([b"x", "y", "z"], dtype=object), d=np.arange(6, dtype=np.float32).reshape(3, 2))
+    frame = typed_frame(
+        i=[1.0, 2.0, -3.0],
+        b=[1, 0, 1],
+        s=np.array([b"x", "y", "z"], dtype=object),
+        d=np.arange(6, dtype=np.float32).reshape(3, 2),
+    )
     out = s.predict(frame)
     assert out["i_out"].tolist() == [1, 2, -3] and out["i_out"].dtype == np.int64
     assert out["b_out"].tolist() == [False, True, False]
@@ -205,7 +239,9 @@ def test_zipmap_is_cut_off_and_each_class_is_a_column(models: dict[str, Any]) ->
     meta = s.metadata()
     assert [(o.name, o.datatype, o.domain) for o in meta.outputs] == [
         ("output_label", "BYTES", ("setosa", "versicolor", "virginica")),
-        ("setosa", "FP64", None), ("versicolor", "FP64", None), ("virginica", "FP64", None),
+        ("setosa", "FP64", None),
+        ("versicolor", "FP64", None),
+        ("virginica", "FP64", None),
     ]
     assert meta.extra["classes"] == {"output_probability": ["setosa", "versicolor", "virginica"]}
     out = s.predict(Frame.from_columns(models["multiclass"].columns))
@@ -214,8 +250,13 @@ def test_zipmap_is_cut_off_and_each_class_is_a_column(models: dict[str, Any]) ->
 
 
 def test_a_model_exported_with_a_batch_of_one_scores_any_batch(tmp_path: Path) -> None:
-    save(tmp_path, "one", [helper.make_node("Mul", ["a", "a"], ["sq"])],
-         [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 2])], [helper.make_tensor_value_info("sq", TensorProto.FLOAT, [1, 2])])
+    save(
+        tmp_path,
+        "one",
+        [helper.make_node("Mul", ["a", "a"], ["sq"])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("sq", TensorProto.FLOAT, [1, 2])],
+    )
     s = servable(tmp_path, modelPath="one.onnx")
     assert s.metadata().inputs[0].shape == (1, 2) and s.metadata().extra["batchOfOne"] is True
     assert s.inline_max_rows == 0  # one call per row: never on the event loop
@@ -224,8 +265,13 @@ def test_a_model_exported_with_a_batch_of_one_scores_any_batch(tmp_path: Path) -
 
 
 def test_an_output_without_a_row_per_input_row_is_a_scoring_error(tmp_path: Path) -> None:
-    save(tmp_path, "total", [helper.make_node("ReduceSum", ["a"], ["t"], keepdims=0)],
-         [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 2])], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [])])
+    save(
+        tmp_path,
+        "total",
+        [helper.make_node("ReduceSum", ["a"], ["t"], keepdims=0)],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [])],
+    )
     s = servable(tmp_path, modelPath="total.onnx")
     with pytest.raises(PredictionFailed, match="output 't' has no row per input row"):
         s.predict(Frame.from_columns({"a": np.ones((3, 2))}))
@@ -234,8 +280,13 @@ def test_an_output_without_a_row_per_input_row_is_a_scoring_error(tmp_path: Path
 def test_a_model_that_refuses_the_dummy_batch_still_loads(tmp_path: Path) -> None:
     """An encoder that rejects unknown categories fails the warm-up ('' is no category): it loads all the same."""
     encoder = helper.make_node("OneHotEncoder", ["c"], ["hot"], domain="ai.onnx.ml", cats_strings=["a", "b"], zeros=0)
-    save(tmp_path, "strict", [encoder], [helper.make_tensor_value_info("c", TensorProto.STRING, ["N", 1])],
-         [helper.make_tensor_value_info("hot", TensorProto.FLOAT, ["N", 1, 2])])
+    save(
+        tmp_path,
+        "strict",
+        [encoder],
+        [helper.make_tensor_value_info("c", TensorProto.STRING, ["N", 1])],
+        [helper.make_tensor_value_info("hot", TensorProto.FLOAT, ["N", 1, 2])],
+    )
     s = servable(tmp_path, modelPath="strict.onnx")
     assert s.ready and s.metadata().extra["warmedUp"] is False
     assert s.inline_max_rows == 0  # not timed: it may fail on what it gets
@@ -249,8 +300,13 @@ def test_a_model_that_refuses_the_dummy_batch_still_loads(tmp_path: Path) -> Non
 
 
 def test_unload_drops_the_session(models: dict[str, Any]) -> None:
-    s = servable(models["dir"], modelPath="regressor.onnx", featureOrder=onnx_models.FEATURES, intraOpThreads=2,
-                 graphOptimizationLevel="basic")
+    s = servable(
+        models["dir"],
+        modelPath="regressor.onnx",
+        featureOrder=onnx_models.FEATURES,
+        intraOpThreads=2,
+        graphOptimizationLevel="basic",
+    )
     assert s.predict(Frame.from_columns(models["regressor"].columns))["variable"].shape == (models["regressor"].rows, 1)
     s.unload()
     assert not s.ready

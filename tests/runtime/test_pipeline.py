@@ -13,8 +13,8 @@ from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, PredictionFailed
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.flavors import create_servable, register_flavor
-from forestflow.runtime.step_platforms import StepPlatform, register_platform
 from forestflow.runtime.pipeline_definition import parse_definition
+from forestflow.runtime.step_platforms import StepPlatform, register_platform
 from tests.pipeline_support import pipeline_dir, port, toml
 
 FQ = FQRV(Contract("t", "p", 1), "r1")
@@ -46,8 +46,14 @@ register_platform("test_recording", StepPlatform("TestRecording", None))
 
 
 def step(label: str, reads: str, writes: str, offset: float = 1.0) -> dict[str, Any]:
-    return {"name": label, "platform": "test_recording", "label": label, "offset": offset,
-            "inputs": [port("x", tensor=reads)], "outputs": [port("y", tensor=writes)]}
+    return {
+        "name": label,
+        "platform": "test_recording",
+        "label": label,
+        "offset": offset,
+        "inputs": [port("x", tensor=reads)],
+        "outputs": [port("y", tensor=writes)],
+    }
 
 
 def load(directory: Path) -> Servable:
@@ -83,8 +89,10 @@ def test_a_failed_load_unloads_the_steps_already_loaded(tmp_path: Path) -> None:
 
 
 def test_simple_one_model_toml_without_models_list(tmp_path: Path) -> None:
-    text = 'name = "clip"\nplatform = "regressor"\nclamp = [0.0, 1.0]\nround = 2\n' \
-           '[[inputs]]\nname = "v"\n[[outputs]]\nname = "value"\n'
+    text = (
+        'name = "clip"\nplatform = "regressor"\nclamp = [0.0, 1.0]\nround = 2\n'
+        '[[inputs]]\nname = "v"\n[[outputs]]\nname = "value"\n'
+    )
     servable = load(pipeline_dir(tmp_path / "p", text))
     out = servable.predict(Frame.from_columns({"v": [-0.5, 0.123, 7.0]}))
     assert out["value"].tolist() == [0.0, 0.12, 1.0]
@@ -92,14 +100,21 @@ def test_simple_one_model_toml_without_models_list(tmp_path: Path) -> None:
 
 
 def test_map_step_renames_casts_maps_values_and_adds_constants(tmp_path: Path) -> None:
-    steps = [{
-        "name": "m", "platform": "map", "rename": {"AGE": "age"}, "constants": {"SOURCE": "web"},
-        "values": {"RACE": {"white": "1", "black": "2"}},
-        "inputs": [port("age", "BYTES"), port("RACE", "BYTES")],
-        "outputs": [port("AGE"), port("RACE", "BYTES"), port("SOURCE", "BYTES")],
-    }]
+    steps = [
+        {
+            "name": "m",
+            "platform": "map",
+            "rename": {"AGE": "age"},
+            "constants": {"SOURCE": "web"},
+            "values": {"RACE": {"white": "1", "black": "2"}},
+            "inputs": [port("age", "BYTES"), port("RACE", "BYTES")],
+            "outputs": [port("AGE"), port("RACE", "BYTES"), port("SOURCE", "BYTES")],
+        }
+    ]
     servable = load(pipeline_dir(tmp_path / "p", toml(steps)))
-    out = servable.predict(Frame.from_columns({"age": np.array(["65", None, "0x1p3", "oops"], dtype=object), "RACE": ["white", "black", "x", "2"]}))
+    out = servable.predict(
+        Frame.from_columns({"age": np.array(["65", None, "0x1p3", "oops"], dtype=object), "RACE": ["white", "black", "x", "2"]})
+    )
     assert out["AGE"][[0, 2]].tolist() == [65.0, 8.0] and np.isnan(out["AGE"][[1, 3]]).all()
     assert out["RACE"].tolist() == ["1", "2", "x", "2"]
     assert out["SOURCE"].tolist() == ["web"] * 4
@@ -108,11 +123,21 @@ def test_map_step_renames_casts_maps_values_and_adds_constants(tmp_path: Path) -
 
 
 def test_classifier_top_k_per_request_and_threshold(tmp_path: Path) -> None:
-    steps = [{
-        "name": "c", "platform": "classifier", "labels": ["a", "b", "c"], "top_k": 2,
-        "inputs": [port("p", shape=[-1, 3])],
-        "outputs": [port("label", "BYTES"), port("score"), port("top_labels", "BYTES", shape=[-1, -1]), port("top_scores", shape=[-1, -1])],
-    }]
+    steps = [
+        {
+            "name": "c",
+            "platform": "classifier",
+            "labels": ["a", "b", "c"],
+            "top_k": 2,
+            "inputs": [port("p", shape=[-1, 3])],
+            "outputs": [
+                port("label", "BYTES"),
+                port("score"),
+                port("top_labels", "BYTES", shape=[-1, -1]),
+                port("top_scores", shape=[-1, -1]),
+            ],
+        }
+    ]
     servable = load(pipeline_dir(tmp_path / "p", toml(steps)))
     p = np.array([[0.2, 0.5, 0.3], [0.6, 0.1, 0.3]])
     out = servable.predict(Frame({"p": p}))
@@ -123,7 +148,9 @@ def test_classifier_top_k_per_request_and_threshold(tmp_path: Path) -> None:
     assert out["top_labels"].tolist() == [["b", "c", "a"], ["a", "c", "b"]]
     with pytest.raises(InvalidInput, match="top_k"):
         servable.predict(Frame({"p": p}, {"top_k": "zero"}))
-    binomial = [{"name": "c", "platform": "classifier", "threshold": 0.3, "inputs": [port("p1")], "outputs": [port("label", "BYTES")]}]
+    binomial = [
+        {"name": "c", "platform": "classifier", "threshold": 0.3, "inputs": [port("p1")], "outputs": [port("label", "BYTES")]}
+    ]
     servable = load(pipeline_dir(tmp_path / "q", toml(binomial)))
     assert servable.predict(Frame({"p1": np.array([0.2, 0.3, 0.9])}))["label"].tolist() == ["0", "1", "1"]
 
@@ -132,7 +159,13 @@ def test_pipeline_outputs_default_to_the_tensors_no_step_consumes(tmp_path: Path
     steps = [
         {"name": "a", "platform": "map", "inputs": [port("x")], "outputs": [port("x", tensor="t1")]},
         {"name": "b", "platform": "regressor", "inputs": [port("v", tensor="t1")], "outputs": [port("value", tensor="r1")]},
-        {"name": "c", "platform": "regressor", "round": 0, "inputs": [port("v", tensor="t1")], "outputs": [port("value", tensor="r2")]},
+        {
+            "name": "c",
+            "platform": "regressor",
+            "round": 0,
+            "inputs": [port("v", tensor="t1")],
+            "outputs": [port("value", tensor="r2")],
+        },
     ]
     spec = parse_definition(__import__("tomllib").loads(toml(steps)), tmp_path)
     assert spec.outputs == ("r1", "r2")

@@ -106,8 +106,9 @@ def gates() -> Iterator[Callable[[], threading.Event]]:
         gate.set()
 
 
-def make_scheduler(executor: ThreadPoolExecutor, slots: int = 1, live_queue: int = 16, shadow_queue: int = 16,
-                   max_batch_rows: int = 0) -> tuple[ServableScheduler, Probe]:
+def make_scheduler(
+    executor: ThreadPoolExecutor, slots: int = 1, live_queue: int = 16, shadow_queue: int = 16, max_batch_rows: int = 0
+) -> tuple[ServableScheduler, Probe]:
     probe = Probe()
     return ServableScheduler(probe, executor, slots, live_queue, shadow_queue, max_batch_rows), probe
 
@@ -475,8 +476,10 @@ async def test_a_failing_request_does_not_fail_the_others_of_its_turn() -> None:
     await asyncio.gather(*(scheduler.submit(job(f"w{i}"), LIVE, LONG) for i in range(2)))
     bad = job("bad", **{"raise": RuntimeError("model bug")})  # first of the group: the combined call fails
     results = await asyncio.gather(
-        scheduler.submit(bad, LIVE, LONG), scheduler.submit(job("ok1", x=2.0), LIVE, LONG),
-        scheduler.submit(job("ok2", x=3.0), LIVE, LONG), return_exceptions=True,
+        scheduler.submit(bad, LIVE, LONG),
+        scheduler.submit(job("ok1", x=2.0), LIVE, LONG),
+        scheduler.submit(job("ok2", x=3.0), LIVE, LONG),
+        return_exceptions=True,
     )
     assert isinstance(results[0], PredictionFailed) and isinstance(results[0].__cause__, RuntimeError)
     assert [r["y"].tolist() for r in results[1:]] == [[4.0], [6.0]]

@@ -16,9 +16,12 @@ from pathlib import Path
 from aiohttp import web
 
 GIT_ENV = {
-    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
-    "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "HOME": "/nonexistent",
 }
 
 
@@ -69,8 +72,12 @@ async def git_http_server(project_root: Path, delay_s: float = 0.0) -> AsyncIter
         if body[:2] == b"\x1f\x8b":  # still gzip-encoded (aiohttp did not inflate it): the backend does
             env["HTTP_CONTENT_ENCODING"] = "gzip"
         proc = await asyncio.create_subprocess_exec(
-            "git", "http-backend", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL, env=env,
+            "git",
+            "http-backend",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=env,
         )
         out, _ = await proc.communicate(body)
         head, _, payload = out.partition(b"\r\n\r\n")

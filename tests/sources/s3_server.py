@@ -39,7 +39,9 @@ def moto_s3(objects: dict[str, dict[str, bytes]]) -> Iterator[S3Server]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
     )
     url = f"http://127.0.0.1:{port}"
     try:

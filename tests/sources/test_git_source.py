@@ -24,11 +24,15 @@ async def git_gw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
     The ssh form git@127.0.0.1:... is fetched as https://127.0.0.1/...; git's own url.insteadOf
     (what an operator would put in the gateway's gitconfig) points that at the test server's port.
     """
-    make_repo(tmp_path / "git" / "h2o", "prostate.git", {
-        "v1.gbm-bin": {"models/model.zip": BINOMIAL, "README": b"binomial"},
-        "v2.gbm-reg": {"models/model.zip": REGRESSION},
-        "v3.lfs": {"models/model.zip": LFS_POINTER},
-    })
+    make_repo(
+        tmp_path / "git" / "h2o",
+        "prostate.git",
+        {
+            "v1.gbm-bin": {"models/model.zip": BINOMIAL, "README": b"binomial"},
+            "v2.gbm-reg": {"models/model.zip": REGRESSION},
+            "v3.lfs": {"models/model.zip": LFS_POINTER},
+        },
+    )
     async with git_http_server(tmp_path / "git") as url:
         monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
         monkeypatch.setenv("GIT_CONFIG_KEY_0", f"url.{url}/.insteadOf")
@@ -43,10 +47,13 @@ async def test_tags_deploy_with_fqrv_from_the_path_and_score_golden(git_gw: tupl
     status, payload = await deploy(gw, h2o_request("git@127.0.0.1:h2o/prostate.git#v1.gbm-bin", "models/model.zip"))
     assert status == 200, payload
     assert payload["ServableCreatedSuccessfully"]["fqrv"] == {
-        "contract": {"organization": "h2o", "project": "prostate", "contractNumber": 1}, "releaseVersion": "gbm-bin"
+        "contract": {"organization": "h2o", "project": "prostate", "contractNumber": 1},
+        "releaseVersion": "gbm-bin",
     }
     # http form with an explicit fqrv: the tag checked out is v<N>.<release> of that fqrv.
-    status, payload = await deploy(gw, h2o_request(f"{url}/h2o/prostate.git", "models/model.zip", fqrv("h2o", "prostate", 2, "gbm-reg")))
+    status, payload = await deploy(
+        gw, h2o_request(f"{url}/h2o/prostate.git", "models/model.zip", fqrv("h2o", "prostate", 2, "gbm-reg"))
+    )
     assert status == 200, payload
     await assert_golden(gw, "h2o/prostate/1", "prostate_gbm_binomial")
     await assert_golden(gw, "h2o/prostate/2", "prostate_gbm_regression")

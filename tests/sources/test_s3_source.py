@@ -15,25 +15,37 @@ from tests.support import H2O_DIR, InProcessGateway, serve_in_process
 
 BINOMIAL = (H2O_DIR / "prostate_gbm_binomial.zip").read_bytes()
 KMEANS = (H2O_DIR / "prostate_kmeans.zip").read_bytes()
-MLMODEL = b"flavors:\n  h2o_mojo:\n    data: data\n    h2o_version: 3.46.0.11\nrun_id: abc\nutc_time_created: '2026-11-23 10:00:00.000000'\n"
+MLMODEL = (
+    b"flavors:\n  h2o_mojo:\n    data: data\n    h2o_version: 3.46.0.11\n"
+    b"run_id: abc\nutc_time_created: '2026-11-23 10:00:00.000000'\n"
+)
 
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    objects = {"models": {
-        "mojos/prostate_gbm_binomial.zip": BINOMIAL,
-        "mojos/prostate_kmeans.zip": KMEANS,
-        "mlflow/m1/MLmodel": MLMODEL,
-        "mlflow/m1/data/h2o.yaml": b"full_file: data/model.zip\nmodel_dir: data\nmodel_file: model.zip\n",
-        "mlflow/m1/data/model.zip": BINOMIAL,
-    }}
+    objects = {
+        "models": {
+            "mojos/prostate_gbm_binomial.zip": BINOMIAL,
+            "mojos/prostate_kmeans.zip": KMEANS,
+            "mlflow/m1/MLmodel": MLMODEL,
+            "mlflow/m1/data/h2o.yaml": b"full_file: data/model.zip\nmodel_dir: data\nmodel_file: model.zip\n",
+            "mlflow/m1/data/model.zip": BINOMIAL,
+        }
+    }
     with moto_s3(objects) as server:
         yield server
 
 
 @pytest.fixture
 async def gw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3: S3Server) -> AsyncIterator[InProcessGateway]:
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
@@ -46,7 +58,9 @@ def endpoint_path(s3: S3Server, bucket: str = "models") -> str:
     return f"s3::http://127.0.0.1:{s3.port}/{bucket}/mojos bucket={bucket} region=us-east-1"
 
 
-async def test_endpoint_form_with_per_endpoint_credentials(gw: InProcessGateway, s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_endpoint_form_with_per_endpoint_credentials(
+    gw: InProcessGateway, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # ForestFlow's layered variables, keyed by the endpoint's authority, win over the AWS ones.
     monkeypatch.setenv(f"127_0_0_1_{s3.port}_aws_access_key_id", s3.key_id)
     monkeypatch.setenv(f"127_0_0_1_{s3.port}_aws_secret_access_key", s3.secret)
@@ -68,7 +82,9 @@ async def test_endpoint_form_with_per_endpoint_credentials(gw: InProcessGateway,
     assert cache_entries(gw) == []
 
 
-async def test_plain_s3_url_and_mlflow_model_with_aws_variables(gw: InProcessGateway, s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_plain_s3_url_and_mlflow_model_with_aws_variables(
+    gw: InProcessGateway, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.key_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret)
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.url)
@@ -76,14 +92,19 @@ async def test_plain_s3_url_and_mlflow_model_with_aws_variables(gw: InProcessGat
     assert status == 200, payload
     await assert_golden(gw, "s3/kmeans/1", "prostate_kmeans")
     # An MLflow model under a prefix: every object below it is fetched, MLmodel picks h2o_mojo.
-    mlflow = {"path": "s3://models/mlflow/m1/MLmodel", "fqrv": fqrv("s3", "mlflow", 1, "r1"),
-              "servableSettings": h2o_request("", "")["servableSettings"]}
+    mlflow = {
+        "path": "s3://models/mlflow/m1/MLmodel",
+        "fqrv": fqrv("s3", "mlflow", 1, "r1"),
+        "servableSettings": h2o_request("", "")["servableSettings"],
+    }
     status, payload = await deploy(gw, mlflow)
     assert status == 200, payload
     await assert_golden(gw, "s3/mlflow/1", "prostate_gbm_binomial")
 
 
-async def test_failures_are_422_naming_the_cause_and_leave_nothing(gw: InProcessGateway, s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_failures_are_422_naming_the_cause_and_leave_nothing(
+    gw: InProcessGateway, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.key_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret)
     release = fqrv("s3", "bad", 1, "r1")

@@ -39,8 +39,24 @@ async def fetch_git(repo_url: str, tag: str, staging: Path, limits: FetchLimits,
     shown = redact(repo_url)
     what = f"Git repository {shown} tag {tag}"
     deadline = time.monotonic() + limits.timeout_s
-    args = ["git", "-c", "advice.detachedHead=false", "-c", f"http.sslVerify={'true' if ssl_verify else 'false'}", "clone", "--quiet", "--depth", "1",
-            "--single-branch", "--no-tags", "--branch", tag, "--", repo_url, str(staging)]
+    args = [
+        "git",
+        "-c",
+        "advice.detachedHead=false",
+        "-c",
+        f"http.sslVerify={'true' if ssl_verify else 'false'}",
+        "clone",
+        "--quiet",
+        "--depth",
+        "1",
+        "--single-branch",
+        "--no-tags",
+        "--branch",
+        tag,
+        "--",
+        repo_url,
+        str(staging),
+    ]
     code, err = await _run(args, staging, limits, deadline, what)
     if code != 0:
         raise CreateServableRequestInvalidError(_clone_error(err, shown, tag))
@@ -73,7 +89,10 @@ async def _pull_lfs(pointers: list[str], staging: Path, limits: FetchLimits, dea
 async def _run(args: list[str], staging: Path, limits: FetchLimits, deadline: float, what: str) -> tuple[int, str]:
     """Run git, killing it past the deadline or once the checkout grows over the size cap."""
     proc = await asyncio.create_subprocess_exec(
-        *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
         env=git_env(),
     )
     assert proc.stderr is not None

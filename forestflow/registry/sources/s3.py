@@ -98,7 +98,8 @@ async def _download(locator: S3Locator, files: tuple[str, ...] | None, staging: 
     except NoCredentialsError:
         raise CreateServableRequestInvalidError(
             f"{where}: no S3 credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
-            f"{re.sub(r'[^A-Za-z0-9]', '_', locator.credential_base.split('/', 1)[0])}_aws_access_key_id and _aws_secret_access_key"
+            f"{re.sub(r'[^A-Za-z0-9]', '_', locator.credential_base.split('/', 1)[0])}_aws_access_key_id "
+            "and _aws_secret_access_key"
         ) from None
     except ClientError as exc:
         raise _client_error(exc, where, locator.prefix) from None
@@ -113,7 +114,7 @@ async def _list(client: object, locator: S3Locator) -> list[str]:
     async for page in paginator.paginate(Bucket=locator.bucket, Prefix=prefix):
         for item in page.get("Contents", []):
             if not item["Key"].endswith("/"):
-                names.append(item["Key"][len(prefix):])
+                names.append(item["Key"][len(prefix) :])
     if not names:
         raise CreateServableRequestInvalidError(f"S3 bucket {locator.bucket!r}: no objects under prefix {prefix!r}")
     return names
