@@ -109,9 +109,9 @@ class ReplicaSync:
         # store deleted until those loads are done (then the snapshot is applied again).
         incoming = {f.contract for f in self._syncing} if not wait else set()
         if not wait:
-            for fqrv, target in wanted.items():
+            for fqrv, expected in wanted.items():
                 held = registry.loaded.get(fqrv)
-                if (held is None or not _same_artifact(held.definition, target)) and self._failed_defs.get(fqrv) != target:
+                if (held is None or not _same_artifact(held.definition, expected)) and self._failed_defs.get(fqrv) != expected:
                     incoming.add(fqrv.contract)
         self._deferred = set()
         unload: list[Loaded] = []
