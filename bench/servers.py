@@ -104,15 +104,19 @@ def start_floor(log_dir: Path) -> Server:
     return server
 
 
-def start_gateway(data_dir: Path, env: dict[str, str], log_dir: Path, name: str) -> Server:
+def start_gateway(
+    data_dir: Path, env: dict[str, str], log_dir: Path, name: str, root: Path = ROOT, python: str = PYTHON
+) -> Server:
+    """A gateway pinned to core 0, started from the checkout ``root`` with its interpreter ``python``
+    (by default this one), once it answers ready."""
     port = free_port()
     # file:// deploys read the repository's fixtures and models the bench writes beside the data dir.
     roots = {"FORESTFLOW_ARTIFACT_ROOTS": f"{ROOT},{log_dir}"}
     full_env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1", **roots, **env}
     proc = subprocess.Popen(
-        pinned(0, [PYTHON, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]),
+        pinned(0, [python, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]),
         env=full_env,
-        cwd=ROOT,
+        cwd=root,
         stdout=open(log_dir / f"{name}.log", "wb"),
         stderr=subprocess.STDOUT,
     )
