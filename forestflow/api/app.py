@@ -180,4 +180,6 @@ async def _tracing_context(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        tracing.shutdown()
+        # Off the loop: the last export is an HTTP call that may take up to its timeout (and a
+        # collector on this same loop could not answer it while the loop waited).
+        await asyncio.to_thread(tracing.shutdown)
