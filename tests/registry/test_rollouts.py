@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from tests.registry.redis_server import RedisServer
@@ -119,6 +120,7 @@ def assert_no_failures(clients: Clients, minimum: int) -> None:
     assert set(clients.statuses) == {200} and clients.statuses[200] >= minimum, clients.statuses
 
 
+@pytest.mark.slow
 def test_rollout_on_two_workers_answers_every_request(tmp_path: Path, gateway_process: type[GatewayProcess]) -> None:
     gw = gateway_process(tmp_path / "data", env=ENV, args=["--workers", "2"]).start(timeout_s=60)
     assert deploy(gw, release_body("v1")).status_code == 200
@@ -145,6 +147,7 @@ def test_rollout_on_two_workers_answers_every_request(tmp_path: Path, gateway_pr
     assert_no_failures(clients, 100)
 
 
+@pytest.mark.slow
 def test_rollout_on_two_redis_replicas_answers_every_request(
     tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer
 ) -> None:
@@ -181,6 +184,7 @@ def _releases(gw: GatewayProcess) -> list[str]:
     return sorted(e["FQRV"]["releaseVersion"] for e in r.json()) if r.status_code == 200 else []
 
 
+@pytest.mark.slow
 def test_slow_loading_release_on_a_follower_answers_every_request(
     tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer
 ) -> None:
