@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from forestflow.settings import Settings
 from forestflow.supervisor import Supervisor, stop_deadline_s
 from tests.support import ROOT, InProcessGateway, python_servable, score_body, wait_for
@@ -74,6 +76,7 @@ def test_a_failed_start_exits_non_zero_with_one_line(tmp_path: Path) -> None:
     assert (data / "state" / "registry.json").read_text() == "{not json"  # left as it was
 
 
+@pytest.mark.slow
 def test_supervisor_waits_for_the_drain_grace_before_sigkill(tmp_path: Path) -> None:
     """A worker that needs its whole drain grace to stop is not killed: it exits 0 (before, the
     wait ignored drain_grace_s and it was SIGKILLed after shutdown + flush timeouts + 5 s)."""
