@@ -39,4 +39,5 @@ fi
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Two test processes by default (FORESTFLOW_TEST_WORKERS=0 runs them in this one).
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${FORESTFLOW_TEST_WORKERS:-2}" "$@"
