@@ -20,7 +20,6 @@ import contextlib
 import statistics
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +28,7 @@ from typing import TypeVar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.driver import Result, drive  # noqa: E402
-from bench.servers import LOGGING_CONCURRENCY, Server, deploy, endpoints, pin_process, start_gateway  # noqa: E402
+from bench.servers import LOGGING_CONCURRENCY, Server, deploy, endpoints, pin_process, side_by_side, start_gateway  # noqa: E402
 
 CONTRACT = ("bench", "log", 1)
 #: The most a FULL gateway may spend per request over a NONE one (issue 23).
@@ -71,27 +69,6 @@ def gateway_pair(work: Path, sink: str, start: Starter[ServerT] | None = None) -
             deploy(server, CONTRACT, level)
             servers.append(server)
         yield servers[0], servers[1]
-
-
-def side_by_side(
-    none: Server, full: Server, path: str, body: bytes, ctype: str, concurrency: int, seconds: float
-) -> tuple[Result, Result]:
-    """Both gateways loaded at once; each result carries its gateway's CPU per request."""
-    results: dict[str, Result] = {}
-    before = {"none": none.cpu_s(), "full": full.cpu_s()}
-
-    def load(name: str, server: Server) -> None:
-        results[name] = drive(server.url + path, body, ctype, concurrency, seconds)
-
-    threads = [threading.Thread(target=load, args=(n, s)) for n, s in (("none", none), ("full", full))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for name, server in (("none", none), ("full", full)):
-        r = results[name]
-        r.cpu_us = (server.cpu_s() - before[name]) / r.requests * 1e6 if r.requests else float("nan")
-    return results["none"], results["full"]
 
 
 @dataclass

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import payloads  # noqa: E402
-from bench.run import free_port, wait_http  # noqa: E402
+from bench.servers import free_port, wait_http  # noqa: E402
 
 CONTRACT = ("roll", "prostate", 1)
 BASE = "/roll/prostate/1"

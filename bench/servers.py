@@ -1,6 +1,7 @@
 """What the benchmark scripts share: child server processes (gateway, floor), ports, pinning, deploys,
 the request bodies of each endpoint, and measuring a server's CPU per request. Every bench script
-imports these from here, and none imports another script.
+imports these from here instead of from another script (bench/run.py calls into logging_cost.py and
+workers.py for its cells, logging_instructions.py reuses logging_cost.py's gateway pair).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,3 +151,25 @@ def endpoints(rows: int, contract: str) -> dict[str, tuple[str, bytes, str]]:
     if gp is not None:
         out["gp"] = (f"/{org}/{project}/{n}/gp", gp, "application/octet-stream")
     return out
+
+
+def side_by_side(
+    none: Server, full: Server, path: str, body: bytes, ctype: str, concurrency: int, seconds: float
+) -> tuple[Result, Result]:
+    """Two servers loaded at once, each by its own load generator; each result carries its server's CPU
+    per request (the ratio of the two is what bench/logging_cost.py and bench/versus.py report)."""
+    results: dict[str, Result] = {}
+    before = {"none": none.cpu_s(), "full": full.cpu_s()}
+
+    def load(name: str, server: Server) -> None:
+        results[name] = drive(server.url + path, body, ctype, concurrency, seconds)
+
+    threads = [threading.Thread(target=load, args=(n, s)) for n, s in (("none", none), ("full", full))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name, server in (("none", none), ("full", full)):
+        r = results[name]
+        r.cpu_us = (server.cpu_s() - before[name]) / r.requests * 1e6 if r.requests else float("nan")
+    return results["none"], results["full"]

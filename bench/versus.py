@@ -25,8 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.logging_cost import side_by_side  # noqa: E402
-from bench.servers import Server, deploy, endpoints, start_gateway  # noqa: E402
+from bench.servers import Server, deploy, endpoints, side_by_side, start_gateway  # noqa: E402
 
 CONTRACT = ("bench", "versus", 1)
 
