@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import payloads  # noqa: E402
-from bench.servers import free_port, wait_http  # noqa: E402
+from bench.servers import start_gateway  # noqa: E402
 
 CONTRACT = ("roll", "prostate", 1)
 BASE = "/roll/prostate/1"
@@ -49,35 +49,13 @@ def release(n: int) -> dict[str, Any]:
 
 
 def start(work: Path, name: str, env: dict[str, str], args: list[str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """A ``forestflow serve`` child process; returns it and its base URL once it answers."""
-    port = free_port()
-    full_env = {
-        **os.environ,
-        "FORESTFLOW_GRPC_PORT": "-1",
-        "FORESTFLOW_ACCESS_LOG": "0",
-        "FORESTFLOW_LOG_LEVEL": os.environ.get("FORESTFLOW_LOG_LEVEL", "warning"),
-        **env,
-    }
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "forestflow.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(work / f"data-{name}"),
-            *(args or []),
-        ],
-        env=full_env,
-        cwd=ROOT,
-        stdout=open(work / f"{name}.log", "wb"),
-        stderr=subprocess.STDOUT,
+    """A ``forestflow serve`` child process (not pinned: clients and gateways share the cores); it and
+    its base URL once it answers live."""
+    quiet = {"FORESTFLOW_ACCESS_LOG": "0", "FORESTFLOW_LOG_LEVEL": os.environ.get("FORESTFLOW_LOG_LEVEL", "warning")}
+    server = start_gateway(
+        work / f"data-{name}", {**quiet, **env}, work, name, args=args or (), pin=False, wait_path="/health/live"
     )
-    url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/health/live")
-    return proc, url
+    return server.proc, server.url
 
 
 async def clients(url: str, count: int, stop: asyncio.Event) -> tuple[Counter[str], Counter[str]]:

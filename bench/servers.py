@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,23 +108,33 @@ def start_floor(log_dir: Path) -> Server:
 
 
 def start_gateway(
-    data_dir: Path, env: dict[str, str], log_dir: Path, name: str, root: Path = ROOT, python: str = PYTHON
+    data_dir: Path,
+    env: dict[str, str],
+    log_dir: Path,
+    name: str,
+    root: Path = ROOT,
+    python: str = PYTHON,
+    args: Sequence[str] = (),
+    pin: bool = True,
+    wait_path: str = "/health/ready",
 ) -> Server:
-    """A gateway pinned to core 0, started from the checkout ``root`` with its interpreter ``python``
-    (by default this one), once it answers ready."""
+    """A gateway started from the checkout ``root`` with its interpreter ``python`` (by default this
+    one) and ``serve`` arguments ``args``, pinned to core 0 unless ``pin`` is false; returned once
+    ``wait_path`` answers (ready by default: its registry restored)."""
     port = free_port()
     # file:// deploys read the repository's fixtures and models the bench writes beside the data dir.
     roots = {"FORESTFLOW_ARTIFACT_ROOTS": f"{ROOT},{log_dir}"}
     full_env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1", **roots, **env}
+    argv = [python, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data_dir), *args]
     proc = subprocess.Popen(
-        pinned(0, [python, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]),
+        pinned(0, argv) if pin else argv,
         env=full_env,
         cwd=root,
         stdout=open(log_dir / f"{name}.log", "wb"),
         stderr=subprocess.STDOUT,
     )
     server = Server(proc, f"http://127.0.0.1:{port}")
-    wait_http(server.url + "/health/ready")  # started: its registry restored
+    wait_http(server.url + wait_path)
     return server
 
 
