@@ -349,7 +349,7 @@ class Gateway:
                 pending = loaded.scheduler.offer(context.frame, Priority.SHADOW, timeout)
             except ShadowDropped:
                 # Counted by the scheduler too; nothing was scored, so nothing to log.
-                _count_outcome(entry, False, True, None)
+                _count_outcome(entry, False, False, None)
                 continue
             except GatewayError as error:  # e.g. the servable is being unloaded
                 self._log_outcome(entry, context, False, started, error=error)
@@ -365,7 +365,7 @@ class Gateway:
         self, entry: ServableEntry, context: _RequestContext, started: float, pending: asyncio.Future[Frame]
     ) -> None:
         if pending.cancelled():
-            _count_outcome(entry, False, True, None)
+            _count_outcome(entry, False, False, None)
             return
         error = pending.exception() or input_report.strict_inputs_error(entry.settings, pending.result())
         if error is None:
@@ -380,7 +380,7 @@ class Gateway:
         elif isinstance(error, GatewayError):
             self._log_outcome(entry, context, False, started, error=error)
         else:
-            _count_outcome(entry, False, True, None)
+            _count_outcome(entry, False, False, None)
 
     async def compare_shadows(self) -> None:
         """Compare the finished shadow copies with the served answers (the gateway's timer).

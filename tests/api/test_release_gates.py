@@ -50,13 +50,13 @@ async def test_a_shadow_failing_every_copy_never_becomes_valid_and_shows_its_fai
             status, body = await score(gw)
             assert status == 200 and answered_by(body) == "v1"
 
-        async def failures_counted() -> bool:
-            return (await stats(gw))["v2"]["shadeErrorCount"] == "20"
+        async def failures_counted(expected: int) -> None:
+            deadline = time.monotonic() + 10
+            while (await stats(gw))["v2"]["shadeErrorCount"] != str(expected):
+                assert time.monotonic() < deadline, await stats(gw)
+                await asyncio.sleep(0.05)
 
-        deadline = time.monotonic() + 10
-        while not await failures_counted():
-            assert time.monotonic() < deadline, await stats(gw)
-            await asyncio.sleep(0.05)
+        await failures_counted(20)
         await asyncio.sleep(1.0)  # five evaluation rounds: a failing shadow must stay invalid through them
         m = (await stats(gw))["v2"]
         assert m["shadeCount"] == "20" and m["shadeErrorCount"] == "20" and m["errorCount"] == "0", m
@@ -65,6 +65,7 @@ async def test_a_shadow_failing_every_copy_never_becomes_valid_and_shows_its_fai
         for _ in range(5):
             status, body = await score(gw)
             assert status == 200 and answered_by(body) == "v1"
+        await failures_counted(25)  # the shadow copies fail after the answers went out
         async with gw.session.get(gw.url + "/metrics") as resp:
             text = await resp.text()
         assert 'forestflow_servable_shade_errors_total{fqrv="acme.demo.1.v2"} 25.0' in text, text[:3000]

@@ -68,6 +68,14 @@ async def counts(gw: InProcessGateway) -> dict[str, tuple[int, int]]:
     return {m["fqrv"]["releaseVersion"]: (int(m["scoreCount"]), int(m["shadeCount"])) for m in metrics}
 
 
+async def error_counts(gw: InProcessGateway) -> dict[str, tuple[int, int]]:
+    """``release -> (errorCount, shadeErrorCount)`` from ``GET /{contract}/stats``."""
+    async with gw.session.get(gw.url + "/acme/demo/1/stats") as resp:
+        assert resp.status == 200
+        metrics = [item["ServableMetrics"] for item in await resp.json()]
+    return {m["fqrv"]["releaseVersion"]: (int(m.get("errorCount", 0)), int(m.get("shadeErrorCount", 0))) for m in metrics}
+
+
 def events(tmp_path: Path) -> list[dict[str, Any]]:
     """Every prediction event written to the local log so far."""
     path = tmp_path / "data" / "predictions.jsonl"
@@ -162,6 +170,8 @@ async def test_shadow_drops_are_counted_exactly_and_never_delay_the_answer(tmp_p
         final = await scheduler(gw, "shadow")
         assert final["shadowDropped"] == dropped and final["running"] == 0 and final["shadowQueued"] == 0
         assert (await scheduler(gw, "live"))["liveRejected"] == 0
+        # A dropped copy is a shadow failure (issue 32): it gives no evidence the release works.
+        assert await error_counts(gw) == {"live": (0, 0), "shadow": (0, dropped)}
 
 
 async def _is(metrics: Any, **expected: int) -> bool:
