@@ -293,12 +293,19 @@ class Gateway:
         try:
             if loaded is None:
                 raise ServableNotReady(f"servable {fqrv} is not loaded")
-            submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout)
-            self._fan_out(state, shadows, context)
-            if tracing.ON:  # queue wait and scoring as a child of the request's span
-                with tracing.child("predict", **{"forestflow.fqrv": str(fqrv), "forestflow.rows": frame.num_rows}):
+            if tracing.ON:  # the queue wait and the scoring as children of the request's span
+                timing = tracing.QueueThenPredict(str(fqrv), frame.num_rows)
+                submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout, timing.started)
+                self._fan_out(state, shadows, context)
+                failed = True
+                try:
                     out = input_report.checked(entry.settings, await submitted)
+                    failed = False
+                finally:
+                    timing.finish(failed)
             else:
+                submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout)
+                self._fan_out(state, shadows, context)
                 out = input_report.checked(entry.settings, await submitted)  # strictInputs: a 400
         except GatewayError as error:
             self._log_outcome(entry, context, True, started, error=error)

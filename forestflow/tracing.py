@@ -17,6 +17,7 @@ prediction event and the response's ``traceparent``.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -135,6 +136,44 @@ def current_trace_id() -> str:
 def child(name: str, **attributes: Any) -> Any:
     """A span under the current one, as a context manager."""
     return _tracer.start_as_current_span(name, attributes=attributes or None)
+
+
+class QueueThenPredict:
+    """The two child spans of one scoring job: ``queue`` (from submit until the scheduler starts it)
+    and ``predict`` (from then until its answer or failure).
+
+    Both are made when the job is over, with the times taken on the way (the scheduler calls
+    :meth:`started` from the event loop), so nothing is ended twice whatever way the job ends.
+    """
+
+    __slots__ = ("_attributes", "_parent", "_submitted_ns", "_started_ns")
+
+    def __init__(self, fqrv: str, rows: int) -> None:
+        from opentelemetry import context
+
+        self._parent = context.get_current()
+        self._attributes = {"forestflow.fqrv": fqrv, "forestflow.rows": rows}
+        self._submitted_ns = time.time_ns()
+        self._started_ns: int | None = None
+
+    def started(self) -> None:
+        """The scheduler started the job (its queue wait ends here)."""
+        self._started_ns = time.time_ns()
+
+    def finish(self, failed: bool) -> None:
+        """Export the spans: the queue wait, and the scoring when the job got that far."""
+        from opentelemetry.trace import Status, StatusCode
+
+        now = time.time_ns()
+        started = self._started_ns
+        queue = _tracer.start_span("queue", context=self._parent, start_time=self._submitted_ns, attributes=self._attributes)
+        queue.end(end_time=started if started is not None else now)
+        if started is None:
+            return
+        predict = _tracer.start_span("predict", context=self._parent, start_time=started, attributes=self._attributes)
+        if failed:
+            predict.set_status(Status(StatusCode.ERROR))
+        predict.end(end_time=now)
 
 
 def set_attributes(**attributes: Any) -> None:

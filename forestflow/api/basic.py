@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from forestflow import tracing
 from forestflow.api.common import (
     FQRV_TAG,
     GATEWAY,
@@ -68,7 +69,10 @@ async def score_payload(
     The answer is the body ``/score`` returns: ``{"Prediction": ...}`` JSON, or a Prediction
     protobuf. Shared by the HTTP route and the Kafka front-end.
     """
-    if as_proto:
+    if tracing.ON:
+        with tracing.child("decode", **{"forestflow.bytes": len(body)}):
+            frame, configs = frame_from_proto(body) if as_proto else frame_from_json(parse_json(body))
+    elif as_proto:
         frame, configs = frame_from_proto(body)
     else:
         frame, configs = frame_from_json(parse_json(body))

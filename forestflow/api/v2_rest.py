@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import hdrs, web
 
+from forestflow import tracing
 from forestflow.api import body_pool, v2_common
 from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, SETTINGS, input_headers, request_id_of, timeout_from
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
@@ -197,9 +198,17 @@ class V2Answer:
     request_id: str
 
 
-def decode_request(
-    head: bytes | memoryview, binary: bytes | memoryview, max_rows: int | None = None
-) -> tuple[dict[str, Any], str | int | None, list[Tensor], list[tuple[str, dict[str, Any]]], bool]:
+#: A decoded V2 request: (parameters, id, input tensors, requested outputs, binary_data_output).
+DecodedRequest = tuple[dict[str, Any], str | int | None, list[Tensor], list[tuple[str, dict[str, Any]]], bool]
+
+
+async def _decoded(head: bytes | memoryview, binary: memoryview, max_rows: int) -> DecodedRequest:
+    if len(head) > body_pool.LARGE_BODY_BYTES:  # parsed off the loop: every other request goes on meanwhile
+        return await body_pool.run_off_loop(decode_request, bytes(head), bytes(binary), max_rows)
+    return decode_request(head, binary, max_rows)
+
+
+def decode_request(head: bytes | memoryview, binary: bytes | memoryview, max_rows: int | None = None) -> DecodedRequest:
     """The JSON part of a V2 inference request decoded: ``(parameters, id, input tensors, requested
     outputs, binary_data_output)``; raises InvalidInput. Runs on the loop or in a worker process."""
     try:
@@ -238,10 +247,13 @@ async def infer_payload(
     """
     head, binary = split_body(body, header_length)
     max_rows = gateway.settings.max_rows
-    if len(head) > body_pool.LARGE_BODY_BYTES:  # parsed off the loop: every other request goes on meanwhile
-        decoded = await body_pool.run_off_loop(decode_request, bytes(head), bytes(binary), max_rows)
+    if tracing.ON:
+        with tracing.child("decode", **{"forestflow.bytes": len(body)}):
+            decoded = await _decoded(head, binary, max_rows)
+    elif len(head) > body_pool.LARGE_BODY_BYTES:
+        decoded = await _decoded(head, binary, max_rows)
     else:
-        decoded = decode_request(head, binary, max_rows)
+        decoded = decode_request(head, binary, max_rows)  # the usual body: no coroutine more
     parameters, client_id, tensors, wanted, binary_default = decoded
     if client_id not in (None, ""):
         request_id = str(client_id)

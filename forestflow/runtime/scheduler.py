@@ -62,6 +62,8 @@ class _Job:
     timer: asyncio.TimerHandle | None = None
     #: Set while the job runs: frees the slot once every caller of its batch has given up.
     on_abandon: Callable[[], None] | None = None
+    #: Called when the job leaves the queue and starts scoring (tracing's queue wait ends there).
+    on_start: Callable[[], None] | None = None
 
 
 @dataclass(slots=True)
@@ -181,12 +183,15 @@ class ServableScheduler:
             return False
         return not self.thread_limit or self.running + self.stats.abandoned_running < self.thread_limit
 
-    async def submit(self, frame: Frame, priority: Priority, timeout_s: float) -> Frame:
+    async def submit(
+        self, frame: Frame, priority: Priority, timeout_s: float, on_start: Callable[[], None] | None = None
+    ) -> Frame:
         """Score ``frame``; raises Overloaded / ShadowDropped / DeadlineExceeded / the model's error.
 
         Cancelling the caller withdraws the job: out of the queue, or its slot freed if running.
+        ``on_start`` is called when the job starts scoring.
         """
-        future = self.offer(frame, priority, timeout_s)
+        future = self.offer(frame, priority, timeout_s, on_start)
         try:
             return await future
         except asyncio.CancelledError:
@@ -198,7 +203,9 @@ class ServableScheduler:
             # that cycle keeps the request's frame alive until a full GC pass.
             del future, frame
 
-    def offer(self, frame: Frame, priority: Priority, timeout_s: float) -> asyncio.Future[Frame]:
+    def offer(
+        self, frame: Frame, priority: Priority, timeout_s: float, on_start: Callable[[], None] | None = None
+    ) -> asyncio.Future[Frame]:
         """Admit ``frame`` without waiting and return the future of its result.
 
         Refusal is immediate: :class:`Overloaded` when the live queue is full, :class:`ShadowDropped`
@@ -223,8 +230,10 @@ class ServableScheduler:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         if not must_queue and priority is Priority.LIVE and frame.num_rows <= self.servable.inline_max_rows:
+            if on_start is not None:  # scored on the loop, now or at the end of this turn: no queue
+                on_start()
             return self._inline(frame, loop)
-        job = _Job(frame, priority, deadline, loop.create_future(), timeout_s)
+        job = _Job(frame, priority, deadline, loop.create_future(), timeout_s, on_start=on_start)
         job.timer = loop.call_at(deadline, self._expire, job)
         job.future.add_done_callback(lambda f: self._abandon(job) if f.cancelled() else None)
         if must_queue:
@@ -392,6 +401,9 @@ class ServableScheduler:
 
     def _start(self, batch: list[_Job]) -> None:
         loop = asyncio.get_running_loop()
+        for job in batch:
+            if job.on_start is not None:
+                job.on_start()
         frame = batch[0].frame if len(batch) == 1 else Frame.concat([j.frame for j in batch])
         try:
             task = loop.run_in_executor(self.executor, self._predict, frame)

@@ -82,9 +82,13 @@ async def test_a_traced_request_yields_its_spans_the_header_the_log_line_and_the
     assert server.parent_span_id.hex() == "00f067aa0ba902b7" and server.span_id.hex() == answer_parent.split("-")[2]
     assert attrs(server)["forestflow.contract"] == "acme.demo.1" and attrs(server)["forestflow.fqrv"] == "acme.demo.1.live"
     assert attrs(server)["forestflow.status"] == "200" and attrs(server)["forestflow.protocol"] == "http"
-    predict = by_name["predict"]
+    predict, queue, decode = by_name["predict"], by_name["queue"], by_name["decode"]
     assert predict.parent_span_id == server.span_id and attrs(predict)["forestflow.rows"] == "1"
-    assert by_name["encode"].parent_span_id == server.span_id
+    # decode, then the queue wait, then scoring, then encode: in that order inside the server span
+    assert decode.parent_span_id == queue.parent_span_id == by_name["encode"].parent_span_id == server.span_id
+    assert decode.end_time_unix_nano <= queue.start_time_unix_nano <= queue.end_time_unix_nano
+    assert queue.end_time_unix_nano <= predict.start_time_unix_nano <= predict.end_time_unix_nano
+    assert predict.end_time_unix_nano <= by_name["encode"].start_time_unix_nano
     # The shadow copy: a trace of its own, linked to the request's span.
     shadow = next(s for s in spans if s.name == "shadow")
     assert shadow.trace_id.hex() != TRACE_ID and attrs(shadow)["forestflow.fqrv"] == "acme.demo.1.shade"
