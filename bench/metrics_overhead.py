@@ -44,7 +44,7 @@ async def main() -> None:
     for label in ("off", "on", "off", "on"):
         middleware = build_middleware(False, metrics if label == "on" else None)
         request = make_mocked_request("POST", "/bench/none/1/score", app=app)
-        request._match_info = await app.router.resolve(request)  # type: ignore[attr-defined]
+        request._match_info = await app.router.resolve(request)
         started = time.process_time()
         for _ in range(N):
             await middleware(request, handler)

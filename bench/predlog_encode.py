@@ -70,7 +70,7 @@ def records(rows: int) -> dict[str, PredictionRecord]:
     }
 
 
-def cpu_us(fn, record: PredictionRecord, min_s: float = 0.3) -> float:  # type: ignore[no-untyped-def]
+def cpu_us(fn, record: PredictionRecord, min_s: float = 0.3) -> float:
     done, started = 0, time.process_time()
     while time.process_time() - started < min_s:
         for _ in range(50):

@@ -243,9 +243,9 @@ HEADER = (
 
 
 def print_cell(c: Cell) -> None:
-    if print_cell.first:  # type: ignore[attr-defined]
+    if print_cell.first:
         print(HEADER, flush=True)
-        print_cell.first = False  # type: ignore[attr-defined]
+        print_cell.first = False
     r, f = c.result, c.floor
     print(
         f"{c.endpoint:8} {c.rows:>4} {c.concurrency:>4} {c.logging:10} {r.rps:>8.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} "
@@ -255,7 +255,7 @@ def print_cell(c: Cell) -> None:
     )
 
 
-print_cell.first = True  # type: ignore[attr-defined]
+print_cell.first = True
 
 
 def logging_costs(args: argparse.Namespace, work: Path) -> list[Cost]:

@@ -191,8 +191,8 @@ async def _serve(settings: Any, worker: Any = None) -> None:
     failed: list[BaseException] = []
 
     def start_done(task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            failed.append(task.exception())  # type: ignore[arg-type]
+        if not task.cancelled() and (error := task.exception()) is not None:
+            failed.append(error)
             stop.set()
 
     app[STARTING].add_done_callback(start_done)

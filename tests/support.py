@@ -138,7 +138,7 @@ async def serve_in_process(
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]
     # The gateway restores and loads in the background while the server answers; tests start from a started one.
     await asyncio.wait_for(asyncio.shield(app[STARTING]), 60)
     try:

@@ -77,7 +77,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     base = tmp_path_factory.mktemp("corpus")
     grpc_port = free_port()
     proc = GatewayProcess(base / "data", env={"FORESTFLOW_GRPC_PORT": str(grpc_port), "FORESTFLOW_ACCESS_LOG": "0"})
-    proc.grpc_port = grpc_port  # type: ignore[attr-defined]
+    proc.grpc_port = grpc_port
     proc.start(timeout_s=60)
     try:
         for body in (
@@ -94,7 +94,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
 
 @pytest.fixture(scope="module")
 def channel(gw: GatewayProcess) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as ch:  # type: ignore[attr-defined]
+    with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as ch:
         yield ch
 
 

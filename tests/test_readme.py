@@ -56,7 +56,7 @@ def test_route_table_lists_every_front_end_and_the_v2_name_rule() -> None:
 def test_safe_rollouts_section_runs_as_written(tmp_path: Any) -> None:
     """Each line of the section's bash block, run against a real gateway: gate, phase in, roll back."""
     section = README[README.index("## Safe rollouts") : README.index("## Operations")]
-    lines = [line for line in re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1).splitlines() if line.strip()]  # type: ignore[union-attr]
+    lines = [line for line in re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1).splitlines() if line.strip()]
     broken = tmp_path / "v2-broken"
     gw = GatewayProcess(tmp_path / "data", env={"FORESTFLOW_EVALUATION_INTERVAL_S": "1"}).start()
 

@@ -78,7 +78,7 @@ def test_second_gateway_on_same_data_dir_or_ports_exits_and_first_keeps_state(
     same_dir = _second_serve(tmp_path / "data", free_port(), free_port())
     assert same_dir.returncode != 0
     line = _error_line(same_dir)
-    assert "in use" in line and f"pid {first.proc.pid}" in line, line  # type: ignore[union-attr]
+    assert "in use" in line and f"pid {first.proc.pid}" in line, line
 
     # Other data dir, the first gateway's gRPC port: refused before start-up (no state written).
     other = tmp_path / "other"

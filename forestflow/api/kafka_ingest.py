@@ -57,7 +57,7 @@ _LAG_INTERVAL_S = 1.0
 _OVERLOAD_RETRY_S = 0.02
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types: its base is Any
     def __init__(self, ingest: KafkaIngest) -> None:
         self.ingest = ingest
 

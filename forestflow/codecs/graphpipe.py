@@ -503,9 +503,9 @@ def _infer_response_bytes(tensors: Sequence[tuple[int, tuple[int, ...], bytes | 
         w.point(vector + 4 + 4 * k, table)
         w.point(table + 4, w.vector(len(shape), struct.pack(f"<{len(shape)}q", *shape), 8))
         if is_text:
-            w.point(table + 8, w.strings(values))  # type: ignore[arg-type]
+            w.point(table + 8, w.strings(values))  # type: ignore[arg-type]  # is_text: a list of strings
         else:
-            w.point(table + 8, w.vector(len(values), values, 8))  # type: ignore[arg-type]
+            w.point(table + 8, w.vector(len(values), values, 8))  # type: ignore[arg-type]  # not is_text: packed bytes
     return bytes(w.buf)
 
 

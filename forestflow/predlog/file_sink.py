@@ -165,7 +165,7 @@ class FileSink:
                 _append(fh.fileno(), pieces)
             except _PartialWrite as exc:
                 if exc.done < len(prefix):
-                    self._resume[graphpipe] = resume  # type: ignore[assignment]
+                    self._resume[graphpipe] = resume  # type: ignore[assignment]  # set above whenever prefix is
                     failed += chosen
                 else:
                     done, index = exc.done - len(prefix) + skip, 0

@@ -75,7 +75,7 @@ def check_aiokafka() -> None:
     import aiokafka
 
     for owner, assigned, defined in _INTERNALS:
-        names = owner.__init__.__code__.co_names  # type: ignore[misc]
+        names = owner.__init__.__code__.co_names  # type: ignore[misc]  # a class's own __init__, a function
         missing = [n for n in assigned if n not in names] + [n for n in defined if not hasattr(owner, n)]
         if missing:
             raise KafkaInternalsChanged(

@@ -56,7 +56,7 @@ def _java_message(exc: BaseException) -> str:
     """A one-line description of a (Java or Python) exception."""
     name = type(exc).__name__
     try:
-        name = str(exc.getClass().getName())  # type: ignore[attr-defined]
+        name = str(exc.getClass().getName())  # type: ignore[attr-defined]  # a Java exception (JPype) has getClass
     except Exception:
         pass
     text = str(exc).strip().splitlines()
@@ -379,7 +379,7 @@ class H2OMojoServable(Servable):
                         data.put(col.name, float(v))
                     else:
                         data.put(col.name, col.domain[int(v)] if v >= 0 else "\x00unseen level")
-            p = typed(data, float(offsets[i])) if typed is not None else self._wrapper.predict(data)  # type: ignore[index]
+            p = typed(data, float(offsets[i])) if typed is not None else self._wrapper.predict(data)  # type: ignore[index]  # JPype's Java objects are untyped
             if cat == "Regression":
                 preds[i, 0] = p.value
             elif cat in ("Binomial", "Multinomial"):

@@ -174,6 +174,7 @@ class MapStep(_BuiltinStep):
                     raise InvalidInput(f"the request has no column {what!r} (input of the map step)") from None
             if lookup is not None:
                 mapped = np.empty(len(column), dtype=object)
+                # numpy's stubs take no list for an object array's slice assignment, which numpy does
                 mapped[:] = [lookup.get(_text(v), v) for v in column.tolist()]  # type: ignore[arg-type]
                 column = mapped
             out[name] = cast_column(column, datatype, where)

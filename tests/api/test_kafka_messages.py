@@ -7,7 +7,7 @@ from forestflow.core.ids import Contract
 from forestflow.errors import InvalidInput
 
 
-def read(headers: list[tuple[str, bytes]], default_reply: str = "replies"):  # type: ignore[no-untyped-def]
+def read(headers: list[tuple[str, bytes]], default_reply: str = "replies"):
     return read_request("requests", 2, 41, headers, default_reply)
 
 

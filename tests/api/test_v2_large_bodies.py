@@ -72,7 +72,7 @@ async def test_the_row_limit_is_checked_before_columns_are_built(tmp_path: Path,
     built: list[str] = []
     real = v2_request.array_from_json
 
-    def counting(name, *args, **kw):  # type: ignore[no-untyped-def]
+    def counting(name, *args, **kw):
         built.append(name)
         return real(name, *args, **kw)
 

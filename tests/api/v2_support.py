@@ -89,7 +89,7 @@ async def run_families(python: Path, job: dict[str, Any], *families: str) -> lis
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    return results  # type: ignore[return-value]
+    return results
 
 
 @dataclass

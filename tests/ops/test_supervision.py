@@ -37,7 +37,7 @@ async def test_a_dead_drain_is_restarted_counted_and_unready_meanwhile(gw: InPro
             raise DrainBug("a bug in the drain")
         return await real_send(entries)
 
-    plog.sink.send = send  # type: ignore[method-assign]
+    plog.sink.send = send
     for i in range(3):
         async with gw.session.post(gw.url + "/acme/demo/1/score", json=score_body([float(i)], configs={"reqid": f"r{i}"})) as r:
             assert r.status == 200
@@ -101,7 +101,7 @@ def test_supervisor_waits_for_the_drain_grace_before_sigkill(tmp_path: Path) -> 
         assert worker.stdout is not None and worker.stdout.readline() == b"up\n"
         slot = type("Slot", (), {"process": worker})()
         started = time.monotonic()
-        Supervisor(settings, [], 1)._stop_all([slot])  # type: ignore[list-item]
+        Supervisor(settings, [], 1)._stop_all([slot])
         assert worker.returncode == 0, worker.returncode  # before: -9 (SIGKILL)
         assert 5.5 < time.monotonic() - started < 10
     finally:
@@ -126,7 +126,7 @@ async def test_close_does_not_wait_out_a_restart_backoff(tmp_path: Path) -> None
             raise DrainBug("once")
         return await real_send(entries)
 
-    plog.sink.send = send  # type: ignore[method-assign]
+    plog.sink.send = send
     plog.start()
     assert plog.emit(make_record(1))
     await wait_for(lambda: plog.stats.drain_restarts == 1, 5, "the drain died")
@@ -145,7 +145,7 @@ def test_supervisor_passes_sighup_to_its_workers() -> None:
     try:
         assert worker.stdout is not None and worker.stdout.readline() == b"up\n"
         supervisor = Supervisor(Settings.load(environ={}), [], 1)
-        supervisor._slots = [type("Slot", (), {"process": worker})()]  # type: ignore[list-item]
+        supervisor._slots = [type("Slot", (), {"process": worker})()]
         supervisor._on_hangup(signal.SIGHUP, None)
         assert worker.stdout.readline() == b"hup\n" and worker.wait(10) == 0
     finally:

@@ -27,7 +27,7 @@ def broker() -> Iterator[KafkaBroker]:
 
 def cloud_event(record: object) -> object:
     """The record as the SDK reads a binary-mode CloudEvent (headers as a dict, value as bytes)."""
-    message = ce_kafka.KafkaMessage(headers=dict(record.headers), key=record.key, value=record.value)  # type: ignore[attr-defined]
+    message = ce_kafka.KafkaMessage(headers=dict(record.headers), key=record.key, value=record.value)
     return ce_kafka.from_binary(message, JSONFormat())
 
 

@@ -38,7 +38,7 @@ async def test_a_renamed_log_is_left_for_a_new_file_at_the_path(tmp_path: Path) 
     await plog.close(5)
     assert request_ids(tmp_path / "predictions.jsonl.1") == ["req-0", "req-1", "req-2"]
     assert request_ids(path) == ["req-3", "req-4", "req-5"]  # before the fix: absent, all in .1
-    assert plog.sink.reopened == 1  # type: ignore[attr-defined]
+    assert plog.sink.reopened == 1
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "protobuf"])

@@ -107,7 +107,7 @@ async def test_broker_stopped_while_1000_requests_are_scored(broker: KafkaBroker
 
 
 def log_stats_delivered(gw: object) -> int:
-    return gw.gateway.prediction_log.stats.delivered  # type: ignore[attr-defined]
+    return gw.gateway.prediction_log.stats.delivered
 
 
 def test_logs_tail_cli_prints_json_lines(broker: KafkaBroker, tmp_path: Path) -> None:

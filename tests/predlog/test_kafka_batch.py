@@ -57,4 +57,4 @@ def test_a_closed_batch_takes_nothing_more_and_bad_entries_are_refused() -> None
     batch = RecordBatch(entries(), "none")
     assert batch.append(timestamp=None, key=b"k", value=b"v") is None and batch.record_count() == 4
     with pytest.raises(TypeError, match="key must be bytes or None"):
-        RecordBatch([LogEntry(False, "text", b"v")], "none")  # type: ignore[arg-type]
+        RecordBatch([LogEntry(False, "text", b"v")], "none")

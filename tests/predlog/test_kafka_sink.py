@@ -334,11 +334,11 @@ async def test_partition_cache_follows_the_topics_partitions() -> None:
 
     sink, producer = KafkaSink("x:1", "a", "b", enable_idempotence=False), Partitions()
     keys = [f"customer-{i}".encode() for i in range(50)]
-    known = await sink._partitions(producer, "a")  # type: ignore[arg-type]
+    known = await sink._partitions(producer, "a")
     assert [sink._partition(k, known) for k in keys] == [DefaultPartitioner()(k, [0, 1], [0, 1]) for k in keys]
-    assert len(known[1]) == 50 and await sink._partitions(producer, "a") is known  # type: ignore[arg-type]
+    assert len(known[1]) == 50 and await sink._partitions(producer, "a") is known
     producer.current = {0, 1, 2, 3}  # partitions added: no key keeps a cached answer
-    grown = await sink._partitions(producer, "a")  # type: ignore[arg-type]
+    grown = await sink._partitions(producer, "a")
     assert grown[1] == {} and grown[0] == [0, 1, 2, 3]
     assert [sink._partition(k, grown) for k in keys] == [DefaultPartitioner()(k, [0, 1, 2, 3], [0, 1, 2, 3]) for k in keys]
     assert sink._partition(None, grown) in (0, 1, 2, 3)
@@ -358,7 +358,7 @@ async def test_refused_entry_then_partitions_timeout_is_counted_once(broker: Kaf
             await asyncio.sleep(3600)
         return await real(name)
 
-    sink._producer.partitions_for = stalled  # type: ignore[method-assign]
+    sink._producer.partitions_for = stalled
     big, gp = entry(make_record(1, pad=5000)), entry(make_record(2, graphpipe=True))
     try:
         failed = await sink.send([big, gp])

@@ -36,7 +36,7 @@ def assert_accounted(plog: PredictionLog) -> None:
 
 async def connected_log(broker: KafkaBroker, topic: str, capacity: int = 64 << 20, **kw: object) -> PredictionLog:
     """A started log whose sink has delivered one warm-up event (``req-warm``)."""
-    plog = PredictionLog(kafka_sink(broker.bootstrap, topic), capacity, retry_backoff_s=0.2, **kw)  # type: ignore[arg-type]
+    plog = PredictionLog(kafka_sink(broker.bootstrap, topic), capacity, retry_backoff_s=0.2, **kw)
     plog.start()
     warm = make_record(0)
     warm.request_id = "req-warm"
@@ -103,7 +103,7 @@ async def test_events_arrive_once_with_keys_and_intact_content(broker: KafkaBrok
     for rec in got_gp:
         event = pb.PredictionEventGP.FromString(rec.value)
         record = by_id[event.requestId]
-        assert rec.key == record.key.encode()  # type: ignore[union-attr]
+        assert rec.key == record.key.encode()
         assert event.inferBytes == record.raw_request
         assert event.prediction.inferResponse == record.raw_response
         assert event.prediction.fqrv.release_version == FQ.release

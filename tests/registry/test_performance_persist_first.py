@@ -20,7 +20,7 @@ async def test_performance_update_with_the_store_down_changes_nothing(gw: InProc
     async def down(changes: dict[str, Any]) -> None:
         raise ConnectionError("store is down")
 
-    store.apply = down  # type: ignore[method-assign]
+    store.apply = down
     try:
         async with gw.session.put(gw.url + RELEASE + "/performance-metrics", json={"performanceMetrics": {"auc": 0.95}}) as r:
             assert r.status == 503, await r.text()
@@ -31,7 +31,7 @@ async def test_performance_update_with_the_store_down_changes_nothing(gw: InProc
         async with gw.session.post(gw.url + "/acme/demo/1/score", json=score_body([1.0])) as r:
             assert r.status != 200, await r.text()  # v1 is still not valid: nothing serves
     finally:
-        store.apply = healthy_apply  # type: ignore[method-assign]
+        store.apply = healthy_apply
     async with gw.session.put(gw.url + RELEASE + "/performance-metrics", json={"performanceMetrics": {"auc": 0.95}}) as r:
         assert r.status == 200, await r.text()
     assert entry.metrics.performance_metrics == {"auc": 0.95}

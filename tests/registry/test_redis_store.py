@@ -33,7 +33,7 @@ def metrics(score: int = 0, shade: int = 0, stamp: int | None = None, perf: dict
 
 @asynccontextmanager
 async def store(server: RedisServer, **kwargs: object) -> AsyncIterator[RedisStore]:
-    s = RedisStore(server.url, kwargs.pop("sync_interval_s", 5.0), **kwargs)  # type: ignore[arg-type]
+    s = RedisStore(server.url, kwargs.pop("sync_interval_s", 5.0), **kwargs)
     try:
         yield s
     finally:

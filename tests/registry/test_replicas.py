@@ -243,10 +243,7 @@ def failure_counts(gw: GatewayProcess) -> dict[str, tuple[int, int, int, int]]:
     """``release -> (scoreCount, shadeCount, errorCount, shadeErrorCount)`` from ``/stats``."""
     stats = requests.get(gw.url + "/acme/demo/1/stats", timeout=10).json()
     names = ("scoreCount", "shadeCount", "errorCount", "shadeErrorCount")
-    return {
-        e["ServableMetrics"]["fqrv"]["releaseVersion"]: tuple(int(e["ServableMetrics"][n]) for n in names)  # type: ignore[misc]
-        for e in stats
-    }
+    return {e["ServableMetrics"]["fqrv"]["releaseVersion"]: tuple(int(e["ServableMetrics"][n]) for n in names) for e in stats}
 
 
 def test_failure_counters_are_summed_over_replicas(

@@ -128,7 +128,7 @@ def test_native_equals_genmodel_score0(native: dict[str, H2OMojoServable], name:
     X = _random_rows(s, 300, seed=len(name))
     offsets = np.random.default_rng(5).normal(0.0, 0.5, len(X)) if s._offset is not None else None
     want = jvm.score_batch(model, X, offsets, s._preds_size)
-    got = s._native.score(X, offsets)  # type: ignore[union-attr]
+    got = s._native.score(X, offsets)
     np.testing.assert_array_equal(got[:, 0] if s._classes is not None else 0, want[:, 0] if s._classes is not None else 0)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=0)
 

@@ -110,7 +110,7 @@ async def _download(locator: S3Locator, files: tuple[str, ...] | None, staging: 
 async def _list(client: object, locator: S3Locator) -> list[str]:
     prefix = locator.prefix.rstrip("/") + "/" if locator.prefix else ""
     names: list[str] = []
-    paginator = client.get_paginator("list_objects_v2")  # type: ignore[attr-defined]
+    paginator = client.get_paginator("list_objects_v2")  # type: ignore[attr-defined]  # aiobotocore's client is untyped
     async for page in paginator.paginate(Bucket=locator.bucket, Prefix=prefix):
         for item in page.get("Contents", []):
             if not item["Key"].endswith("/"):
