@@ -244,7 +244,7 @@ class ReplicaSync:
         if peer_counters is None:
             return entry.metrics
         m = entry.metrics
-        score, shade, errors, shade_errors = (tuple(peer_counters(entry.fqrv)) + (0, 0, 0, 0))[:4]
+        score, shade, errors, shade_errors = peer_counters(entry.fqrv)  # COUNTERS order
         return replace(
             m,
             score_count=m.score_count + score,

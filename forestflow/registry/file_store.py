@@ -29,12 +29,18 @@ import orjson
 import structlog
 
 from forestflow.core.ids import FQRV
-from forestflow.registry.store import COUNTERS, SHARED_METRICS, add_counters, counters_doc, counters_of, merge_shared_metrics
+from forestflow.registry.store import (
+    NO_COUNTS,
+    SHARED_METRICS,
+    counters_doc,
+    counters_of,
+    merge_shared_metrics,
+    split_counters,
+)
 
 log = structlog.get_logger("forestflow.registry.file")
 
 FORMAT = 2
-_ZERO = (0,) * len(COUNTERS)
 
 
 @dataclass(slots=True)
@@ -100,7 +106,7 @@ class FileStore:
     def peer_counters(self, fqrv: FQRV) -> tuple[int, ...]:
         """The counters (:data:`~forestflow.registry.store.COUNTERS` order) summed over the other
         processes, as of the last look."""
-        return self._peer_counts.get(str(fqrv), _ZERO)
+        return self._peer_counts.get(str(fqrv), NO_COUNTS)
 
     async def check(self) -> None:
         """One look at the file: refresh the peers' counters; call back if the registry moved."""
@@ -204,7 +210,7 @@ class FileStore:
         out = dict(contents.documents)
         for key, doc in contents.documents.items():
             if key.startswith("metrics/"):
-                out[key] = {**doc, **counters_doc(own.get(key.removeprefix("metrics/"), _ZERO))}
+                out[key] = {**doc, **counters_doc(own.get(key.removeprefix("metrics/"), NO_COUNTS))}
         suffix = "@" + self.replica_id
         for field_name, state in contents.routing.items():
             if field_name.endswith(suffix):
@@ -213,13 +219,7 @@ class FileStore:
 
     def _count_peers(self, contents: _Contents) -> dict[str, tuple[int, ...]]:
         """This replica's counters by fqrv; the other replicas' sums go to :meth:`peer_counters`."""
-        own: dict[str, tuple[int, ...]] = {}
-        peers: dict[str, tuple[int, ...]] = {}
-        for field_name, values in contents.counters.items():
-            fqrv, _, replica = field_name.rpartition("@")
-            target = own if replica == self.replica_id else peers
-            target[fqrv] = add_counters(target.get(fqrv, _ZERO), values)
-        self._peer_counts = peers
+        own, self._peer_counts = split_counters(contents.counters.items(), self.replica_id)
         return own
 
 

@@ -25,7 +25,7 @@ import contextlib
 import os
 import secrets
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import orjson
@@ -37,9 +37,7 @@ from redis.exceptions import RedisError, WatchError
 
 from forestflow.core.ids import FQRV
 from forestflow.errors import StoreUnavailable
-from forestflow.registry.store import COUNTERS, add_counters, counters_doc, counters_of, merge_shared_metrics
-
-_ZERO = (0,) * len(COUNTERS)
+from forestflow.registry.store import NO_COUNTS, counters_doc, counters_of, merge_shared_metrics, split_counters
 
 log = structlog.get_logger("forestflow.registry.redis")
 
@@ -121,7 +119,7 @@ class RedisStore:
         out = dict(docs)
         for key, doc in docs.items():
             if key.startswith("metrics/"):
-                out[key] = {**doc, **counters_doc(own.get(key.removeprefix("metrics/"), _ZERO))}
+                out[key] = {**doc, **counters_doc(own.get(key.removeprefix("metrics/"), NO_COUNTS))}
         return out
 
     async def apply(self, changes: dict[str, Any | None]) -> None:
@@ -152,20 +150,11 @@ class RedisStore:
     def peer_counters(self, fqrv: FQRV) -> tuple[int, ...]:
         """The counters (:data:`~forestflow.registry.store.COUNTERS` order) summed over the other
         replicas, as of the last sync round."""
-        return self._peer_counts.get(str(fqrv), _ZERO)
+        return self._peer_counts.get(str(fqrv), NO_COUNTS)
 
     def _read_counters(self, counters: dict[str, str]) -> dict[str, tuple[int, ...]]:
-        own: dict[str, tuple[int, ...]] = {}
-        peers: dict[str, tuple[int, ...]] = {}
-        for field, value in counters.items():
-            fqrv, _, replica = field.rpartition("@")
-            try:
-                values = [int(v) for v in value.split()]
-            except ValueError:
-                continue
-            target = own if replica == self.replica_id else peers
-            target[fqrv] = add_counters(target.get(fqrv, _ZERO), values)
-        self._peer_counts = peers
+        """This replica's counters by fqrv; the other replicas' sums go to :meth:`peer_counters`."""
+        own, self._peer_counts = split_counters(_parsed_counters(counters), self.replica_id)
         return own
 
     # ---- writing ----------------------------------------------------------------------------------
@@ -321,3 +310,12 @@ class RedisStore:
         if not self.available:
             self.available = True
             log.info("registry_store_available", version=self.version)
+
+
+def _parsed_counters(counters: dict[str, str]) -> Iterable[tuple[str, list[int]]]:
+    """The counters hash's fields with their values as numbers (a field that does not parse is skipped)."""
+    for field, value in counters.items():
+        try:
+            yield field, [int(v) for v in value.split()]
+        except ValueError:
+            continue

@@ -8,6 +8,7 @@ data dir, replaced atomically, shared by the worker processes of one gateway.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from forestflow.core.ids import FQRV, Contract
@@ -86,10 +87,28 @@ def counters_doc(values: Any) -> dict[str, int]:
     return out
 
 
-def add_counters(a: tuple[int, ...], b: Any) -> tuple[int, ...]:
+#: A release's counters before anything was counted, in :data:`COUNTERS` order.
+NO_COUNTS = (0,) * len(COUNTERS)
+
+
+def _add_counters(a: tuple[int, ...], b: Sequence[Any]) -> tuple[int, ...]:
     """Element-wise sum of two counter tuples (the shorter padded with zeros)."""
     b = [int(v) for v in b]
     return tuple(x + (b[i] if i < len(b) else 0) for i, x in enumerate(a))
+
+
+def split_counters(
+    fields: Iterable[tuple[str, Sequence[Any]]], replica_id: str
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """Per-process counter fields (``fqrv@replica`` -> values) summed by fqrv: this process's own
+    and the other processes' (what :meth:`peer_counters` of a shared store answers)."""
+    own: dict[str, tuple[int, ...]] = {}
+    peers: dict[str, tuple[int, ...]] = {}
+    for field_name, values in fields:
+        fqrv, _, replica = field_name.rpartition("@")
+        target = own if replica == replica_id else peers
+        target[fqrv] = _add_counters(target.get(fqrv, NO_COUNTS), values)
+    return own, peers
 
 
 #: Fields of a ``metrics/*`` document that all replicas share (counters are per replica).
