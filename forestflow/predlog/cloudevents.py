@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
+from forestflow.codecs.ff_protobuf import varint
 from forestflow.core.ids import Contract
 
 SPECVERSION = b"1.0"
@@ -40,14 +41,8 @@ def event_time(epoch_ms: int) -> str:
 
 
 def _varint(n: int) -> bytes:
-    """A zigzag varint (Kafka's record fields; ``n`` is never negative here)."""
-    n <<= 1
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    """A zigzag varint (Kafka's record fields): for ``n`` >= 0, as here, the varint of ``2n``."""
+    return varint(n << 1)
 
 
 def _header(name: bytes, value: bytes) -> bytes:
