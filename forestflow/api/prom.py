@@ -204,9 +204,9 @@ class GatewayCollector:
                 shaded.add_metric(label, entry.metrics.shade_count)
                 errors.add_metric(label, entry.metrics.error_count)
                 shade_errors.add_metric(label, entry.metrics.shade_error_count)
-                observed = entry.metrics.window.observed()
-                if "agreement" in observed:
-                    agreement.add_metric(label, observed["agreement"])
+                share = entry.metrics.window.agreement  # not observed(): that also sorts the latencies
+                if share is not None:
+                    agreement.add_metric(label, share)
         queue = GaugeMetricFamily("forestflow_queue_depth", "Jobs waiting per servable and priority", labels=["fqrv", "priority"])
         running = GaugeMetricFamily("forestflow_scoring_running", "predict calls running per servable", labels=["fqrv"])
         dropped = CounterMetricFamily("forestflow_shadow_dropped", "Shadow copies dropped on a full queue", labels=["fqrv"])

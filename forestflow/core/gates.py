@@ -76,6 +76,11 @@ class ReleaseWindow:
         self.failures = 0
 
     @property
+    def agreement(self) -> float | None:
+        """The share of compared shadow rows that agreed (None before any was compared)."""
+        return self.agreeing / len(self.agreements) if self.agreements else None
+
+    @property
     def error_rate(self) -> float:
         """Failures over the events in the window (0.0 when empty)."""
         return self.failures / len(self.outcomes) if self.outcomes else 0.0
@@ -97,8 +102,8 @@ class ReleaseWindow:
     def observed(self) -> dict[str, float]:
         """``agreement`` (when shadow copies were compared), ``errorRate`` and ``p99LatencyMs`` (when events were seen)."""
         out: dict[str, float] = {}
-        if self.agreements:
-            out["agreement"] = self.agreeing / len(self.agreements)
+        if (agreement := self.agreement) is not None:
+            out["agreement"] = agreement
         if self.outcomes:
             out["errorRate"] = self.error_rate
         if self.latencies:
