@@ -245,8 +245,9 @@ class Gateway:
     def decoding_metadata(self, route: Route) -> ServableMetadata | None:
         """The metadata a request's positional tensors are laid out against: the answering
         release's when it is loaded, else the describing release's (None: nothing is loaded)."""
-        if route.answered is not None:
-            loaded = self.registry.loaded.get(route.state.servables[route.answered].fqrv)
+        entry = route.state.servables.get(route.answered) if route.answered is not None else None
+        if entry is not None:  # None too when the release left the contract since it was routed
+            loaded = self.registry.loaded.get(entry.fqrv)
             if loaded is not None:
                 return loaded.servable.metadata()
         fqrv = self.describing_release(route.state)
@@ -276,7 +277,9 @@ class Gateway:
         """
         if frame.num_rows > self.settings.max_rows:
             raise InvalidInput(f"batch of {frame.num_rows} records is over the limit of {self.settings.max_rows}")
-        if route is None:
+        if route is None or (route.answered is not None and route.answered not in route.state.servables):
+            # Not routed yet, or routed (before the body was read) to a release that has left the
+            # contract since (expired, deleted, removed by a follower): routed now.
             route = self.route(contract, release)
         state, answered, shadows = route.state, route.answered, route.shadows
         timeout = timeout_s if timeout_s is not None else self.settings.request_timeout_ms / 1000
@@ -345,9 +348,9 @@ class Gateway:
     def _fan_out(self, state: ContractState, releases: list[str], context: _RequestContext) -> None:
         timeout = self.settings.request_timeout_ms / 1000
         for release in releases:
-            entry = state.servables[release]
-            loaded = self.registry.loaded.get(entry.fqrv)
-            if loaded is None:
+            entry = state.servables.get(release)  # None: it left the contract since it was routed
+            loaded = self.registry.loaded.get(entry.fqrv) if entry is not None else None
+            if entry is None or loaded is None:
                 continue
             entry.metrics.shade_count += 1
             self.registry.counters_dirty = True
