@@ -1,4 +1,4 @@
-"""Shared fixtures: an in-process gateway on a real port, and gateway child processes."""
+"""Shared fixtures: an in-process gateway on a real port, gateway child processes, and MLServer."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.remote_backends import MLServerProcess, train_iris
 from tests.support import GatewayProcess, InProcessGateway, serve_in_process
 
 
@@ -32,6 +33,26 @@ def gateway_process(tmp_path: Path) -> Iterator[type[GatewayProcess]]:
     yield Tracked
     for proc in started:
         proc.kill()
+
+
+@pytest.fixture(scope="session")
+def mlserver_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLServerProcess]:
+    """One MLServer serving the iris model (tests/remote_backends.py), shared by the session's tests
+    (per xdist worker): started once, stopped at the end."""
+    work = tmp_path_factory.mktemp("mlserver")
+    train_iris(work / "models")
+    server = MLServerProcess(work / "models", work / "mlserver.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mlserver(mlserver_session: MLServerProcess) -> MLServerProcess:
+    """The session's MLServer, running: started again first when an earlier test stopped it and
+    failed before starting it again."""
+    if not mlserver_session.running:
+        mlserver_session.start()
+    return mlserver_session
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
