@@ -117,17 +117,18 @@ def start_gateway(
     args: Sequence[str] = (),
     pin: bool = True,
     wait_path: str = "/health/ready",
+    cpu: int = 0,
 ) -> Server:
     """A gateway started from the checkout ``root`` with its interpreter ``python`` (by default this
-    one) and ``serve`` arguments ``args``, pinned to core 0 unless ``pin`` is false; returned once
-    ``wait_path`` answers (ready by default: its registry restored)."""
+    one) and ``serve`` arguments ``args``, pinned to core ``cpu`` (0) unless ``pin`` is false; returned
+    once ``wait_path`` answers (ready by default: its registry restored)."""
     port = free_port()
     # file:// deploys read the repository's fixtures and models the bench writes beside the data dir.
     roots = {"FORESTFLOW_ARTIFACT_ROOTS": f"{ROOT},{log_dir}"}
     full_env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1", **roots, **env}
     argv = [python, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data_dir), *args]
     proc = subprocess.Popen(
-        pinned(0, argv) if pin else argv,
+        pinned(cpu, argv) if pin else argv,
         env=full_env,
         cwd=root,
         stdout=open(log_dir / f"{name}.log", "wb"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -60,8 +61,10 @@ class MLServerProcess:
     (``parallel_workers`` 0: inference on MLServer's own event loop, no worker pool). The ports are
     chosen once, so a stopped server started again answers at the same addresses."""
 
-    def __init__(self, models_dir: Path, log_path: Path) -> None:
+    def __init__(self, models_dir: Path, log_path: Path, cpu: int | None = None) -> None:
         self.models_dir = models_dir
+        #: The core it is pinned to (taskset; benchmarks), or None.
+        self.cpu = cpu
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.log_path = log_path
@@ -94,8 +97,12 @@ class MLServerProcess:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         (self.models_dir / "settings.json").write_text(json.dumps(self.settings()))
         log = open(self.log_path, "ab")
+        argv = [str(MLSERVER_VENV / "bin" / "mlserver"), "start", str(self.models_dir)]
+        taskset = shutil.which("taskset")
+        if self.cpu is not None and taskset and (os.cpu_count() or 1) > 1:
+            argv = [taskset, "-c", str(self.cpu), *argv]
         self.proc = subprocess.Popen(
-            [str(MLSERVER_VENV / "bin" / "mlserver"), "start", str(self.models_dir)],
+            argv,
             cwd=self.models_dir,
             stdout=log,
             stderr=subprocess.STDOUT,
