@@ -28,6 +28,7 @@ class Kind(enum.Enum):
     UNAUTHENTICATED = "unauthenticated"  # HTTP 401
     FORBIDDEN = "forbidden"  # HTTP 403
     INTERNAL = "internal"  # HTTP 500, INTERNAL
+    BAD_GATEWAY = "bad_gateway"  # a remote backend failed: HTTP 502, INTERNAL
 
 
 #: The HTTP-style status of each kind (HTTP front-ends, GraphPipe error codes, prediction-log events).
@@ -41,6 +42,7 @@ HTTP_STATUS: dict[Kind, int] = {
     Kind.TOO_LARGE: 413,
     Kind.UNPROCESSABLE: 422,
     Kind.INTERNAL: 500,
+    Kind.BAD_GATEWAY: 502,
     Kind.OVERLOADED: 503,
     Kind.UNAVAILABLE: 503,
     Kind.DEADLINE: 504,
@@ -234,3 +236,22 @@ class InternalError(GatewayError):
 
     def __init__(self, fqrv: Any, message: str = "internal error") -> None:
         super().__init__(message, fqrv=fqrv, errorMessage=message)
+
+
+class BackendUnavailable(GatewayError):
+    """A remote backend cannot be reached (refused, reset, circuit open): 503 with Retry-After."""
+
+    kind = Kind.UNAVAILABLE
+
+    def __init__(self, fqrv: Any, backend: str, reason: str, retry_after: float = 1.0) -> None:
+        super().__init__(f"backend {backend} of {fqrv} is unavailable: {reason}", fqrv=fqrv, backend=backend)
+        self.retry_after = retry_after
+
+
+class BackendFailed(GatewayError):
+    """A remote backend answered with a failure of its own (a 5xx, a broken answer): 502."""
+
+    kind = Kind.BAD_GATEWAY
+
+    def __init__(self, fqrv: Any, backend: str, reason: str) -> None:
+        super().__init__(f"backend {backend} of {fqrv} failed: {reason}", fqrv=fqrv, backend=backend)

@@ -161,7 +161,7 @@ class Gateway:
         await self.prediction_log.close(self.settings.log_flush_timeout_s)
         for loaded in list(self.registry.loaded.values()):
             await loaded.scheduler.close()
-            loaded.servable.unload()
+            await loaded.servable.aunload()
         self.registry.loaded.clear()
         await self.store.close()
 

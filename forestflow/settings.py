@@ -154,6 +154,20 @@ class Settings:
     git_ssh_scheme: str = _doc("git@host:org/project.git is fetched as <scheme>://host/org/project.git", default="https")
     git_ssl_verify: bool = _doc("verify TLS certificates of Git servers", default=True)
 
+    # Remote backends (RemoteV2 servables: models served by another V2 server).
+    remote_max_concurrency: int = _doc(
+        "requests in flight to one RemoteV2 backend (more wait in its queue); a servable's maxConcurrency overrides it",
+        default=16,
+    )
+    remote_failure_threshold: int = _doc(
+        "consecutive failures of a RemoteV2 backend (unreachable, 5xx, timeouts) that open its circuit: "
+        "requests then answer 503 at once until a probe finds it ready again",
+        default=5,
+    )
+    remote_cooldown_s: float = _doc(
+        "how long an open circuit waits before it probes its backend (and between probes)", default=2.0
+    )
+
     drain_grace_s: float = _doc(
         "on SIGTERM, how long the gateway keeps accepting requests with readiness failing (so load balancers "
         "stop sending) before it stops listening and finishes what is in flight",
@@ -202,6 +216,9 @@ class Settings:
             "kafka_ingest_fetch_max_wait_ms",
             "scoring_slots",
             "scoring_threads",
+            "remote_max_concurrency",
+            "remote_failure_threshold",
+            "remote_cooldown_s",
             "log_sample_every",
             "request_timeout_ms",
             "max_body_bytes",

@@ -123,6 +123,17 @@ class ServerSpan:
         return f"{self.span.get_span_context().trace_id:032x}"
 
 
+def current_context_headers() -> dict[str, str]:
+    """The current span's ``traceparent`` (and ``tracestate``), for a call to another server."""
+    if not ON:
+        return {}
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return carrier
+
+
 def current_trace_id() -> str:
     """The current span's trace id in hex, "" when there is none (or tracing is off)."""
     if not ON:

@@ -118,7 +118,7 @@ def metadata_to_json(fqrv: FQRV, meta: ServableMetadata) -> dict[str, Any]:
             )
         return out
 
-    return {
+    out = {
         "fqrv": fqrv_to_json(fqrv),
         "name": meta.name,
         "server": SERVER_NAME,
@@ -126,6 +126,10 @@ def metadata_to_json(fqrv: FQRV, meta: ServableMetadata) -> dict[str, Any]:
         "inputs": io(meta.inputs),
         "outputs": io(meta.outputs),
     }
+    backend = meta.extra.get("backend")
+    if backend is not None:  # a RemoteV2 release: where it scores and whether that server is up
+        out["backend"] = dict(backend)
+    return out
 
 
 async def contract_metadata(request: web.Request) -> web.Response:

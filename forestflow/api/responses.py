@@ -15,7 +15,7 @@ from aiohttp import web
 from forestflow.codecs.ff_settings import contract_to_json, fqrv_to_json, servable_settings_to_json
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import ServableSettings
-from forestflow.errors import GatewayError, Overloaded, http_status
+from forestflow.errors import GatewayError, http_status
 
 JSON = "application/json"
 
@@ -50,10 +50,8 @@ def error_response(error: GatewayError, request_id: str) -> web.Response:
     """The HTTP response for a gateway error (503s carry Retry-After)."""
     headers = {"X-Request-Id": request_id}
     status = http_status(error)
-    if isinstance(error, Overloaded):
-        headers["Retry-After"] = str(max(1, round(error.retry_after)))
-    elif status == 503:
-        headers["Retry-After"] = "1"
+    if status == 503:
+        headers["Retry-After"] = _retry_after(error)
     return json_response(error_payload(error, request_id), status=status, headers=headers)
 
 
@@ -62,5 +60,11 @@ def v2_error_response(error: GatewayError, request_id: str) -> web.Response:
     headers = {"X-Request-Id": request_id}
     status = http_status(error)
     if status == 503:
-        headers["Retry-After"] = str(max(1, round(error.retry_after))) if isinstance(error, Overloaded) else "1"
+        headers["Retry-After"] = _retry_after(error)
     return json_response({"error": error.message}, status=status, headers=headers)
+
+
+def _retry_after(error: GatewayError) -> str:
+    """Whole seconds, at least 1: the error's own ``retry_after`` (queues, backends), else 1."""
+    seconds = getattr(error, "retry_after", None)
+    return str(max(1, round(seconds))) if isinstance(seconds, int | float) else "1"

@@ -60,6 +60,7 @@ STATUS: dict[Kind, grpc.StatusCode] = {
     Kind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     Kind.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
     Kind.INTERNAL: grpc.StatusCode.INTERNAL,
+    Kind.BAD_GATEWAY: grpc.StatusCode.INTERNAL,
 }
 
 

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from forestflow.codecs.jsonread import Obj, oneof
-from forestflow.core.definition import ServableDefinition
+from forestflow.core.definition import NO_ARTIFACT_FLAVORS, ServableDefinition
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.locator import fqrv_from_path
 from forestflow.core.policies import (
@@ -38,7 +38,7 @@ from forestflow.core.policies import (
 )
 from forestflow.errors import InvalidInput
 
-FLAVORS = ("H2OMojo", "Python", "ONNX", "Pipeline")
+FLAVORS = ("H2OMojo", "Python", "ONNX", "Pipeline", "RemoteV2")
 #: The internal flavor of an MLFlowServeRequest: the model's MLmodel file picks the real one at load.
 MLFLOW = "MLflow"
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -251,8 +251,11 @@ def parse_serve_request(body: Any, url_fqrv: FQRV | None = None) -> ServableDefi
     The FQRV comes from the body, the URL, or a Git path (``...org/project.git#v<N>.<release>``).
     """
     o = Obj(body, "")
-    path = o.str("path")
     mlflow = not o.has("flavor")
+    flavor_raw = o.raw("flavor")
+    flavor_name = next(iter(flavor_raw), None) if isinstance(flavor_raw, dict) else None
+    # A model served by another server has no artifact: its path is optional (and unused).
+    path = o.str("path", required=flavor_name not in NO_ARTIFACT_FLAVORS, default="")
     if o.has("fqrv"):
         fqrv_obj = o.obj("fqrv")
         assert fqrv_obj is not None

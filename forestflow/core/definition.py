@@ -8,6 +8,10 @@ from typing import Any
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import ContractSettings, LoggingSettings, PolicySettings, ServableSettings
 
+#: Flavors that load no artifact (their ``path`` is optional and nothing is fetched): models served
+#: by another server.
+NO_ARTIFACT_FLAVORS = frozenset({"RemoteV2"})
+
 
 @dataclass(frozen=True, slots=True)
 class ServableDefinition:
@@ -24,6 +28,11 @@ class ServableDefinition:
     created_at_ms: int = 0
     #: Expected sha256 (hex) of the model file the flavor loads; empty = not checked.
     sha256: str = ""
+
+    @property
+    def has_artifact(self) -> bool:
+        """Whether deploying fetches an artifact from ``path`` (not for remote backends)."""
+        return self.flavor not in NO_ARTIFACT_FLAVORS
 
     def with_policy(self, policy: PolicySettings) -> ServableDefinition:
         """A copy with new policy settings (logging kept)."""

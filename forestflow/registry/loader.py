@@ -39,14 +39,18 @@ class ServableLoader:
 
     async def load(self, defn: ServableDefinition) -> Loaded:
         """Fetch, create, verify and load; a failure is a GatewayError (422 with the reason)."""
-        path = mlflow_model_dir(defn.path) if defn.flavor == MLFLOW else defn.path
-        claim = await self.artifacts.fetch(ArtifactRequest(path, defn.fqrv, _needed_files(defn)))
+        claim: ArtifactClaim | None = None
+        if defn.has_artifact:
+            path = mlflow_model_dir(defn.path) if defn.flavor == MLFLOW else defn.path
+            claim = await self.artifacts.fetch(ArtifactRequest(path, defn.fqrv, _needed_files(defn)))
         flavor_settings = defn.flavor_settings
         if defn.flavor == "H2OMojo":  # the gateway's H2O scorer choice (a servable's own "scorer" wins)
             flavor_settings = {"gatewayScorer": self.settings.h2o_scorer, **flavor_settings}
         try:
-            servable = await asyncio.to_thread(create_servable, defn.flavor, defn.fqrv, claim.directory, flavor_settings)
+            directory = claim.directory if claim is not None else Path()
+            servable = await asyncio.to_thread(create_servable, defn.flavor, defn.fqrv, directory, flavor_settings)
             servable.gateway_settings = self.settings  # gates of composed flavors (pipeline steps)
+            servable.loop = asyncio.get_running_loop()
             if defn.sha256:
                 await asyncio.to_thread(_verify_sha256, servable, defn.sha256)
             started = time.perf_counter()
@@ -55,7 +59,8 @@ class ServableLoader:
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
                 self.load_failures += 1
-            await self.artifacts.release(claim)  # a failed deploy leaves nothing in the cache
+            if claim is not None:
+                await self.artifacts.release(claim)  # a failed deploy leaves nothing in the cache
             raise
         settings = self.settings
         scheduler = ServableScheduler(
@@ -72,7 +77,10 @@ class ServableLoader:
 
     async def _load(self, defn: ServableDefinition, servable: Servable) -> None:
         try:
-            await asyncio.to_thread(servable.load)
+            if servable.runs_on_loop:
+                await servable.aload()
+            else:
+                await asyncio.to_thread(servable.load)
         except GatewayError:
             raise
         except Exception as exc:  # a flavor bug or an unexpected artifact: a 422 with the reason
@@ -88,7 +96,11 @@ class ServableLoader:
         if not await loaded.scheduler.drain(self.settings.request_timeout_ms / 1000):
             log.warning("servable_drain_timed_out", fqrv=str(loaded.definition.fqrv))
         await loaded.scheduler.close()
-        await asyncio.to_thread(loaded.servable.unload)
+        servable = loaded.servable
+        if servable.runs_on_loop:
+            await servable.aunload()
+        else:
+            await asyncio.to_thread(servable.unload)
         if loaded.artifact is not None:
             claim: ArtifactClaim = loaded.artifact
             loaded.artifact = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,9 @@ class Servable(abc.ABC):
     #: Whether the scheduler may score several requests' rows in one ``predict`` call (up to the
     #: ``max_batch_rows`` setting); flavors whose cost per call dominates their cost per row say so.
     batchable: bool = False
+    #: Whether the servable scores on the event loop, as a coroutine (``aload``/``apredict``), not
+    #: in a thread: flavors that wait on the network (remote backends) rather than compute.
+    runs_on_loop: bool = False
 
     def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
         self.fqrv = fqrv
@@ -51,6 +55,9 @@ class Servable(abc.ABC):
         #: The gateway's Settings, set by the registry before ``load`` (flavors that compose others
         #: read its gates, e.g. ``allow_python``); None when a servable is built on its own.
         self.gateway_settings: Any = None
+        #: The event loop the gateway serves on, set by the registry before ``load`` (flavors that
+        #: run on it reach it from a pipeline's thread through this); None when built on its own.
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     @abc.abstractmethod
     def load(self) -> None:
@@ -64,9 +71,21 @@ class Servable(abc.ABC):
     def metadata(self) -> ServableMetadata:
         """Inputs and outputs of the loaded model."""
 
+    async def aload(self) -> None:
+        """``load`` of a servable that ``runs_on_loop``, awaited on the event loop instead."""
+        raise NotImplementedError(f"{type(self).__name__} does not run on the event loop")
+
+    async def apredict(self, frame: Frame, timeout_s: float) -> Frame:
+        """``predict`` of a servable that ``runs_on_loop``: at most ``timeout_s``, cancellable."""
+        raise NotImplementedError(f"{type(self).__name__} does not run on the event loop")
+
     def unload(self) -> None:
         """Release what ``load`` acquired."""
         self.ready = False
+
+    async def aunload(self) -> None:
+        """``unload`` on the event loop: servables that ``runs_on_loop`` close their connections here."""
+        self.unload()
 
     def health_problem(self) -> str | None:
         """Why this loaded servable cannot score now (None: it can); readiness reports it."""

@@ -70,6 +70,12 @@ def _pipeline_flavor() -> FlavorFactory:
     return partial(PipelineServable, create_step=create_servable)
 
 
+def _remote_flavor() -> FlavorFactory:
+    from forestflow.runtime.remote.servable import RemoteV2Servable
+
+    return RemoteV2Servable
+
+
 def _map_step() -> FlavorFactory:
     from forestflow.runtime.pipeline_steps import MapStep
 
@@ -95,4 +101,5 @@ register_flavor("Pipeline", _pipeline_flavor)
 register_flavor("Map", _map_step)
 register_flavor("Classifier", _classifier_step)
 register_flavor("Regressor", _regressor_step)
+register_flavor("RemoteV2", _remote_flavor)  # a model served by another V2 server: no artifact
 register_flavor("MLflow", _mlflow_flavor)  # MLFlowServeRequest: the model's MLmodel picks the flavor

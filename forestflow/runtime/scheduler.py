@@ -6,6 +6,9 @@ the copy and counts it. Every job carries a deadline: one that passes while queu
 fails the caller with :class:`DeadlineExceeded` and gives the slot back at once (a scoring thread
 that cannot be interrupted finishes in the background; its result is discarded).
 
+A servable that ``runs_on_loop`` (a remote backend) is scored by a task on the event loop instead
+of a thread: its slots bound the calls in flight, and a job abandoned by every caller cancels it.
+
 By default each servable runs ``predict`` on threads of its own. With one pool shared by every
 servable, slow shadow servables could hold all its threads, and a live request, though first in
 its own servable's queue, would wait in the pool's FIFO behind them, where priorities cannot
@@ -107,11 +110,13 @@ class ServableScheduler:
         self._own_pool: ThreadPoolExecutor | None = None
         #: Threads this servable may occupy, abandoned calls included (0: a shared pool, not counted).
         self.thread_limit = 0
-        if executor is None:
+        if executor is None and not servable.runs_on_loop:
             self.thread_limit = max(2 * self.slots, max_threads)
             # Threads start lazily: only as many as were ever busy at once exist.
             executor = self._own_pool = ThreadPoolExecutor(self.thread_limit, thread_name_prefix=f"predict-{servable.fqrv}")
-        self.executor: Executor = executor
+        self.executor: Executor | None = executor
+        #: Calls running as tasks on the loop (``runs_on_loop`` servables): held until done.
+        self._tasks: set[asyncio.Future[Frame]] = set()
         self.live_limit = live_queue
         self.shadow_limit = shadow_queue
         #: 0 disables micro-batching; otherwise the most rows one combined call may hold.
@@ -325,7 +330,13 @@ class ServableScheduler:
         :class:`PredictionFailed` naming it (logged by the service through its ``__cause__``),
         never rows handed to the wrong callers or a 200 with none.
         """
-        out = self.servable.predict(frame)
+        return self._checked(frame, self.servable.predict(frame))
+
+    async def _apredict(self, frame: Frame, timeout_s: float) -> Frame:
+        """:meth:`_predict` of a servable that scores on the event loop."""
+        return self._checked(frame, await self.servable.apredict(frame, timeout_s))
+
+    def _checked(self, frame: Frame, out: Frame) -> Frame:
         if out.num_rows != frame.num_rows:
             reason = f"servable {self.servable.fqrv} returned {out.num_rows} row(s) for {frame.num_rows} input row(s)"
             raise PredictionFailed(self.servable.fqrv, reason) from ValueError(reason)
@@ -405,8 +416,15 @@ class ServableScheduler:
             if job.on_start is not None:
                 job.on_start()
         frame = batch[0].frame if len(batch) == 1 else Frame.concat([j.frame for j in batch])
+        on_loop = self.servable.runs_on_loop
         try:
-            task = loop.run_in_executor(self.executor, self._predict, frame)
+            if on_loop:  # a coroutine on this loop: the call gets what is left of the latest deadline
+                timeout_s = max(job.deadline for job in batch) - loop.time()
+                task: asyncio.Future[Frame] = loop.create_task(self._apredict(frame, timeout_s))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            else:
+                task = loop.run_in_executor(self.executor, self._predict, frame)
         except RuntimeError:  # the executor was shut down (gateway stopping)
             self._finish(batch, error=Overloaded(f"servable {self.servable.fqrv} is unloading"))
             return
@@ -446,6 +464,10 @@ class ServableScheduler:
             # interrupted; it finishes in the background and its result is dropped.
             nonlocal abandoned
             if not released and not task.done() and all(j.future.done() for j in batch):
+                if on_loop:  # a coroutine can be stopped: cancelled, it holds nothing
+                    task.cancel()
+                    release()
+                    return
                 abandoned = True
                 self.stats.abandoned_running += 1
                 release()

@@ -1,0 +1,130 @@
+"""A V2 gRPC backend: one ``grpc.aio`` channel reused by every call, raw tensor contents, the
+request's deadline passed on as the call's. A call that never left the client (no connection)
+is retried by gRPC itself (its transparent retry); nothing else is retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from forestflow._proto.grpc_predict_v2 import SERVICE, messages
+from forestflow.codecs.v2_tensor import Tensor, array_from_contents, array_from_raw, raw_bytes
+from forestflow.core.frame import TensorSpec
+from forestflow.core.ids import FQRV
+from forestflow.errors import BackendFailed, BackendUnavailable, DeadlineExceeded, GatewayError, InvalidInput
+from forestflow.runtime.remote.backend import Backend, ModelInfo
+from forestflow.runtime.remote.config import GRPC, RemoteConfig
+
+
+class GrpcBackend(Backend):
+    """Calls ``inference.GRPCInferenceService`` at ``host:port`` over one channel."""
+
+    protocol = GRPC
+
+    def __init__(self, config: RemoteConfig, fqrv: FQRV) -> None:
+        self.config = config
+        self.fqrv = fqrv
+        self.m = messages()
+        self._channel: grpc.aio.Channel | None = None
+        self._metadata = tuple((k.lower(), v) for k, v in config.headers.items())
+
+    async def open(self) -> None:
+        self._channel = grpc.aio.insecure_channel(
+            self.config.url,
+            options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
+        )
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close()
+
+    async def _call(self, method: str, request: Any, timeout_s: float, headers: dict[str, str] | None = None) -> Any:
+        if self._channel is None:
+            raise BackendUnavailable(self.fqrv, self.config.url, "the backend client is closed")
+        call = self._channel.unary_unary(
+            f"/{SERVICE}/{method}",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=self.m[f"{method}Response"].FromString,
+        )
+        metadata = self._metadata + tuple((k.lower(), v) for k, v in (headers or {}).items())
+        try:
+            return await call(request, timeout=timeout_s, metadata=metadata or None)
+        except grpc.aio.AioRpcError as exc:
+            raise self._status_error(exc, timeout_s) from exc
+
+    async def model_metadata(self, timeout_s: float) -> ModelInfo:
+        request = self.m["ModelMetadataRequest"](name=self.config.model, version=self.config.version)
+        meta = await self._call("ModelMetadata", request, timeout_s)
+        return ModelInfo(
+            name=meta.name or self.config.model,
+            platform=meta.platform,
+            versions=tuple(meta.versions),
+            inputs=tuple(_spec(t) for t in meta.inputs),
+            outputs=tuple(_spec(t) for t in meta.outputs),
+        )
+
+    async def model_ready(self, timeout_s: float) -> bool:
+        request = self.m["ModelReadyRequest"](name=self.config.model, version=self.config.version)
+        try:
+            return bool((await self._call("ModelReady", request, timeout_s)).ready)
+        except GatewayError:
+            return False
+
+    async def infer(
+        self, inputs: Sequence[Tensor], parameters: dict[str, Any], timeout_s: float, headers: dict[str, str]
+    ) -> list[Tensor]:
+        request = self.m["ModelInferRequest"](model_name=self.config.model, model_version=self.config.version)
+        for tensor in inputs:
+            request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+            request.raw_input_contents.append(raw_bytes(tensor.array, tensor.datatype))
+        for key, value in parameters.items():
+            _set_parameter(request.parameters[key], value)
+        response = await self._call("ModelInfer", request, timeout_s, headers)
+        try:
+            raw = response.raw_output_contents
+            if raw and len(raw) != len(response.outputs):
+                raise ValueError(f"{len(raw)} raw_output_contents for {len(response.outputs)} outputs")
+            out = []
+            for i, t in enumerate(response.outputs):
+                shape = list(t.shape)
+                if raw:
+                    array = array_from_raw(t.name, t.datatype, shape, raw[i], "output")
+                else:
+                    array = array_from_contents(t.name, t.datatype, shape, t.contents, "output")
+                out.append(Tensor(t.name, t.datatype, array))
+            return out
+        except (GatewayError, ValueError) as exc:
+            reason = exc.message if isinstance(exc, GatewayError) else str(exc)
+            raise BackendFailed(self.fqrv, self.config.url, f"unreadable answer: {reason}") from exc
+
+    def _status_error(self, exc: grpc.aio.AioRpcError, timeout_s: float) -> GatewayError:
+        code, details, url = exc.code(), exc.details() or "", self.config.url
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return DeadlineExceeded(f"backend {url} of {self.fqrv} did not answer within {timeout_s * 1000:.0f} ms")
+        # RESOURCE_EXHAUSTED: the backend is overloaded (or the body is over its limit): retry later.
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.RESOURCE_EXHAUSTED):
+            return BackendUnavailable(self.fqrv, url, f"{code.name}: {details}")
+        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
+            return InvalidInput(f"backend {url} refused the request: {details}")
+        if code == grpc.StatusCode.NOT_FOUND:
+            return BackendFailed(self.fqrv, url, f"model {self.config.model!r} not found there ({details})")
+        return BackendFailed(self.fqrv, url, f"{code.name}: {details}")
+
+
+def _spec(tensor: Any) -> TensorSpec:
+    return TensorSpec(tensor.name, tensor.datatype, tuple(int(d) for d in tensor.shape) or (-1,))
+
+
+def _set_parameter(param: Any, value: Any) -> None:
+    if isinstance(value, bool):
+        param.bool_param = value
+    elif isinstance(value, int):
+        param.int64_param = value
+    elif isinstance(value, float):
+        param.double_param = value
+    else:
+        param.string_param = str(value)

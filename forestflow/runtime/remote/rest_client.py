@@ -1,0 +1,210 @@
+"""A V2 REST backend: one pooled aiohttp session (keep-alive, bounded connections), binary tensors
+when the server offers Triton's ``binary_tensor_data`` extension, JSON otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+
+from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, json_data, json_safe, raw_bytes
+from forestflow.core.ids import FQRV
+from forestflow.errors import BackendFailed, BackendUnavailable, DeadlineExceeded, GatewayError, InvalidInput, PayloadTooLarge
+from forestflow.runtime.remote.backend import Backend, ModelInfo, NotSent
+from forestflow.runtime.remote.config import REST, RemoteConfig
+from forestflow.runtime.remote.wire import spec_of
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+#: The deadline header forestflow gateways read (api/common.py's DEADLINE_HEADER; runtime cannot
+#: import api): a forestflow backend then gives up when this gateway does.
+DEADLINE_HEADER = "X-Request-Timeout-Ms"
+#: How much of an error body is quoted in the error this gateway answers.
+_QUOTED = 500
+
+
+class RestBackend(Backend):
+    """Calls ``{url}/v2/models/{model}[/versions/{v}]`` over one pooled session."""
+
+    protocol = REST
+
+    def __init__(self, config: RemoteConfig, fqrv: FQRV, connections: int) -> None:
+        self.config = config
+        self.fqrv = fqrv
+        self.connections = connections
+        model = f"{config.url}/v2/models/{quote(config.model, safe='')}"
+        self.model_url = model + (f"/versions/{quote(config.version, safe='')}" if config.version else "")
+        self._session: aiohttp.ClientSession | None = None
+        #: Whether requests go out in the binary tensor layout (the server lists the extension).
+        self.binary = False
+
+    async def open(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self.connections, limit_per_host=self.connections, keepalive_timeout=30)
+        self._session = aiohttp.ClientSession(connector=connector, headers=self.config.headers, raise_for_status=False)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The pooled session (open)."""
+        if self._session is None:
+            raise BackendUnavailable(self.fqrv, self.config.url, "the backend client is closed")
+        return self._session
+
+    async def _get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+                return response.status, await response.read()
+        except Exception as exc:
+            raise self._transport_error(exc, timeout_s) from exc
+
+    async def model_metadata(self, timeout_s: float) -> ModelInfo:
+        status, body = await self._get(self.model_url, timeout_s)
+        if status != 200:
+            raise self._status_error(status, body, b"")
+        try:
+            doc = orjson.loads(body)
+            info = ModelInfo(
+                name=str(doc.get("name", self.config.model)),
+                platform=str(doc.get("platform", "")),
+                versions=tuple(str(v) for v in doc.get("versions") or ()),
+                inputs=tuple(spec_of(i) for i in doc.get("inputs") or ()),
+                outputs=tuple(spec_of(o) for o in doc.get("outputs") or ()),
+            )
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+            raise BackendFailed(self.fqrv, self.config.url, f"unreadable model metadata: {exc}") from exc
+        self.binary = await self._offers_binary(timeout_s)
+        return info
+
+    async def _offers_binary(self, timeout_s: float) -> bool:
+        """Whether the server metadata lists ``binary_tensor_data`` (False when it cannot be read)."""
+        try:
+            status, body = await self._get(f"{self.config.url}/v2", timeout_s)
+            extensions = orjson.loads(body).get("extensions") if status == 200 else None
+        except (GatewayError, orjson.JSONDecodeError, AttributeError):
+            return False
+        return isinstance(extensions, list) and "binary_tensor_data" in extensions
+
+    async def model_ready(self, timeout_s: float) -> bool:
+        try:
+            status, _ = await self._get(self.model_url + "/ready", timeout_s)
+        except GatewayError:
+            return False
+        return status == 200
+
+    async def infer(
+        self, inputs: Sequence[Tensor], parameters: dict[str, Any], timeout_s: float, headers: dict[str, str]
+    ) -> list[Tensor]:
+        body, extra = self._request_body(inputs, parameters)
+        sent = {**headers, **extra, DEADLINE_HEADER: str(max(1, math.ceil(timeout_s * 1000)))}
+        try:
+            async with self.session.post(
+                self.model_url + "/infer", data=body, headers=sent, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as response:
+                payload = await response.read()
+                status, length = response.status, response.headers.get(HEADER_LENGTH)
+                if status != 200:
+                    raise self._status_error(status, payload, response.headers.get("Retry-After", b""))
+        except GatewayError:
+            raise
+        except Exception as exc:
+            raise self._transport_error(exc, timeout_s) from exc
+        return self._outputs(payload, length)
+
+    def _request_body(self, inputs: Sequence[Tensor], parameters: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+        items: list[dict[str, Any]] = []
+        blobs: list[bytes] = []
+        for tensor in inputs:
+            item: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+            if self.binary or (tensor.datatype == "BYTES" and not json_safe(tensor.array)):
+                blob = raw_bytes(tensor.array, tensor.datatype)
+                item["parameters"] = {"binary_data_size": len(blob)}
+                blobs.append(blob)
+            else:
+                item["data"] = json_data(tensor.array, tensor.datatype)
+            items.append(item)
+        doc: dict[str, Any] = {"inputs": items}
+        params = dict(parameters)
+        if self.binary:
+            params["binary_data_output"] = True
+        if params:
+            doc["parameters"] = params
+        header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+        if not blobs:
+            return header, {"Content-Type": "application/json"}
+        return b"".join([header, *blobs]), {HEADER_LENGTH: str(len(header)), "Content-Type": "application/octet-stream"}
+
+    def _outputs(self, payload: bytes, length: str | None) -> list[Tensor]:
+        try:
+            header, binary = payload, memoryview(b"")
+            if length is not None:
+                size = int(length)
+                header, binary = payload[:size], memoryview(payload)[size:]
+            doc = orjson.loads(header)
+            tensors, offset = [], 0
+            for item in doc["outputs"]:
+                name, datatype, shape = item["name"], item["datatype"], item["shape"]
+                blob = (item.get("parameters") or {}).get("binary_data_size")
+                if blob is not None:
+                    array = array_from_raw(name, datatype, shape, binary[offset : offset + blob], "output")
+                    offset += blob
+                else:
+                    array = array_from_json(name, datatype, shape, item["data"], "output")
+                tensors.append(Tensor(name, datatype, array))
+            return tensors
+        except (GatewayError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            reason = exc.message if isinstance(exc, GatewayError) else f"{type(exc).__name__}: {exc}"
+            raise BackendFailed(self.fqrv, self.config.url, f"unreadable answer: {reason}") from exc
+
+    def _status_error(self, status: int, body: bytes, retry_after: Any) -> GatewayError:
+        """The gateway error for a backend's non-200 answer."""
+        message = _error_text(body)
+        url = self.config.url
+        if status in (400, 422):
+            return InvalidInput(f"backend {url} refused the request: {message}")
+        if status == 413:
+            return PayloadTooLarge(f"backend {url} refused the request: {message}")
+        if status == 404:
+            return BackendFailed(self.fqrv, url, f"model {self.config.model!r} not found there ({message})")
+        if status in (429, 503):
+            return BackendUnavailable(self.fqrv, url, f"HTTP {status}: {message}", _seconds(retry_after))
+        if status in (408, 504):
+            return DeadlineExceeded(f"backend {url} of {self.fqrv} gave up in time: HTTP {status}: {message}")
+        return BackendFailed(self.fqrv, url, f"HTTP {status}: {message}")
+
+    def _transport_error(self, exc: BaseException, timeout_s: float) -> GatewayError:
+        url = self.config.url
+        if isinstance(exc, GatewayError):
+            return exc
+        if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+            return DeadlineExceeded(f"backend {url} of {self.fqrv} did not answer within {timeout_s * 1000:.0f} ms")
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            return NotSent(self.fqrv, url, f"cannot connect: {exc.os_error or exc}")
+        return BackendUnavailable(self.fqrv, url, f"{type(exc).__name__}: {exc}")
+
+
+def _error_text(body: bytes) -> str:
+    """A backend's error message: V2's ``{"error": ...}`` or the start of its body."""
+    try:
+        doc = orjson.loads(body)
+        error = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(error, str):
+            return error[:_QUOTED]
+    except orjson.JSONDecodeError:
+        pass
+    return body[:_QUOTED].decode("utf-8", "replace") or "(no body)"
+
+
+def _seconds(value: Any) -> float:
+    try:
+        return max(1.0, float(value))
+    except (TypeError, ValueError):
+        return 1.0

@@ -1,0 +1,93 @@
+"""RemoteV2 servables against a real backend: a second gateway serving V2 over REST and gRPC."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.api.v2_support import V2Gateway, v2_gateway
+from tests.remote.support import BACKEND_MODEL, FRONT_MODEL, grpc_infer, remote_servable, v2_body
+from tests.support import free_port, python_servable, score_body
+
+
+@pytest.fixture
+async def backend(tmp_path: Path) -> AsyncIterator[V2Gateway]:
+    async with v2_gateway(tmp_path / "backend") as gw:
+        await gw.deploy(python_servable())  # acme.demo.1 v1: the echo model
+        yield gw
+
+
+@pytest.fixture
+async def front(tmp_path: Path) -> AsyncIterator[V2Gateway]:
+    async with v2_gateway(tmp_path / "front") as gw:
+        yield gw
+
+
+async def post(gw: V2Gateway, path: str, payload: Any) -> tuple[int, Any]:
+    status, body, _ = await gw.post_json(path, payload)
+    return status, body
+
+
+def outputs_of(grpc_response: Any) -> list[tuple[str, str, list[int], bytes]]:
+    return [
+        (t.name, t.datatype, list(t.shape), raw)
+        for t, raw in zip(grpc_response.outputs, grpc_response.raw_output_contents, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+async def test_remote_release_answers_what_the_backend_answers(backend: V2Gateway, front: V2Gateway, protocol: str) -> None:
+    url = backend.url if protocol == "rest" else backend.grpc_target
+    await front.deploy(remote_servable(url, protocol=protocol))
+    xs, labels = [1.5, -2.0, 3.25], ["a", "ß", "c"]
+
+    # V2 REST
+    direct = await post(backend, f"/v2/models/{BACKEND_MODEL}/infer", v2_body(xs, labels))
+    remote = await post(front, f"/v2/models/{FRONT_MODEL}/infer", v2_body(xs, labels))
+    assert direct[0] == remote[0] == 200, remote
+    assert remote[1]["outputs"] == direct[1]["outputs"]
+    assert remote[1]["outputs"][0]["data"] == [3.0, -4.0, 6.5], remote
+    assert (remote[1]["model_name"], remote[1]["model_version"]) == (FRONT_MODEL, "r1")
+
+    # V2 gRPC
+    direct_grpc = await grpc_infer(backend.grpc_target, BACKEND_MODEL, xs, labels)
+    remote_grpc = await grpc_infer(front.grpc_target, FRONT_MODEL, xs, labels)
+    assert outputs_of(remote_grpc) == outputs_of(direct_grpc)
+
+    # BASIC /score
+    direct = await post(backend, "/acme/demo/1/score", score_body(xs, labels))
+    remote = await post(front, "/acme/front/1/score", score_body(xs, labels))
+    assert direct[0] == remote[0] == 200, remote
+    for key in ("schema", "datum"):
+        assert remote[1]["Prediction"][key] == direct[1]["Prediction"][key]
+
+    # V1
+    v1 = {"instances": [{"x": x, "label": lab} for x, lab in zip(xs, labels)]}
+    direct = await post(backend, f"/v1/models/{BACKEND_MODEL}:predict", v1)
+    remote = await post(front, f"/v1/models/{FRONT_MODEL}:predict", v1)
+    assert direct[0] == remote[0] == 200, remote
+    assert remote[1] == direct[1]
+
+    # The release's metadata names its backend, up.
+    async with front.server.session.get(front.url + "/acme/front/1/r1/metadata") as r:
+        meta = (await r.json())["BasicMetaData"]
+    assert meta["backend"]["url"] == url and meta["backend"]["state"] == "up"
+    assert [i["name"] for i in meta["inputs"]] == ["x", "label"]
+
+
+@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+async def test_deploy_fails_422_naming_url_and_model(backend: V2Gateway, front: V2Gateway, protocol: str) -> None:
+    url = backend.url if protocol == "rest" else backend.grpc_target
+    status, body, _ = await front.post_json("/servable", remote_servable(url, "acme.nothing.7", protocol=protocol))
+    assert status == 422, body
+    assert url in body["error"] and "acme.nothing.7" in body["error"]
+    dead = f"http://127.0.0.1:{free_port()}" if protocol == "rest" else f"127.0.0.1:{free_port()}"
+    status, body, _ = await front.post_json("/servable", remote_servable(dead, protocol=protocol))
+    assert status == 422, body
+    assert dead in body["error"] and BACKEND_MODEL in body["error"]
+    status, body, _ = await front.post_json("/servable", remote_servable(url, protocol="soap"))
+    assert status == 400 or status == 422, body
+    assert "protocol" in body["error"]
