@@ -7,9 +7,12 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=.venv-mlserver
 REQS=scripts/mlserver-requirements.txt
-if [ -x "$VENV/bin/mlserver" ] && cmp -s "$REQS" "$VENV/requirements.installed"; then
-  exit 0
-fi
+current() { [ -x "$VENV/bin/mlserver" ] && cmp -s "$REQS" "$VENV/requirements.installed"; }
+current && exit 0
+# Two test processes may get here at once (pytest -n 2, each fixture calls this): one installs.
+exec 9>".venv-mlserver.lock"
+flock 9
+current && exit 0
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet -r "$REQS"

@@ -71,6 +71,11 @@ class MLServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def model_dir(self) -> Path:
+        """The iris model's directory (with ``weights.json`` and the twin's ``twin.py``)."""
+        return self.models_dir / IRIS_MODEL
+
+    @property
     def rest_url(self) -> str:
         """The REST base URL, as a RemoteV2 ``url`` with protocol rest."""
         return f"http://127.0.0.1:{self.http_port}"
