@@ -30,3 +30,15 @@ def test_kafka_ingest_bench_smoke_prints_its_cells() -> None:
     }
     assert sorted(rows) == ["http c16", "kafka flood", "kafka w16"], result.stdout
     assert all(float(r[3]) > 0 and int(r[7]) == 0 for r in rows.values()), result.stdout  # req/s > 0, no errors
+
+
+@pytest.mark.slow
+def test_remote_bench_smoke_prints_both_sides_and_its_targets() -> None:
+    result = subprocess.run([sys.executable, "bench/remote.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    (figures,) = [line for line in lines if "req/s direct" in line]
+    direct, through = (float(figures.split(key)[1].split()[0].rstrip(",;")) for key in ("req/s direct", "through the gateway"))
+    assert direct > 0 and through > 0 and figures.endswith("errors 0"), result.stdout
+    targets = [line for line in lines if line.startswith(("gateway CPU per request <=", "throughput through the gateway >="))]
+    assert len(targets) == 2 and all(line.endswith(("HOLDS", "MISSED")) for line in targets), result.stdout
