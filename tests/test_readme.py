@@ -1,14 +1,22 @@
-"""The README's quick start works when followed top to bottom, and its route table names every front-end."""
+"""The README's quick start works when followed top to bottom, its route table names every front-end, and its
+sections with commands (safe rollouts, models served elsewhere) run as written."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
-from tests.support import ROOT, GatewayProcess
+import pytest
+import requests
+
+from forestflow.runtime.remote.config import _KEYS as _REMOTE_KEYS
+from tests.support import ROOT, GatewayProcess, free_port
 
 README = (ROOT / "README.md").read_text()
 
@@ -92,4 +100,89 @@ def test_safe_rollouts_section_runs_as_written(tmp_path: Any) -> None:
         answer = json.loads(run(lines[2].replace("seq 25", "seq 1").replace(">/dev/null", "")))
         assert answer["Prediction"]["fqrv"]["releaseVersion"] == "v1"
     finally:
+        assert gw.stop() == 0
+
+
+def _commands(block: str) -> list[str]:
+    """A bash block's commands, continuation lines joined."""
+    return [c.strip() for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+
+
+@pytest.mark.slow
+def test_models_served_elsewhere_section_runs_as_written(tmp_path: Path) -> None:
+    """The section's commands, in order, against a real gateway and the MLServer its own start line starts
+    (on free ports, its model directory and the definition's URL moved accordingly)."""
+    section = README[README.index("## Models served elsewhere") : README.index("## Model sources")]
+    setup, use = (_commands(block) for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S))
+    (shown,) = re.findall(r"```json\n(.*?)```", section, flags=re.S)
+    definition = ROOT / "servables" / "iris-remote.json"
+    assert json.loads(shown) == json.loads(definition.read_text())  # the README shows the file deployed
+    documented = section[section.index("| key | what |") :]
+    assert all(f"`{key}`" in documented for key in _REMOTE_KEYS), documented
+
+    ports = {"8180": str(free_port()), "8181": str(free_port()), "8182": str(free_port())}
+    models = tmp_path / "models"
+    moved = tmp_path / "iris-remote.json"
+    moved.write_text(definition.read_text().replace("localhost:8180", f"localhost:{ports['8180']}"))
+    gw = GatewayProcess(tmp_path / "data").start()
+
+    def adapted(command: str) -> str:
+        command = command.replace("localhost:8090", gw.url.removeprefix("http://")).replace("/tmp/mlserver-models", str(models))
+        for port, free in ports.items():
+            command = command.replace(port, free)
+        return command.replace("@servables/iris-remote.json", f"@{moved}")
+
+    def run(command: str) -> str:
+        done = subprocess.run(["bash", "-c", adapted(command)], cwd=ROOT, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+        return done.stdout
+
+    *install, start = setup
+    assert start.endswith("mlserver start /tmp/mlserver-models"), start
+    mlserver: subprocess.Popen[bytes] | None = None
+    try:
+        for command in install:
+            run(command)
+        # MLServer keeps the foreground: started here as the reader's other shell would, in its own group.
+        start = adapted(start).replace(".venv-mlserver/", f"{ROOT}/.venv-mlserver/")
+        log = open(tmp_path / "mlserver.log", "wb")
+        mlserver = subprocess.Popen(
+            ["bash", "-c", start], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        wait, deploy, v2, score, metadata = use
+        run(wait)
+        assert json.loads(run(deploy)) == {
+            "ServableCreatedSuccessfully": {
+                "fqrv": {
+                    "contract": {"organization": "samples", "project": "iris", "contractNumber": 1},
+                    "releaseVersion": "mlserver-v1",
+                }
+            }
+        }
+        v2_body = json.loads(v2[v2.index("-d '") + 4 : -1])
+        direct = requests.post(f"http://127.0.0.1:{ports['8180']}/v2/models/iris/infer", json=v2_body, timeout=30).json()
+        answer = json.loads(run(v2))
+        assert answer["model_version"] == "mlserver-v1"
+        assert answer["outputs"][0]["data"] == direct["outputs"][0]["data"] and answer["outputs"][0]["shape"] == [2, 3]
+        prediction = json.loads(run(score))["Prediction"]
+        values = [record["tensors"][0]["Float64"]["data"] for record in prediction["datum"]]
+        assert [v for row in values for v in row] == direct["outputs"][0]["data"]
+        backend = json.loads(run(metadata))["BasicMetaData"]["backend"]
+        assert backend["state"] == "up" and backend["url"] == f"http://localhost:{ports['8180']}", backend
+        # The key table's gRPC variant of the same definition reaches the same model.
+        assert '`"url": "localhost:8181", "protocol": "grpc"`' in documented
+        over_grpc = json.loads(moved.read_text())
+        over_grpc["fqrv"]["contract"]["contract_number"] = 2
+        over_grpc["flavor"]["RemoteV2"].update(url=f"localhost:{ports['8181']}", protocol="grpc")
+        assert requests.post(gw.url + "/servable", json=over_grpc, timeout=30).status_code == 200
+        answer = requests.post(gw.url + "/v2/models/samples.iris.2/infer", json=v2_body, timeout=30).json()
+        assert answer["outputs"][0]["data"] == direct["outputs"][0]["data"], answer
+    finally:
+        if mlserver is not None and mlserver.poll() is None:
+            os.killpg(mlserver.pid, signal.SIGTERM)
+            try:
+                mlserver.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(mlserver.pid, signal.SIGKILL)
+                mlserver.wait()
         assert gw.stop() == 0

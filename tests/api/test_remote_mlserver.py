@@ -238,6 +238,7 @@ def test_backend_down_answers_503_in_time_and_back_up_serves_again(
         r = http.get(gw.url + "/iris/remote/1/stats", timeout=10)
         (rest_stats,) = [m["ServableMetrics"] for m in r.json()]
         assert int(rest_stats["errorCount"]) == 3, rest_stats
+        assert rest_stats["performanceMetrics"]["errorRate"] > 0, rest_stats  # what gates and rollbacks read
         mlserver.start()
 
         def served(protocol: str) -> bool:
