@@ -87,6 +87,11 @@ class Servable(abc.ABC):
         """``unload`` on the event loop: servables that ``runs_on_loop`` close their connections here."""
         self.unload()
 
+    def backend_state(self) -> dict[str, Any] | None:
+        """Where a servable that scores on another server sends its work, and whether that server is
+        up (``/metadata``, ``/metrics``, the page); None for servables that score here."""
+        return None
+
     def health_problem(self) -> str | None:
         """Why this loaded servable cannot score now (None: it can); readiness reports it."""
         return None

@@ -72,6 +72,11 @@ class RemoteV2Servable(Servable):
             "protocol": self.config.protocol,
             "state": "up",
             "lastError": "",
+            "circuit": "closed",
+            "consecutiveFailures": 0,
+            "failures": 0,
+            "refused": 0,
+            "circuitOpened": 0,
         }
         #: Calls that failed (``/metrics``), and calls refused by the open circuit.
         self.failures = 0
@@ -140,6 +145,7 @@ class RemoteV2Servable(Servable):
             raise BackendUnavailable(self.fqrv, config.url, "not loaded")
         if self.breaker.open:
             self.refused += 1
+            self.state["refused"] = self.refused
             raise BackendUnavailable(
                 self.fqrv,
                 config.url,
@@ -214,7 +220,9 @@ class RemoteV2Servable(Servable):
         self.state["state"] = "down"
         self.state["lastError"] = error.message
         self.state["lastErrorAtMS"] = time.time_ns() // 1_000_000
-        if self.breaker.failure():
+        opened = self.breaker.failure()
+        self._sync()
+        if opened:
             log.warning("remote_circuit_open", fqrv=str(self.fqrv), backend=self.config.target, reason=error.message)
             self._start_probe()
 
@@ -223,6 +231,20 @@ class RemoteV2Servable(Servable):
             log.info("remote_backend_up", fqrv=str(self.fqrv), backend=self.config.target)
         self.breaker.success()
         self.state["state"] = "up"
+        self._sync()
+
+    def _sync(self) -> None:
+        """Copy the breaker's and the counters' state into the one the metadata shows."""
+        breaker, state = self.breaker, self.state
+        state["circuit"] = "open" if breaker.open else "closed"
+        state["consecutiveFailures"] = breaker.consecutive_failures
+        state["circuitOpened"] = breaker.opened_count
+        state["failures"] = self.failures
+        state["refused"] = self.refused
+
+    def backend_state(self) -> dict[str, Any] | None:
+        """The backend's address and state (a copy)."""
+        return dict(self.state)
 
     def _start_probe(self) -> None:
         if self._probe is None or self._probe.done():
@@ -239,6 +261,7 @@ class RemoteV2Servable(Servable):
                 self._succeeded()
                 return
             self.breaker.probe_failed()
+            log.info("remote_probe_failed", fqrv=str(self.fqrv), backend=self.config.target)
 
     def metadata(self) -> ServableMetadata:
         assert self._meta is not None, "metadata before load"
