@@ -58,6 +58,10 @@ class Servable(abc.ABC):
         #: The event loop the gateway serves on, set by the registry before ``load`` (flavors that
         #: run on it reach it from a pipeline's thread through this); None when built on its own.
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: Set by the registry when it loads a definition it accepted before (at start, or learnt
+        #: from the shared store): a servable that depends on another server then loads degraded,
+        #: waiting for that server, rather than fail the gateway's readiness while it is away.
+        self.restoring = False
 
     @abc.abstractmethod
     def load(self) -> None:

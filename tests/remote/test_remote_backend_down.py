@@ -83,3 +83,29 @@ async def test_backend_down_is_503_for_its_release_only_then_served_again(
 
 async def _is_up(front: V2Gateway) -> bool:
     return (await backend_of(front))["state"] == "up"
+
+
+@pytest.mark.slow
+async def test_restored_with_its_backend_away_loads_down_and_recovers(tmp_path: Path) -> None:
+    port, grpc_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    async with backend_gateway(tmp_path / "backend", port, grpc_port) as backend:
+        await backend.deploy(python_servable())
+        async with v2_gateway(tmp_path / "front", access_log=False) as front:
+            await front.deploy(remote_servable(url, cooldownMs=200))
+    # The gateway starts again while the backend is away: the release it had accepted loads down
+    # (a fresh deploy would be refused) and the gateway is ready.
+    async with v2_gateway(tmp_path / "front", access_log=False) as front:
+        async with front.server.session.get(front.url + "/health/ready") as r:
+            assert r.status == 200, await r.text()
+        backend_state = await backend_of(front)
+        assert backend_state["state"] == "down" and backend_state["circuit"] == "open"
+        status, answer, _ = await infer(front)
+        assert status == 503 and url in answer["error"]
+        async with backend_gateway(tmp_path / "backend", port, grpc_port):
+            await wait_for(lambda: _is_up(front), 10, "the probe to find the backend up")
+            status, answer, _ = await infer(front)
+            assert status == 200 and answer["outputs"][0]["data"] == [2.0], answer
+            async with front.server.session.get(front.url + f"/v2/models/{FRONT_MODEL}") as r:
+                meta = await r.json()
+            assert [i["name"] for i in meta["inputs"]] == ["x", "label"]  # learnt once it answered
