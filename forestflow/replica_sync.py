@@ -155,7 +155,7 @@ class ReplicaSync:
             if f not in registry.loaded and f not in registry.pending and self._failed_defs.get(f) != d
         ]
         if wait:
-            results = await asyncio.gather(*(self.loader.load(d) for d in new), return_exceptions=True)
+            results = await asyncio.gather(*(self.loader.load(d, restoring=True) for d in new), return_exceptions=True)
             for defn, result in zip(new, results):
                 if isinstance(result, BaseException):
                     self._record_failure(defn, result)
@@ -208,7 +208,7 @@ class ReplicaSync:
         error: BaseException | None = None
         try:
             try:
-                loaded = await self.loader.load(defn)
+                loaded = await self.loader.load(defn, restoring=True)
             except Exception as exc:
                 error = exc
             async with self.registry.lock:

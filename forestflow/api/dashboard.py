@@ -36,6 +36,8 @@ def _servables(gateway: Any, now_ms: int) -> list[dict[str, Any]]:
         releases = []
         for release, entry in sorted(state.servables.items(), key=lambda kv: (kv[1].metrics.created_at_ms, kv[0])):
             m = entry.metrics
+            loaded = gateway.loaded.get(entry.fqrv)
+            backend = loaded.servable.backend_state() if loaded is not None else None
             releases.append(
                 {
                     "fqrv": str(entry.fqrv),
@@ -51,6 +53,8 @@ def _servables(gateway: Any, now_ms: int) -> list[dict[str, Any]]:
                     "performanceMetrics": m.performance_view(),
                     "logLevel": entry.settings.logging.log_level.name,
                     "createdAtMs": m.created_at_ms,
+                    # RemoteV2: where it scores and whether that server answers (None: here)
+                    "backend": backend,
                 }
             )
         contracts.append({"contract": str(contract), "releases": releases})

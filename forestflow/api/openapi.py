@@ -37,10 +37,13 @@ SCHEMAS: dict[str, Any] = {
     "FQRV": _FQRV,
     "ServeRequest": {
         "type": "object",
-        "description": "ForestFlow's BasicServeRequest: path of the artifact, fqrv, flavor, servable and contract settings.",
-        "required": ["path", "fqrv", "flavor"],
+        "description": (
+            "ForestFlow's BasicServeRequest: path of the artifact, fqrv, flavor, servable and contract settings "
+            "(RemoteV2 servables, scored by another V2 server, have no path)."
+        ),
+        "required": ["fqrv", "flavor"],
         "properties": {
-            "path": {"type": "string"},
+            "path": {"type": "string", "description": "where the artifact is; required unless the flavor is RemoteV2"},
             "fqrv": _OBJ,
             "flavor": _OBJ,
             "servableSettings": _OBJ,
@@ -229,7 +232,7 @@ def _paths() -> dict[str, dict[str, Any]]:
                 _json(_ref("Prediction")),
                 [*_CONTRACT_PARAMS, _P_TIMEOUT],
                 _ref("InferenceRequest"),
-                extra={"503": _ERROR, "504": _ERROR},
+                extra={"502": _ERROR, "503": _ERROR, "504": _ERROR},
                 example=SCORE_EXAMPLE,
             )
         },
@@ -451,7 +454,7 @@ def _paths() -> dict[str, dict[str, Any]]:
                 [*params, _P_TIMEOUT],
                 _ref("V2InferRequest"),
                 error=_V2_ERROR,
-                extra={"503": _V2_ERROR, "504": _V2_ERROR},
+                extra={"502": _V2_ERROR, "503": _V2_ERROR, "504": _V2_ERROR},
                 example=V2_EXAMPLE,
             )
         }

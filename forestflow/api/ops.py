@@ -82,6 +82,12 @@ async def metrics(request: web.Request) -> web.Response:
                 "drainRestarts": log_stats.drain_restarts,
             },
             "schedulers": schedulers,
+            # RemoteV2 releases: each one's backend, up or down, and its circuit
+            "backends": {
+                str(fqrv): state
+                for fqrv, loaded in gateway.loaded.items()
+                if (state := loaded.servable.backend_state()) is not None
+            },
             **_kafka_ingest(request.app),
         }
     )

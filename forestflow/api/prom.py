@@ -213,8 +213,25 @@ class GatewayCollector:
         rejected = CounterMetricFamily("forestflow_live_rejected", "Live requests refused with 503 (queue full)", labels=["fqrv"])
         deadline = CounterMetricFamily("forestflow_deadline_exceeded", "Jobs failed with 504 (deadline passed)", labels=["fqrv"])
         load = GaugeMetricFamily("forestflow_servable_load_seconds", "Time the servable took to load", labels=["fqrv"])
+        up = GaugeMetricFamily("forestflow_backend_up", "1 while a RemoteV2 release's backend answers", labels=["fqrv", "url"])
+        circuit = GaugeMetricFamily(
+            "forestflow_backend_circuit_open", "1 while a RemoteV2 release refuses calls to its backend", labels=["fqrv", "url"]
+        )
+        failures = CounterMetricFamily(
+            "forestflow_backend_failures", "Failed calls to a RemoteV2 backend (unreachable, 5xx, late)", labels=["fqrv", "url"]
+        )
+        refused = CounterMetricFamily(
+            "forestflow_backend_refused", "Calls refused at once with 503 while the circuit was open", labels=["fqrv", "url"]
+        )
         for fqrv, loaded in list(gateway.loaded.items()):
             name, scheduler = str(fqrv), loaded.scheduler
+            backend = loaded.servable.backend_state()
+            if backend is not None:
+                labels = [name, str(backend.get("url", ""))]
+                up.add_metric(labels, 1.0 if backend.get("state") == "up" else 0.0)
+                circuit.add_metric(labels, 1.0 if backend.get("circuit") == "open" else 0.0)
+                failures.add_metric(labels, backend.get("failures", 0))
+                refused.add_metric(labels, backend.get("refused", 0))
             queue.add_metric([name, "live"], scheduler.queued(Priority.LIVE))
             queue.add_metric([name, "shadow"], scheduler.queued(Priority.SHADOW))
             running.add_metric([name], scheduler.running)
@@ -237,6 +254,10 @@ class GatewayCollector:
             rejected,
             deadline,
             load,
+            up,
+            circuit,
+            failures,
+            refused,
         )
         yield CounterMetricFamily(
             "forestflow_servable_load_failures", "Servable loads that failed", value=gateway.loader.load_failures

@@ -37,8 +37,11 @@ class ServableLoader:
         #: Loads that failed since start (``/metrics``).
         self.load_failures = 0
 
-    async def load(self, defn: ServableDefinition) -> Loaded:
-        """Fetch, create, verify and load; a failure is a GatewayError (422 with the reason)."""
+    async def load(self, defn: ServableDefinition, *, restoring: bool = False) -> Loaded:
+        """Fetch, create, verify and load; a failure is a GatewayError (422 with the reason).
+
+        ``restoring``: the definition was accepted before (restored at start, or learnt from the
+        shared store), not deployed now; see :attr:`Servable.restoring`."""
         claim: ArtifactClaim | None = None
         if defn.has_artifact:
             path = mlflow_model_dir(defn.path) if defn.flavor == MLFLOW else defn.path
@@ -51,6 +54,7 @@ class ServableLoader:
             servable = await asyncio.to_thread(create_servable, defn.flavor, defn.fqrv, directory, flavor_settings)
             servable.gateway_settings = self.settings  # gates of composed flavors (pipeline steps)
             servable.loop = asyncio.get_running_loop()
+            servable.restoring = restoring
             if defn.sha256:
                 await asyncio.to_thread(_verify_sha256, servable, defn.sha256)
             started = time.perf_counter()

@@ -58,6 +58,10 @@ class Servable(abc.ABC):
         #: The event loop the gateway serves on, set by the registry before ``load`` (flavors that
         #: run on it reach it from a pipeline's thread through this); None when built on its own.
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: Set by the registry when it loads a definition it accepted before (at start, or learnt
+        #: from the shared store): a servable that depends on another server then loads degraded,
+        #: waiting for that server, rather than fail the gateway's readiness while it is away.
+        self.restoring = False
 
     @abc.abstractmethod
     def load(self) -> None:
@@ -86,6 +90,11 @@ class Servable(abc.ABC):
     async def aunload(self) -> None:
         """``unload`` on the event loop: servables that ``runs_on_loop`` close their connections here."""
         self.unload()
+
+    def backend_state(self) -> dict[str, Any] | None:
+        """Where a servable that scores on another server sends its work, and whether that server is
+        up (``/metadata``, ``/metrics``, the page); None for servables that score here."""
+        return None
 
     def health_problem(self) -> str | None:
         """Why this loaded servable cannot score now (None: it can); readiness reports it."""

@@ -98,6 +98,7 @@ class PipelineServable(Servable):
                 servable = self._create_step(step.flavor.flavor, self.fqrv, self.artifact_dir, step.flavor_settings())
                 servable.gateway_settings = self.gateway_settings
                 servable.loop = self.loop  # steps that run on the loop (remote_v2) are called through it
+                servable.restoring = self.restoring
                 try:
                     servable.load()
                 except GatewayError as exc:

@@ -27,6 +27,7 @@ scored together, in one call at the end of that turn (see :meth:`ServableSchedul
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 from collections import deque
 from collections.abc import Callable
@@ -67,6 +68,9 @@ class _Job:
     on_abandon: Callable[[], None] | None = None
     #: Called when the job leaves the queue and starts scoring (tracing's queue wait ends there).
     on_start: Callable[[], None] | None = None
+    #: The caller's context (its trace span), for a call that runs as a task on the loop: a job
+    #: started later from another job's callback would otherwise run in that job's context.
+    context: contextvars.Context | None = None
 
 
 @dataclass(slots=True)
@@ -239,6 +243,8 @@ class ServableScheduler:
                 on_start()
             return self._inline(frame, loop)
         job = _Job(frame, priority, deadline, loop.create_future(), timeout_s, on_start=on_start)
+        if self.servable.runs_on_loop:
+            job.context = contextvars.copy_context()
         job.timer = loop.call_at(deadline, self._expire, job)
         job.future.add_done_callback(lambda f: self._abandon(job) if f.cancelled() else None)
         if must_queue:
@@ -420,7 +426,7 @@ class ServableScheduler:
         try:
             if on_loop:  # a coroutine on this loop: the call gets what is left of the latest deadline
                 timeout_s = max(job.deadline for job in batch) - loop.time()
-                task: asyncio.Future[Frame] = loop.create_task(self._apredict(frame, timeout_s))
+                task: asyncio.Future[Frame] = loop.create_task(self._apredict(frame, timeout_s), context=batch[0].context)
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             else:

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
+from aiohttp import web
 
 from forestflow._proto.grpc_predict_v2 import SERVICE, messages
+from forestflow.api.app import build_app, make_runner
+from forestflow.api.common import STARTING
+from forestflow.settings import Settings
+from tests.api.v2_support import V2Gateway
+from tests.support import TEST_ARTIFACT_ROOTS, InProcessGateway
 
 BACKEND_MODEL = "acme.demo.1"
 FRONT = ("acme", "front", 1)
@@ -68,3 +79,31 @@ async def grpc_infer(target: str, model: str, xs: list[float], labels: list[str]
             response_deserializer=M["ModelInferResponse"].FromString,
         )
         return await call(request, timeout=timeout)
+
+
+@asynccontextmanager
+async def backend_gateway(data_dir: Path, port: int, grpc_port: int) -> AsyncIterator[V2Gateway]:
+    """A backend gateway on fixed loopback ports (so a test can stop it and start it again there)."""
+    settings = Settings.load(
+        environ={},
+        overrides={
+            "data_dir": data_dir,
+            "port": port,
+            "grpc_port": grpc_port,
+            "allow_python": True,
+            "shutdown_timeout_s": 1,
+            "drain_grace_s": 0,
+            "access_log": False,
+            "artifact_roots": TEST_ARTIFACT_ROOTS,
+        },
+    )
+    app = build_app(settings)
+    runner = make_runner(app, settings)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.wait_for(asyncio.shield(app[STARTING]), 60)
+        async with aiohttp.ClientSession() as session:
+            yield V2Gateway(InProcessGateway(f"http://127.0.0.1:{port}", app, session), grpc_port)
+    finally:
+        await runner.cleanup()

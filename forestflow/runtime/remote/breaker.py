@@ -50,6 +50,13 @@ class CircuitBreaker:
             return True
         return False
 
+    def trip(self) -> None:
+        """Open now, whatever the count (a backend found down before any call)."""
+        if self._opened_at is None:
+            self.opened_count += 1
+        self.consecutive_failures = max(self.consecutive_failures, self.threshold)
+        self._opened_at = self._clock()
+
     def probe_failed(self) -> None:
         """A probe found the backend still down: stay open for another cool-down."""
         if self._opened_at is not None:

@@ -72,6 +72,11 @@ class RemoteV2Servable(Servable):
             "protocol": self.config.protocol,
             "state": "up",
             "lastError": "",
+            "circuit": "closed",
+            "consecutiveFailures": 0,
+            "failures": 0,
+            "refused": 0,
+            "circuitOpened": 0,
         }
         #: Calls that failed (``/metrics``), and calls refused by the open circuit.
         self.failures = 0
@@ -90,17 +95,24 @@ class RemoteV2Servable(Servable):
         )
         backend = self._make_backend()
         await backend.open()
-        timeout = config.timeout_s or _LOAD_TIMEOUT_S
         try:
-            info = await backend.model_metadata(timeout)
-            if not await backend.model_ready(timeout):
-                raise CreateServableRequestInvalidError(f"RemoteV2 backend {config.target}: the model is not ready there")
-        except CreateServableRequestInvalidError:
-            await backend.close()
-            raise
+            info = await self._connect(backend)
         except GatewayError as error:
-            await backend.close()
-            raise CreateServableRequestInvalidError(f"RemoteV2 backend {config.target} cannot be used: {error.message}") from None
+            if not self.restoring:
+                await backend.close()
+                raise CreateServableRequestInvalidError(
+                    f"RemoteV2 backend {config.target} cannot be used: {error.message}"
+                ) from None
+            # Accepted before and its backend away now: loaded down, refusing with 503 until a probe
+            # finds it (its inputs and outputs are learnt then), rather than failing readiness.
+            self.backend = backend
+            self._meta = self._build_metadata(ModelInfo(config.model, "", (), (), ()))
+            self.ready = True
+            self.breaker.trip()
+            self._note_failure(error)
+            log.warning("remote_backend_restored_down", fqrv=str(self.fqrv), backend=config.target, reason=error.message)
+            self._start_probe()
+            return
         except BaseException:
             await backend.close()
             raise
@@ -108,6 +120,14 @@ class RemoteV2Servable(Servable):
         self._meta = self._build_metadata(info)
         self.ready = True
         log.info("remote_backend_loaded", fqrv=str(self.fqrv), backend=config.target, protocol=config.protocol)
+
+    async def _connect(self, backend: Backend) -> ModelInfo:
+        """The backend model's metadata, once it says the model is ready; a GatewayError if not."""
+        timeout = self.config.timeout_s or _LOAD_TIMEOUT_S
+        info = await backend.model_metadata(timeout)
+        if not await backend.model_ready(timeout):
+            raise BackendUnavailable(self.fqrv, self.config.url, f"model {self.config.model!r} is not ready there")
+        return info
 
     def _make_backend(self) -> Backend:
         if self.config.protocol == REST:
@@ -140,6 +160,7 @@ class RemoteV2Servable(Servable):
             raise BackendUnavailable(self.fqrv, config.url, "not loaded")
         if self.breaker.open:
             self.refused += 1
+            self.state["refused"] = self.refused
             raise BackendUnavailable(
                 self.fqrv,
                 config.url,
@@ -210,19 +231,38 @@ class RemoteV2Servable(Servable):
 
     # -- backend state -----------------------------------------------------------------------
     def _failed(self, error: GatewayError) -> None:
+        opened = self.breaker.failure()
+        self._note_failure(error)
+        if opened:
+            log.warning("remote_circuit_open", fqrv=str(self.fqrv), backend=self.config.target, reason=error.message)
+            self._start_probe()
+
+    def _note_failure(self, error: GatewayError) -> None:
         self.failures += 1
         self.state["state"] = "down"
         self.state["lastError"] = error.message
         self.state["lastErrorAtMS"] = time.time_ns() // 1_000_000
-        if self.breaker.failure():
-            log.warning("remote_circuit_open", fqrv=str(self.fqrv), backend=self.config.target, reason=error.message)
-            self._start_probe()
+        self._sync()
 
     def _succeeded(self) -> None:
         if self.state["state"] != "up":
             log.info("remote_backend_up", fqrv=str(self.fqrv), backend=self.config.target)
         self.breaker.success()
         self.state["state"] = "up"
+        self._sync()
+
+    def _sync(self) -> None:
+        """Copy the breaker's and the counters' state into the one the metadata shows."""
+        breaker, state = self.breaker, self.state
+        state["circuit"] = "open" if breaker.open else "closed"
+        state["consecutiveFailures"] = breaker.consecutive_failures
+        state["circuitOpened"] = breaker.opened_count
+        state["failures"] = self.failures
+        state["refused"] = self.refused
+
+    def backend_state(self) -> dict[str, Any] | None:
+        """The backend's address and state (a copy)."""
+        return dict(self.state)
 
     def _start_probe(self) -> None:
         if self._probe is None or self._probe.done():
@@ -235,10 +275,23 @@ class RemoteV2Servable(Servable):
             backend = self.backend
             if backend is None:
                 return
-            if await backend.model_ready(self.config.timeout_s or self.breaker.cooldown_s or _LOAD_TIMEOUT_S):
+            if await self._probe_once(backend):
                 self._succeeded()
                 return
             self.breaker.probe_failed()
+            log.info("remote_probe_failed", fqrv=str(self.fqrv), backend=self.config.target)
+
+    async def _probe_once(self, backend: Backend) -> bool:
+        """Whether the model is ready there (and, when it was loaded down, its metadata read)."""
+        meta = self._meta
+        if meta is not None and (meta.inputs or meta.outputs):
+            return await backend.model_ready(self.config.timeout_s or _LOAD_TIMEOUT_S)
+        try:
+            info = await self._connect(backend)
+        except GatewayError:
+            return False
+        self._meta = self._build_metadata(info)
+        return True
 
     def metadata(self) -> ServableMetadata:
         assert self._meta is not None, "metadata before load"
