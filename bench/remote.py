@@ -1,17 +1,22 @@
 """The gateway in front of MLServer (a RemoteV2 servable) against MLServer called directly, in one run.
 
 Two measurements per cell (V2 REST infer, 1 and 100 rows, c16; the gateway calls MLServer over REST
-or over gRPC), both taken side by side, the two sides loaded at the same moment by their own wrk:
+or over gRPC):
 
-- **direct vs through.** Two MLServers serve the same iris model, both pinned to core 0: one is
-  called directly, the other through a gateway on core 1 (with the load generators). Whatever slows
-  core 0 slows both MLServers, and MLServer is the bottleneck of both paths, so the ratio of their
-  req/s says how much the gateway takes from what MLServer can serve. Printed: req/s of both, the
-  latency the gateway adds (p50, p99; at c16 both paths queue at MLServer, so this is mostly queueing,
-  not the hop), and each process's CPU per request.
-- **remote vs local.** The gateway in front of MLServer and a second gateway serving the local twin of
-  the model in process (tests/fixtures/servables/iris_twin, a Python servable with the same weights,
-  inputs and outputs), both on core 1: the ratio of their CPU per request is what forwarding costs the
+- **direct vs through.** One MLServer pinned to core 0 (a core of its own), the gateway and the load
+  generator on core 1. Rounds alternate between loading MLServer directly and loading the gateway in
+  front of it (direct first in odd rounds, through first in even ones), so the machine's drift hits
+  both; each round's through/direct ratio of req/s says how much of what MLServer can serve the
+  gateway keeps, and the median of the rounds is the cell's. Printed: req/s of both, the latency the
+  gateway adds (p50, p99; at c16 requests queue at MLServer, so this is mostly queueing, not the hop),
+  MLServer's CPU per request on both paths and the gateway's. (Loading two MLServers sharing one core
+  at the same moment, one directly and one through the gateway, was tried first: in the gRPC cells
+  the one behind the gateway served 1.08-1.11x the other's req/s at no lower CPU per request, i.e. it
+  got more of the core, likely by having more threads: a ratio of shares, not of what the gateway keeps.)
+- **remote vs local, side by side.** The gateway in front of MLServer and a second gateway serving the
+  local twin of the model in process (tests/fixtures/servables/iris_twin, a Python servable with the
+  same weights, inputs and outputs), both on core 1, loaded at the same moment by their own wrk
+  (bench/servers.side_by_side): the ratio of their CPU per request is what forwarding costs the
   gateway against scoring in process, for the same protocol cell.
 
 Targets (one line each, ending HOLDS or MISSED): the gateway's CPU per request <= 1.5x its in-process
@@ -28,10 +33,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +123,7 @@ class Cell:
     rows: int
     direct: list[Result] = field(default_factory=list)
     through: list[Result] = field(default_factory=list)
-    #: MLServer CPU per request of the MLServer behind the gateway (the direct one's is in ``direct``).
+    #: MLServer's CPU per request in the through rounds (the direct rounds' is in ``direct``).
     behind_cpu: list[float] = field(default_factory=list)
     #: Gateway CPU per request forwarding / serving the twin in process (remote vs local rounds).
     remote_cpu: list[float] = field(default_factory=list)
@@ -165,44 +170,33 @@ class Cell:
 
 
 def direct_and_through(
-    direct: MLServerBench, behind: MLServerBench, gateway: Server, path: str, body: bytes, concurrency: int, seconds: float
+    mlserver: MLServerBench, gateway: Server, path: str, body: bytes, concurrency: int, seconds: float, through_first: bool
 ) -> tuple[Result, Result, float]:
-    """Load MLServer directly and the gateway (``path``) in front of the other MLServer at the same moment."""
-    targets = {
-        "direct": (direct.url + f"/v2/models/{IRIS_MODEL}/versions/{IRIS_VERSION}/infer", direct),
-        "through": (gateway.url + path, gateway),
-    }
-    before = {"direct": direct.cpu_s(), "through": gateway.cpu_s(), "behind": behind.cpu_s()}
-    results: dict[str, Result] = {}
-
-    def load(name: str) -> None:
-        results[name] = drive(targets[name][0], body, "application/json", concurrency, seconds)
-
-    threads = [threading.Thread(target=load, args=(name,)) for name in targets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    d, t = results["direct"], results["through"]
-    d.cpu_us = (direct.cpu_s() - before["direct"]) / d.requests * 1e6 if d.requests else float("nan")
-    t.cpu_us = (gateway.cpu_s() - before["through"]) / t.requests * 1e6 if t.requests else float("nan")
-    behind_us = (behind.cpu_s() - before["behind"]) / t.requests * 1e6 if t.requests else float("nan")
-    return d, t, behind_us
+    """One round: MLServer loaded directly, then through the gateway (``path``), or the other way round.
+    The direct result's CPU is MLServer's; the through result's is the gateway's; the third figure is
+    MLServer's CPU per request behind the gateway."""
+    direct_url = mlserver.url + f"/v2/models/{IRIS_MODEL}/versions/{IRIS_VERSION}/infer"
+    results: dict[str, tuple[Result, float, float]] = {}
+    for name in ("through", "direct") if through_first else ("direct", "through"):
+        before = (mlserver.cpu_s(), gateway.cpu_s())
+        r = drive(direct_url if name == "direct" else gateway.url + path, body, "application/json", concurrency, seconds)
+        n = r.requests or 1
+        results[name] = (r, (mlserver.cpu_s() - before[0]) / n * 1e6, (gateway.cpu_s() - before[1]) / n * 1e6)
+    direct, direct_ml, _ = results["direct"]
+    through, behind_ml, gateway_us = results["through"]
+    direct.cpu_us, through.cpu_us = direct_ml, gateway_us
+    return direct, through, behind_ml
 
 
 @contextlib.contextmanager
-def servers(work: Path) -> Iterator[tuple[MLServerBench, MLServerBench, Server, Server]]:
-    """(MLServer called directly, MLServer behind the gateway, gateway in front of it, gateway serving
-    the twin); the twin and a RemoteV2 release of each protocol deployed."""
+def servers(work: Path) -> Iterator[tuple[MLServerBench, Server, Server]]:
+    """(MLServer, gateway in front of it, gateway serving the twin); the twin and a RemoteV2 release of
+    each protocol deployed."""
     model_dir = train_iris(work / "models")
     with contextlib.ExitStack() as stack:
-        started = []
-        for name in ("direct", "behind"):
-            process = MLServerProcess(work / "models", work / f"mlserver-{name}.log", cpu=MLSERVER_CORE)
-            # Both read settings.json from the models dir when they start: one after the other.
-            process.start()
-            stack.callback(process.stop)
-            started.append(MLServerBench(process))
+        process = MLServerProcess(work / "models", work / "mlserver.log", cpu=MLSERVER_CORE).start()
+        stack.callback(process.stop)
+        mlserver = MLServerBench(process)
         gateways = []
         for name in ("remote", "local"):
             gw = start_gateway(work / f"data-{name}", {"FORESTFLOW_ALLOW_PYTHON": "1"}, work, f"gateway-{name}", cpu=GATEWAY_CORE)
@@ -210,25 +204,25 @@ def servers(work: Path) -> Iterator[tuple[MLServerBench, MLServerBench, Server, 
             gateways.append(gw)
         twin = {"Python": {"modulePath": "twin.py", "entryPoint": "Iris"}}
         for protocol, contract in CONTRACTS.items():
-            deploy(gateways[0], definition(contract, f"mlserver-{protocol}", remote_flavor(started[1].process, protocol)))
+            deploy(gateways[0], definition(contract, f"mlserver-{protocol}", remote_flavor(process, protocol)))
             deploy(gateways[1], definition(contract, "twin", twin, model_dir))
-        yield started[0], started[1], gateways[0], gateways[1]
+        yield mlserver, gateways[0], gateways[1]
 
 
 def measure(args: argparse.Namespace, work: Path) -> list[Cell]:
     """Every (protocol, rows) cell, each printed as soon as it is measured."""
     cells: list[Cell] = []
-    with servers(work) as (direct, behind, remote, local):
+    with servers(work) as (mlserver, remote, local):
         for protocol in args.protocols:
             path = infer_path(CONTRACTS[protocol])
             for rows in args.rows:
                 cell = Cell(protocol, rows)
                 body = v2_body(rows)
                 if args.warmup:
-                    direct_and_through(direct, behind, remote, path, body, args.concurrency, args.warmup)
+                    direct_and_through(mlserver, remote, path, body, args.concurrency, args.warmup, False)
                     side_by_side(remote, local, path, body, "application/json", args.concurrency, args.warmup)
-                for _ in range(args.rounds):
-                    d, t, behind_us = direct_and_through(direct, behind, remote, path, body, args.concurrency, args.seconds)
+                for i in range(args.rounds):
+                    d, t, behind_us = direct_and_through(mlserver, remote, path, body, args.concurrency, args.seconds, i % 2 == 1)
                     cell.direct.append(d)
                     cell.through.append(t)
                     cell.behind_cpu.append(behind_us)
@@ -257,8 +251,9 @@ def main() -> int:
         args.protocols, args.rows, args.rounds, args.seconds, args.warmup = ["rest"], [1], 1, 1.0, 0.0
     work = Path(tempfile.mkdtemp(prefix="ff-remote-"))
     print(
-        f"# logs under {work}; MLServers on core {MLSERVER_CORE}, gateways and wrk on core {GATEWAY_CORE}; "
-        f"medians of {args.rounds} round(s) of {args.seconds:.0f} s, each side loaded by its own wrk",
+        f"# logs under {work}; MLServer on core {MLSERVER_CORE}, gateways and wrk on core {GATEWAY_CORE}; "
+        f"medians of {args.rounds} round(s) of {args.seconds:.0f} s per side; "
+        f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
         flush=True,
     )
     cells = measure(args, work)
