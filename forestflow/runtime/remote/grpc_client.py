@@ -54,7 +54,7 @@ class GrpcBackend(Backend):
         try:
             return await call(request, timeout=timeout_s, metadata=metadata or None)
         except grpc.aio.AioRpcError as exc:
-            raise self._status_error(exc, timeout_s) from exc
+            raise self._status_error(exc, timeout_s) from None  # the message says it all: no traceback
 
     async def model_metadata(self, timeout_s: float) -> ModelInfo:
         request = self.m["ModelMetadataRequest"](name=self.config.model, version=self.config.version)

@@ -64,7 +64,7 @@ class RestBackend(Backend):
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 return response.status, await response.read()
         except Exception as exc:
-            raise self._transport_error(exc, timeout_s) from exc
+            raise self._transport_error(exc, timeout_s) from None  # the message says it all: no traceback
 
     async def model_metadata(self, timeout_s: float) -> ModelInfo:
         status, body = await self._get(self.model_url, timeout_s)
@@ -116,7 +116,7 @@ class RestBackend(Backend):
         except GatewayError:
             raise
         except Exception as exc:
-            raise self._transport_error(exc, timeout_s) from exc
+            raise self._transport_error(exc, timeout_s) from None  # the message says it all: no traceback
         return self._outputs(payload, length)
 
     def _request_body(self, inputs: Sequence[Tensor], parameters: dict[str, Any]) -> tuple[bytes, dict[str, str]]:

@@ -231,8 +231,13 @@ class RemoteV2Servable(Servable):
 
     # -- backend state -----------------------------------------------------------------------
     def _failed(self, error: GatewayError) -> None:
+        """Count a failed call. It is logged here, one line without a traceback: the gateway logs
+        a failure with its cause's traceback, which for a refused connection or a backend's 5xx
+        says nothing the message does not (and formatting it costs more than the call)."""
         opened = self.breaker.failure()
         self._note_failure(error)
+        if error.__cause__ is None:
+            log.warning("remote_call_failed", fqrv=str(self.fqrv), backend=self.config.target, error=error.message)
         if opened:
             log.warning("remote_circuit_open", fqrv=str(self.fqrv), backend=self.config.target, reason=error.message)
             self._start_probe()
