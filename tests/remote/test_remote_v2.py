@@ -10,7 +10,7 @@ import pytest
 
 from tests.api.v2_support import V2Gateway, v2_gateway
 from tests.remote.support import BACKEND_MODEL, FRONT_MODEL, grpc_infer, remote_servable, v2_body
-from tests.support import free_port, python_servable, score_body
+from tests.support import free_port, python_servable, score_body, wait_for
 
 
 @pytest.fixture
@@ -91,3 +91,28 @@ async def test_deploy_fails_422_naming_url_and_model(backend: V2Gateway, front: 
     status, body, _ = await front.post_json("/servable", remote_servable(url, protocol="soap"))
     assert status == 400 or status == 422, body
     assert "protocol" in body["error"]
+
+
+@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+async def test_releases_calling_one_server_share_its_connections(backend: V2Gateway, front: V2Gateway, protocol: str) -> None:
+    from forestflow.runtime.remote import grpc_client, rest_client
+
+    url = backend.url if protocol == "rest" else backend.grpc_target
+    pool, key = (rest_client._SESSIONS, f'["{url}",[]]') if protocol == "rest" else (grpc_client._CHANNELS, url)
+    keep_two = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 2}}, "router": {"LatestPhaseInPctBasedRouter": {}}}
+    first = remote_servable(url, protocol=protocol, release="r1")
+    first["contractSettings"] = keep_two
+    await front.deploy(first)
+    await front.deploy(remote_servable(url, protocol=protocol, release="r2", version="v1"))
+    assert pool.users(key) == 2
+    for release in ("r1", "r2"):
+        status, body = await post(front, f"/v2/models/{FRONT_MODEL}/versions/{release}/infer", v2_body([1.0], ["a"]))
+        assert status == 200 and body["outputs"][0]["data"] == [2.0], body
+    async with front.server.session.delete(front.url + "/acme/front/1/r1") as r:
+        assert r.status == 200
+    await wait_for(lambda: pool.users(key) == 1, 10, "the first release's use given back")
+    status, body = await post(front, f"/v2/models/{FRONT_MODEL}/versions/r2/infer", v2_body([1.0], ["a"]))
+    assert status == 200, body  # the other release's calls go on over the shared pool
+    async with front.server.session.delete(front.url + "/acme/front/1/r2") as r:
+        assert r.status == 200
+    await wait_for(lambda: pool.users(key) == 0, 10, "the pool closed with its last release")

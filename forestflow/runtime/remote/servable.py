@@ -133,7 +133,7 @@ class RemoteV2Servable(Servable):
         if self.config.protocol == REST:
             from forestflow.runtime.remote.rest_client import RestBackend
 
-            return RestBackend(self.config, self.fqrv, self.max_concurrency or _DEFAULT_CONCURRENCY)
+            return RestBackend(self.config, self.fqrv)
         from forestflow.runtime.remote.grpc_client import GrpcBackend
 
         return GrpcBackend(self.config, self.fqrv)
