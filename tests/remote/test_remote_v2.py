@@ -38,10 +38,11 @@ def outputs_of(grpc_response: Any) -> list[tuple[str, str, list[int], bytes]]:
     ]
 
 
-@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+@pytest.mark.parametrize("protocol", ["rest", "rest-json", "grpc"])
 async def test_remote_release_answers_what_the_backend_answers(backend: V2Gateway, front: V2Gateway, protocol: str) -> None:
-    url = backend.url if protocol == "rest" else backend.grpc_target
-    await front.deploy(remote_servable(url, protocol=protocol))
+    url = backend.url if protocol.startswith("rest") else backend.grpc_target
+    json_only = {"binaryTensors": False} if protocol == "rest-json" else {}
+    await front.deploy(remote_servable(url, protocol=protocol.split("-")[0], **json_only))
     xs, labels = [1.5, -2.0, 3.25], ["a", "ß", "c"]
 
     # V2 REST
@@ -75,6 +76,7 @@ async def test_remote_release_answers_what_the_backend_answers(backend: V2Gatewa
     async with front.server.session.get(front.url + "/acme/front/1/r1/metadata") as r:
         meta = (await r.json())["BasicMetaData"]
     assert meta["backend"]["url"] == url and meta["backend"]["state"] == "up"
+    assert meta["backend"]["binaryTensors"] is not bool(json_only)  # binary unless told: the backend lists it
     assert [i["name"] for i in meta["inputs"]] == ["x", "label"]
 
 
@@ -88,9 +90,15 @@ async def test_deploy_fails_422_naming_url_and_model(backend: V2Gateway, front: 
     status, body, _ = await front.post_json("/servable", remote_servable(dead, protocol=protocol))
     assert status == 422, body
     assert dead in body["error"] and BACKEND_MODEL in body["error"]
-    status, body, _ = await front.post_json("/servable", remote_servable(url, protocol="soap"))
-    assert status == 400 or status == 422, body
-    assert "protocol" in body["error"]
+    for bad, key in (({"protocol": "soap"}, "protocol"), ({"timeoutMs": -5}, "timeoutMs"), ({"modle": "x"}, "modle")):
+        status, body, _ = await front.post_json("/servable", remote_servable(url, **{"protocol": protocol, **bad}))
+        assert status == 422 and f"flavor.RemoteV2.{key}" in body["error"], body
+    no_model = remote_servable(url, protocol=protocol)
+    del no_model["flavor"]["RemoteV2"]["model"]
+    status, body, _ = await front.post_json("/servable", no_model)
+    assert status == 422 and "flavor.RemoteV2.model" in body["error"], body
+    async with front.server.session.get(front.url + "/health/ready") as r:
+        assert r.status == 200  # refused deploys leave nothing failed behind
 
 
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])

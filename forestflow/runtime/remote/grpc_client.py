@@ -25,6 +25,7 @@ class GrpcBackend(Backend):
     """Calls ``inference.GRPCInferenceService`` at ``host:port`` over one channel."""
 
     protocol = GRPC
+    binary = True  # raw_input_contents / raw_output_contents
 
     def __init__(self, config: RemoteConfig, fqrv: FQRV) -> None:
         self.config = config

@@ -86,7 +86,8 @@ class RestBackend(Backend):
             )
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
             raise BackendFailed(self.fqrv, self.config.url, f"unreadable model metadata: {exc}") from exc
-        self.binary = await self._offers_binary(timeout_s)
+        chosen = self.config.binary_tensors
+        self.binary = chosen if chosen is not None else await self._offers_binary(timeout_s)
         return info
 
     async def _offers_binary(self, timeout_s: float) -> bool:

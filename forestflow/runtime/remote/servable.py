@@ -118,6 +118,7 @@ class RemoteV2Servable(Servable):
             raise
         self.backend = backend
         self._meta = self._build_metadata(info)
+        self.state["binaryTensors"] = backend.binary
         self.ready = True
         log.info("remote_backend_loaded", fqrv=str(self.fqrv), backend=config.target, protocol=config.protocol)
 
