@@ -10,7 +10,7 @@ import pytest
 
 from tests.api.v2_support import V2Gateway, v2_gateway
 from tests.remote.support import BACKEND_MODEL, FRONT_MODEL, grpc_infer, remote_servable, v2_body
-from tests.support import free_port, python_servable, score_body
+from tests.support import free_port, python_servable, score_body, wait_for
 
 
 @pytest.fixture
@@ -38,10 +38,11 @@ def outputs_of(grpc_response: Any) -> list[tuple[str, str, list[int], bytes]]:
     ]
 
 
-@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+@pytest.mark.parametrize("protocol", ["rest", "rest-json", "grpc"])
 async def test_remote_release_answers_what_the_backend_answers(backend: V2Gateway, front: V2Gateway, protocol: str) -> None:
-    url = backend.url if protocol == "rest" else backend.grpc_target
-    await front.deploy(remote_servable(url, protocol=protocol))
+    url = backend.url if protocol.startswith("rest") else backend.grpc_target
+    json_only = {"binaryTensors": False} if protocol == "rest-json" else {}
+    await front.deploy(remote_servable(url, protocol=protocol.split("-")[0], **json_only))
     xs, labels = [1.5, -2.0, 3.25], ["a", "ß", "c"]
 
     # V2 REST
@@ -75,6 +76,7 @@ async def test_remote_release_answers_what_the_backend_answers(backend: V2Gatewa
     async with front.server.session.get(front.url + "/acme/front/1/r1/metadata") as r:
         meta = (await r.json())["BasicMetaData"]
     assert meta["backend"]["url"] == url and meta["backend"]["state"] == "up"
+    assert meta["backend"]["binaryTensors"] is not bool(json_only)  # binary unless told: the backend lists it
     assert [i["name"] for i in meta["inputs"]] == ["x", "label"]
 
 
@@ -88,6 +90,37 @@ async def test_deploy_fails_422_naming_url_and_model(backend: V2Gateway, front: 
     status, body, _ = await front.post_json("/servable", remote_servable(dead, protocol=protocol))
     assert status == 422, body
     assert dead in body["error"] and BACKEND_MODEL in body["error"]
-    status, body, _ = await front.post_json("/servable", remote_servable(url, protocol="soap"))
-    assert status == 400 or status == 422, body
-    assert "protocol" in body["error"]
+    for bad, key in (({"protocol": "soap"}, "protocol"), ({"timeoutMs": -5}, "timeoutMs"), ({"modle": "x"}, "modle")):
+        status, body, _ = await front.post_json("/servable", remote_servable(url, **{"protocol": protocol, **bad}))
+        assert status == 422 and f"flavor.RemoteV2.{key}" in body["error"], body
+    no_model = remote_servable(url, protocol=protocol)
+    del no_model["flavor"]["RemoteV2"]["model"]
+    status, body, _ = await front.post_json("/servable", no_model)
+    assert status == 422 and "flavor.RemoteV2.model" in body["error"], body
+    async with front.server.session.get(front.url + "/health/ready") as r:
+        assert r.status == 200  # refused deploys leave nothing failed behind
+
+
+@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+async def test_releases_calling_one_server_share_its_connections(backend: V2Gateway, front: V2Gateway, protocol: str) -> None:
+    from forestflow.runtime.remote import grpc_client, rest_client
+
+    url = backend.url if protocol == "rest" else backend.grpc_target
+    pool, key = (rest_client._SESSIONS, f'["{url}",[]]') if protocol == "rest" else (grpc_client._CHANNELS, url)
+    keep_two = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 2}}, "router": {"LatestPhaseInPctBasedRouter": {}}}
+    first = remote_servable(url, protocol=protocol, release="r1")
+    first["contractSettings"] = keep_two
+    await front.deploy(first)
+    await front.deploy(remote_servable(url, protocol=protocol, release="r2", version="v1"))
+    assert pool.users(key) == 2
+    for release in ("r1", "r2"):
+        status, body = await post(front, f"/v2/models/{FRONT_MODEL}/versions/{release}/infer", v2_body([1.0], ["a"]))
+        assert status == 200 and body["outputs"][0]["data"] == [2.0], body
+    async with front.server.session.delete(front.url + "/acme/front/1/r1") as r:
+        assert r.status == 200
+    await wait_for(lambda: pool.users(key) == 1, 10, "the first release's use given back")
+    status, body = await post(front, f"/v2/models/{FRONT_MODEL}/versions/r2/infer", v2_body([1.0], ["a"]))
+    assert status == 200, body  # the other release's calls go on over the shared pool
+    async with front.server.session.delete(front.url + "/acme/front/1/r2") as r:
+        assert r.status == 200
+    await wait_for(lambda: pool.users(key) == 0, 10, "the pool closed with its last release")

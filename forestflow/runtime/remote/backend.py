@@ -40,6 +40,8 @@ class Backend(abc.ABC):
 
     #: The protocol name (``rest`` or ``grpc``), for metadata.
     protocol: str = ""
+    #: Whether tensors travel in the binary layout (gRPC raw contents; REST's extension) or as JSON.
+    binary: bool = False
 
     @abc.abstractmethod
     async def open(self) -> None:

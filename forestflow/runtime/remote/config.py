@@ -3,8 +3,11 @@
 ``{"RemoteV2": {"url": "http://host:port", "model": "iris", "version": "1", "protocol": "rest",
 "headers": {...}, "timeoutMs": 5000, "maxConcurrency": 8}}``: ``url`` is ``http(s)://host:port``
 for REST and ``host:port`` for gRPC (a scheme is accepted and dropped); ``version``, ``headers``,
-``timeoutMs`` (a cap on every call, below the request's own deadline) and ``maxConcurrency``
-(requests in flight to the backend; default the ``remote_max_concurrency`` setting) are optional.
+``timeoutMs`` (a cap on every call, below the request's own deadline), ``maxConcurrency``
+(requests in flight to the backend; default the ``remote_max_concurrency`` setting),
+``failureThreshold`` and ``cooldownMs`` (the circuit breaker; defaults ``remote_failure_threshold``
+and ``remote_cooldown_s``) and ``binaryTensors`` (REST: the binary tensor layout on or off;
+default on when the server lists the extension) are optional.
 """
 
 from __future__ import annotations
@@ -18,7 +21,18 @@ from forestflow.errors import CreateServableRequestInvalidError
 REST = "rest"
 GRPC = "grpc"
 _KEYS = frozenset(
-    {"url", "model", "version", "protocol", "headers", "timeoutMs", "maxConcurrency", "failureThreshold", "cooldownMs"}
+    {
+        "url",
+        "model",
+        "version",
+        "protocol",
+        "headers",
+        "timeoutMs",
+        "maxConcurrency",
+        "failureThreshold",
+        "cooldownMs",
+        "binaryTensors",
+    }
 )
 
 
@@ -37,6 +51,8 @@ class RemoteConfig:
     max_concurrency: int | None = None
     failure_threshold: int | None = None
     cooldown_s: float | None = None
+    #: REST only: send tensors in the binary layout (None: when the server lists the extension).
+    binary_tensors: bool | None = None
 
     @property
     def target(self) -> str:
@@ -98,6 +114,9 @@ def parse_config(settings: dict[str, Any]) -> RemoteConfig:
     for key, value in (("maxConcurrency", concurrency), ("failureThreshold", threshold)):
         if value is not None and value != int(value):
             raise _bad(key, f"expected a whole number, got {value!r}")
+    binary = settings.get("binaryTensors")
+    if binary is not None and not isinstance(binary, bool):
+        raise _bad("binaryTensors", f"expected true or false, got {binary!r}")
     return RemoteConfig(
         url=url,
         model=model.strip(),
@@ -108,4 +127,5 @@ def parse_config(settings: dict[str, Any]) -> RemoteConfig:
         max_concurrency=int(concurrency) if concurrency is not None else None,
         failure_threshold=int(threshold) if threshold is not None else None,
         cooldown_s=cooldown_ms / 1000 if cooldown_ms is not None else None,
+        binary_tensors=binary,
     )

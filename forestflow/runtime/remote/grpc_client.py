@@ -1,6 +1,7 @@
-"""A V2 gRPC backend: one ``grpc.aio`` channel reused by every call, raw tensor contents, the
-request's deadline passed on as the call's. A call that never left the client (no connection)
-is retried by gRPC itself (its transparent retry); nothing else is retried.
+"""A V2 gRPC backend: one ``grpc.aio`` channel per server, reused by every call of every release
+that calls it; raw tensor contents; the request's deadline passed on as the call's. A call that
+never left the client (no connection) is retried by gRPC itself (its transparent retry); nothing
+else is retried.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from forestflow.core.ids import FQRV
 from forestflow.errors import BackendFailed, BackendUnavailable, DeadlineExceeded, GatewayError, InvalidInput
 from forestflow.runtime.remote.backend import Backend, ModelInfo
 from forestflow.runtime.remote.config import GRPC, RemoteConfig
+from forestflow.runtime.remote.pools import SharedPool
 
 
 class GrpcBackend(Backend):
     """Calls ``inference.GRPCInferenceService`` at ``host:port`` over one channel."""
 
     protocol = GRPC
+    binary = True  # raw_input_contents / raw_output_contents
 
     def __init__(self, config: RemoteConfig, fqrv: FQRV) -> None:
         self.config = config
@@ -32,15 +35,12 @@ class GrpcBackend(Backend):
         self._metadata = tuple((k.lower(), v) for k, v in config.headers.items())
 
     async def open(self) -> None:
-        self._channel = grpc.aio.insecure_channel(
-            self.config.url,
-            options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
-        )
+        self._channel = _CHANNELS.acquire(self.config.url)
 
     async def close(self) -> None:
         if self._channel is not None:
-            channel, self._channel = self._channel, None
-            await channel.close()
+            self._channel = None
+            await _CHANNELS.release(self.config.url)
 
     async def _call(self, method: str, request: Any, timeout_s: float, headers: dict[str, str] | None = None) -> Any:
         if self._channel is None:
@@ -54,7 +54,7 @@ class GrpcBackend(Backend):
         try:
             return await call(request, timeout=timeout_s, metadata=metadata or None)
         except grpc.aio.AioRpcError as exc:
-            raise self._status_error(exc, timeout_s) from exc
+            raise self._status_error(exc, timeout_s) from None  # the message says it all: no traceback
 
     async def model_metadata(self, timeout_s: float) -> ModelInfo:
         request = self.m["ModelMetadataRequest"](name=self.config.model, version=self.config.version)
@@ -113,6 +113,19 @@ class GrpcBackend(Backend):
         if code == grpc.StatusCode.NOT_FOUND:
             return BackendFailed(self.fqrv, url, f"model {self.config.model!r} not found there ({details})")
         return BackendFailed(self.fqrv, url, f"{code.name}: {details}")
+
+
+def _new_channel(target: str) -> grpc.aio.Channel:
+    options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    return grpc.aio.insecure_channel(target, options=options)
+
+
+async def _close_channel(channel: grpc.aio.Channel) -> None:
+    await channel.close()
+
+
+#: One channel per backend server, shared by the releases that call it (headers go per call).
+_CHANNELS: SharedPool[grpc.aio.Channel] = SharedPool(_new_channel, _close_channel)
 
 
 def _spec(tensor: Any) -> TensorSpec:

@@ -1,5 +1,6 @@
-"""A V2 REST backend: one pooled aiohttp session (keep-alive, bounded connections), binary tensors
-when the server offers Triton's ``binary_tensor_data`` extension, JSON otherwise.
+"""A V2 REST backend: one pooled aiohttp session per server (keep-alive, bounded connections, shared
+by the releases that call it), binary tensors when the server offers Triton's
+``binary_tensor_data`` extension, JSON otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from forestflow.core.ids import FQRV
 from forestflow.errors import BackendFailed, BackendUnavailable, DeadlineExceeded, GatewayError, InvalidInput, PayloadTooLarge
 from forestflow.runtime.remote.backend import Backend, ModelInfo, NotSent
 from forestflow.runtime.remote.config import REST, RemoteConfig
+from forestflow.runtime.remote.pools import SharedPool
 from forestflow.runtime.remote.wire import spec_of
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -33,10 +35,9 @@ class RestBackend(Backend):
 
     protocol = REST
 
-    def __init__(self, config: RemoteConfig, fqrv: FQRV, connections: int) -> None:
+    def __init__(self, config: RemoteConfig, fqrv: FQRV) -> None:
         self.config = config
         self.fqrv = fqrv
-        self.connections = connections
         model = f"{config.url}/v2/models/{quote(config.model, safe='')}"
         self.model_url = model + (f"/versions/{quote(config.version, safe='')}" if config.version else "")
         self._session: aiohttp.ClientSession | None = None
@@ -44,13 +45,17 @@ class RestBackend(Backend):
         self.binary = False
 
     async def open(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self.connections, limit_per_host=self.connections, keepalive_timeout=30)
-        self._session = aiohttp.ClientSession(connector=connector, headers=self.config.headers, raise_for_status=False)
+        self._session = _SESSIONS.acquire(self._pool_key)
 
     async def close(self) -> None:
         if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+            self._session = None
+            await _SESSIONS.release(self._pool_key)
+
+    @property
+    def _pool_key(self) -> str:
+        """Releases calling one server with the same headers share its session."""
+        return orjson.dumps([self.config.url, sorted(self.config.headers.items())]).decode()
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -64,7 +69,7 @@ class RestBackend(Backend):
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 return response.status, await response.read()
         except Exception as exc:
-            raise self._transport_error(exc, timeout_s) from exc
+            raise self._transport_error(exc, timeout_s) from None  # the message says it all: no traceback
 
     async def model_metadata(self, timeout_s: float) -> ModelInfo:
         status, body = await self._get(self.model_url, timeout_s)
@@ -81,7 +86,8 @@ class RestBackend(Backend):
             )
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
             raise BackendFailed(self.fqrv, self.config.url, f"unreadable model metadata: {exc}") from exc
-        self.binary = await self._offers_binary(timeout_s)
+        chosen = self.config.binary_tensors
+        self.binary = chosen if chosen is not None else await self._offers_binary(timeout_s)
         return info
 
     async def _offers_binary(self, timeout_s: float) -> bool:
@@ -116,7 +122,7 @@ class RestBackend(Backend):
         except GatewayError:
             raise
         except Exception as exc:
-            raise self._transport_error(exc, timeout_s) from exc
+            raise self._transport_error(exc, timeout_s) from None  # the message says it all: no traceback
         return self._outputs(payload, length)
 
     def _request_body(self, inputs: Sequence[Tensor], parameters: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
@@ -189,6 +195,24 @@ class RestBackend(Backend):
         if isinstance(exc, aiohttp.ClientConnectorError):
             return NotSent(self.fqrv, url, f"cannot connect: {exc.os_error or exc}")
         return BackendUnavailable(self.fqrv, url, f"{type(exc).__name__}: {exc}")
+
+
+def _new_session(key: str) -> aiohttp.ClientSession:
+    url, headers = orjson.loads(key)
+    # Keep-alive connections, at most _MAX_CONNECTIONS to the server: a bound on sockets however many
+    # releases share it (each release's scheduler already bounds its own calls in flight).
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=_MAX_CONNECTIONS, keepalive_timeout=30)
+    return aiohttp.ClientSession(connector=connector, headers=dict(headers), raise_for_status=False)
+
+
+async def _close_session(session: aiohttp.ClientSession) -> None:
+    await session.close()
+
+
+#: Sockets one gateway process opens to one backend server at most.
+_MAX_CONNECTIONS = 256
+#: One session per backend server (and headers), shared by the releases that call it.
+_SESSIONS: SharedPool[aiohttp.ClientSession] = SharedPool(_new_session, _close_session)
 
 
 def _error_text(body: bytes) -> str:

@@ -118,6 +118,7 @@ class RemoteV2Servable(Servable):
             raise
         self.backend = backend
         self._meta = self._build_metadata(info)
+        self.state["binaryTensors"] = backend.binary
         self.ready = True
         log.info("remote_backend_loaded", fqrv=str(self.fqrv), backend=config.target, protocol=config.protocol)
 
@@ -133,7 +134,7 @@ class RemoteV2Servable(Servable):
         if self.config.protocol == REST:
             from forestflow.runtime.remote.rest_client import RestBackend
 
-            return RestBackend(self.config, self.fqrv, self.max_concurrency or _DEFAULT_CONCURRENCY)
+            return RestBackend(self.config, self.fqrv)
         from forestflow.runtime.remote.grpc_client import GrpcBackend
 
         return GrpcBackend(self.config, self.fqrv)
@@ -231,8 +232,13 @@ class RemoteV2Servable(Servable):
 
     # -- backend state -----------------------------------------------------------------------
     def _failed(self, error: GatewayError) -> None:
+        """Count a failed call. It is logged here, one line without a traceback: the gateway logs
+        a failure with its cause's traceback, which for a refused connection or a backend's 5xx
+        says nothing the message does not (and formatting it costs more than the call)."""
         opened = self.breaker.failure()
         self._note_failure(error)
+        if error.__cause__ is None:
+            log.warning("remote_call_failed", fqrv=str(self.fqrv), backend=self.config.target, error=error.message)
         if opened:
             log.warning("remote_circuit_open", fqrv=str(self.fqrv), backend=self.config.target, reason=error.message)
             self._start_probe()
