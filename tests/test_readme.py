@@ -169,6 +169,7 @@ def test_models_served_elsewhere_section_runs_as_written(tmp_path: Path) -> None
         assert [v for row in values for v in row] == direct["outputs"][0]["data"]
         backend = json.loads(run(metadata))["BasicMetaData"]["backend"]
         assert backend["state"] == "up" and backend["url"] == f"http://localhost:{ports['8180']}", backend
+        assert backend["binaryTensors"] is False, backend  # MLServer does not list the extension (the key table)
         # The key table's gRPC variant of the same definition reaches the same model.
         assert '`"url": "localhost:8181", "protocol": "grpc"`' in documented
         over_grpc = json.loads(moved.read_text())
