@@ -13,6 +13,11 @@ or over gRPC):
   at the same moment, one directly and one through the gateway, was tried first: in the gRPC cells
   the one behind the gateway served 1.08-1.11x the other's req/s at no lower CPU per request, i.e. it
   got more of the core, likely by having more threads: a ratio of shares, not of what the gateway keeps.)
+  On a loaded machine the req/s ratio also carries how much of core 0 MLServer got from the other work
+  in each phase, and that share follows its runnable threads: its gRPC server has more than its
+  REST server, so the gRPC cells can read well above 1.0x. The capacity line divides that out:
+  MLServer's requests per CPU-second through the gateway over direct (what it would serve on a core
+  of its own), next to the gateway's requests per CPU-second (it must stay above MLServer's).
 - **remote vs local, side by side.** The gateway in front of MLServer and a second gateway serving the
   local twin of the model in process (tests/fixtures/servables/iris_twin, a Python servable with the
   same weights, inputs and outputs), both on core 1, loaded at the same moment by their own wrk
@@ -139,6 +144,11 @@ class Cell:
     def cpu_ratio(self) -> float:
         return statistics.median(r / lo for r, lo in zip(self.remote_cpu, self.local_cpu))
 
+    def capacity_ratio(self) -> float:
+        """MLServer's requests per CPU-second through the gateway over direct: what it could serve on a
+        core of its own, whatever share of core 0 it got from the machine's other work."""
+        return statistics.median(d.cpu_us / b for d, b in zip(self.direct, self.behind_cpu))
+
     def lines(self, concurrency: int) -> list[str]:
         """The cell's figures and its two target lines."""
 
@@ -166,6 +176,9 @@ class Cell:
             f"({self.protocol}, {self.rows} row): {cpu:.2f}x {'HOLDS' if ok_cpu else 'MISSED'}",
             f"throughput through the gateway >= {THROUGHPUT_TARGET}x MLServer direct ({self.protocol}, {self.rows} row): "
             f"{tput:.2f}x {'HOLDS' if ok_tput else 'MISSED'}",
+            f"{name}: MLServer requests per CPU-second through the gateway / direct {self.capacity_ratio():.2f}x "
+            f"(its req/s, when it is the bottleneck on a core of its own; the gateway serves "
+            f"{1e6 / med(r.cpu_us for r in self.through):.0f} req/s per CPU-second)",
         ]
 
 
