@@ -35,7 +35,8 @@ class Servable(abc.ABC):
     #: How many ``predict`` calls may run at once for this servable (None = scheduler default).
     max_concurrency: int | None = None
     #: Live batches of at most this many rows are scored on the event loop, without a thread hop.
-    #: Only for flavors whose small batches take well under ~100 us and never block (0 = never).
+    #: Only for flavors whose small batches take well under ~100 us and never block (0 = only empty
+    #: batches; -1 = never, for servables whose ``predict`` must not run on the loop at all).
     inline_max_rows: int = 0
     #: Whether ``predict`` reads ``frame.parameters`` (request configs): if not, requests with
     #: different configs may be scored together in one call.

@@ -53,6 +53,13 @@ async def test_remote_release_answers_what_the_backend_answers(backend: V2Gatewa
     assert remote[1]["outputs"][0]["data"] == [3.0, -4.0, 6.5], remote
     assert (remote[1]["model_name"], remote[1]["model_version"]) == (FRONT_MODEL, "r1")
 
+    # An empty batch is the backend's to answer too (never scored on the event loop here).
+    empty = {"inputs": [{"name": "x", "datatype": "FP64", "shape": [0], "data": []}]}
+    direct = await post(backend, f"/v2/models/{BACKEND_MODEL}/infer", empty)
+    remote = await post(front, f"/v2/models/{FRONT_MODEL}/infer", empty)
+    assert direct[0] == remote[0] == 200, remote
+    assert remote[1]["outputs"] == direct[1]["outputs"]
+
     # V2 gRPC
     direct_grpc = await grpc_infer(backend.grpc_target, BACKEND_MODEL, xs, labels)
     remote_grpc = await grpc_infer(front.grpc_target, FRONT_MODEL, xs, labels)

@@ -57,7 +57,9 @@ class RemoteV2Servable(Servable):
 
     runs_on_loop = True
     batchable = True
-    inline_max_rows = 0
+    #: Never scored inline, not even an empty batch: its ``predict`` waits on the loop (and so
+    #: does a pipeline's with a remote step, which takes the smallest of its steps' values).
+    inline_max_rows = -1
 
     def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
         super().__init__(fqrv, artifact_dir, settings)
@@ -260,6 +262,8 @@ class RemoteV2Servable(Servable):
     def _sync(self) -> None:
         """Copy the breaker's and the counters' state into the one the metadata shows."""
         breaker, state = self.breaker, self.state
+        if self.backend is not None:  # loaded: V2/V1 model readiness says whether it can answer now
+            self.ready = not breaker.open
         state["circuit"] = "open" if breaker.open else "closed"
         state["consecutiveFailures"] = breaker.consecutive_failures
         state["circuitOpened"] = breaker.opened_count
