@@ -247,7 +247,10 @@ class RemoteV2Servable(Servable):
 
     def _note_failure(self, error: GatewayError) -> None:
         self.failures += 1
-        self.state["state"] = "down"
+        # Unreachable or too slow: down. A 5xx of its own (its model failed on one request) says
+        # the server answers: down only once such failures in a row have opened the circuit.
+        if not isinstance(error, BackendFailed) or self.breaker.open:
+            self.state["state"] = "down"
         self.state["lastError"] = error.message
         self.state["lastErrorAtMS"] = time.time_ns() // 1_000_000
         self._sync()
