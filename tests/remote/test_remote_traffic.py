@@ -106,6 +106,12 @@ async def test_concurrency_limit_queues_and_deadline_is_passed_on(backend: V2Gat
     status, body, _ = await front.post_json(path, v2_body([1.0], ["s"], sleep=2.0), headers={"X-Request-Timeout-Ms": "300"})
     assert status == 504, body
     assert time.monotonic() - started < 1.5
+    async with front.server.session.get(front.url + "/metrics/json") as r:
+        scheduler = (await r.json())["schedulers"]["acme.front.1.r1"]
+    # The call was cancelled with its job: its slot is free at once, nothing runs on abandoned.
+    assert scheduler["running"] == 0 and scheduler["abandonedRunning"] == 0
+    status, body, _ = await front.post_json(path, v2_body([1.0], ["s"]))
+    assert status == 200, body
 
 
 async def test_backend_errors_are_400_for_bad_requests_and_502_for_its_failures(backend: V2Gateway, front: V2Gateway) -> None:

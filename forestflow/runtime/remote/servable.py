@@ -304,6 +304,7 @@ class RemoteV2Servable(Servable):
         except GatewayError:
             return False
         self._meta = self._build_metadata(info)
+        self.state["binaryTensors"] = backend.binary
         return True
 
     def metadata(self) -> ServableMetadata:
