@@ -101,6 +101,9 @@ async def test_concurrency_limit_queues_and_deadline_is_passed_on(backend: V2Gat
     await wait_for(seen_queue, 10, "two requests queued behind the one in flight")
     results = await asyncio.gather(*calls)
     assert sorted(body["outputs"][0]["data"][0] for status, body, _ in results if status == 200) == [0.0, 2.0, 4.0]
+    async with front.server.session.get(front.url + "/metrics/json") as r:
+        scheduler = (await r.json())["schedulers"]["acme.front.1.r1"]
+    assert scheduler["microBatches"] >= 1  # the queued requests went to the backend together, in one call
     # A deadline shorter than the backend takes: 504 at the deadline, not after the backend answered.
     started = time.monotonic()
     status, body, _ = await front.post_json(path, v2_body([1.0], ["s"], sleep=2.0), headers={"X-Request-Timeout-Ms": "300"})
