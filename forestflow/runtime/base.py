@@ -30,6 +30,9 @@ class Servable(abc.ABC):
     ``load`` and ``predict`` are synchronous and may be CPU-bound: the registry runs ``load`` in a
     worker thread and the scheduler runs ``predict`` off the event loop. ``predict`` must be safe
     to call from several threads at once unless the flavor says otherwise via ``max_concurrency``.
+    A flavor that waits on another server instead (``runs_on_loop``) implements ``aload`` and
+    ``apredict``, awaited on the loop; its ``load``/``predict`` serve callers on other threads
+    (pipeline steps).
     """
 
     #: How many ``predict`` calls may run at once for this servable (None = scheduler default).
