@@ -125,13 +125,14 @@ async def test_backend_errors_are_400_for_bad_requests_and_502_for_its_failures(
     assert status == 400 and backend.url in body["error"] and "over the limit of 50" in body["error"], body
     # The backend's model fails (its 500): a 502 naming the backend, never a 4xx.
     status, body, _ = await front.post_json(path, v2_body([1.0], ["a"], fail="yes"))
-    assert status == 502 and backend.url in body["error"], body
+    assert status == 502 and backend.url in body["error"] and "HTTP 500" in body["error"], body
+    assert "the model failed" not in body["error"]  # what the backend said stays in the log and metadata
     async with front.server.session.get(front.url + "/acme/front/1/stats") as r:
         metrics = (await r.json())[0]["ServableMetrics"]
     assert metrics["errorCount"] == "1"  # the 502 counts for the gates; the caller's 400 does not
     async with front.server.session.get(front.url + "/acme/front/1/r1/metadata") as r:
         state = (await r.json())["BasicMetaData"]["backend"]
-    assert state["state"] == "up" and "HTTP 500" in state["lastError"]  # it answered: a failure, not down
+    assert state["state"] == "up" and "HTTP 500 (the model failed" in state["lastError"]  # it answered: not down
     status, body, _ = await front.post_json(path, v2_body([1.0], ["a"]))
     assert status == 200
 

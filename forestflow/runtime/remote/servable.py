@@ -103,7 +103,7 @@ class RemoteV2Servable(Servable):
             if not self.restoring:
                 await backend.close()
                 raise CreateServableRequestInvalidError(
-                    f"RemoteV2 backend {config.target} cannot be used: {error.message}"
+                    f"RemoteV2 backend {config.target} cannot be used: {_described(error)}"
                 ) from None
             # Accepted before and its backend away now: loaded down, refusing with 503 until a probe
             # finds it (its inputs and outputs are learnt then), rather than failing readiness.
@@ -112,7 +112,7 @@ class RemoteV2Servable(Servable):
             self.ready = True
             self.breaker.trip()
             self._note_failure(error)
-            log.warning("remote_backend_restored_down", fqrv=str(self.fqrv), backend=config.target, reason=error.message)
+            log.warning("remote_backend_restored_down", fqrv=str(self.fqrv), backend=config.target, reason=_described(error))
             self._start_probe()
             return
         except BaseException:
@@ -200,7 +200,7 @@ class RemoteV2Servable(Servable):
                 self._failed(DeadlineExceeded(f"backend {config.url} did not answer within {timeout * 1000:.0f} ms"))
             raise
         except Exception as exc:  # a client library failure we did not foresee: the backend's call failed
-            failure = BackendFailed(self.fqrv, config.url, f"{type(exc).__name__}: {exc}")
+            failure = BackendFailed(self.fqrv, config.url, type(exc).__name__, detail=str(exc))
             self._failed(failure)
             raise failure from exc
         out, problem = answer_frame(outputs, frame.num_rows)
@@ -240,9 +240,9 @@ class RemoteV2Servable(Servable):
         opened = self.breaker.failure()
         self._note_failure(error)
         if error.__cause__ is None:
-            log.warning("remote_call_failed", fqrv=str(self.fqrv), backend=self.config.target, error=error.message)
+            log.warning("remote_call_failed", fqrv=str(self.fqrv), backend=self.config.target, error=_described(error))
         if opened:
-            log.warning("remote_circuit_open", fqrv=str(self.fqrv), backend=self.config.target, reason=error.message)
+            log.warning("remote_circuit_open", fqrv=str(self.fqrv), backend=self.config.target, reason=_described(error))
             self._start_probe()
 
     def _note_failure(self, error: GatewayError) -> None:
@@ -251,7 +251,7 @@ class RemoteV2Servable(Servable):
         # the server answers: down only once such failures in a row have opened the circuit.
         if not isinstance(error, BackendFailed) or self.breaker.open:
             self.state["state"] = "down"
-        self.state["lastError"] = error.message
+        self.state["lastError"] = _described(error)
         self.state["lastErrorAtMS"] = time.time_ns() // 1_000_000
         self._sync()
 
@@ -345,6 +345,12 @@ class RemoteV2Servable(Servable):
 
 #: Closes scheduled from the loop's own thread, held until done.
 _CLOSING: set[asyncio.Task[None]] = set()
+
+
+def _described(error: GatewayError) -> str:
+    """An error's message with what the backend said (kept from clients: logs and metadata only)."""
+    detail = getattr(error, "detail", "")
+    return f"{error.message} ({detail})" if detail else error.message
 
 
 def _either(own: float | None, gateway: Any, name: str, default: float) -> float:
