@@ -239,19 +239,28 @@ class InternalError(GatewayError):
 
 
 class BackendUnavailable(GatewayError):
-    """A remote backend cannot be reached (refused, reset, circuit open): 503 with Retry-After."""
+    """A remote backend cannot be reached (refused, reset, circuit open): 503 with Retry-After.
+
+    ``detail`` (what the backend said) goes to the log and the release's metadata, not to clients.
+    """
 
     kind = Kind.UNAVAILABLE
 
-    def __init__(self, fqrv: Any, backend: str, reason: str, retry_after: float = 1.0) -> None:
+    def __init__(self, fqrv: Any, backend: str, reason: str, retry_after: float = 1.0, detail: str = "") -> None:
         super().__init__(f"backend {backend} of {fqrv} is unavailable: {reason}", fqrv=fqrv, backend=backend)
         self.retry_after = retry_after
+        self.detail = detail
 
 
 class BackendFailed(GatewayError):
-    """A remote backend answered with a failure of its own (a 5xx, a broken answer): 502."""
+    """A remote backend answered with a failure of its own (a 5xx, a broken answer): 502.
+
+    ``detail`` (what the backend said: its exception text, say) goes to the log and the release's
+    metadata, not to clients.
+    """
 
     kind = Kind.BAD_GATEWAY
 
-    def __init__(self, fqrv: Any, backend: str, reason: str) -> None:
+    def __init__(self, fqrv: Any, backend: str, reason: str, detail: str = "") -> None:
         super().__init__(f"backend {backend} of {fqrv} failed: {reason}", fqrv=fqrv, backend=backend)
+        self.detail = detail

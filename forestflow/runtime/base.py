@@ -30,12 +30,16 @@ class Servable(abc.ABC):
     ``load`` and ``predict`` are synchronous and may be CPU-bound: the registry runs ``load`` in a
     worker thread and the scheduler runs ``predict`` off the event loop. ``predict`` must be safe
     to call from several threads at once unless the flavor says otherwise via ``max_concurrency``.
+    A flavor that waits on another server instead (``runs_on_loop``) implements ``aload`` and
+    ``apredict``, awaited on the loop; its ``load``/``predict`` serve callers on other threads
+    (pipeline steps).
     """
 
     #: How many ``predict`` calls may run at once for this servable (None = scheduler default).
     max_concurrency: int | None = None
     #: Live batches of at most this many rows are scored on the event loop, without a thread hop.
-    #: Only for flavors whose small batches take well under ~100 us and never block (0 = never).
+    #: Only for flavors whose small batches take well under ~100 us and never block (0 = only empty
+    #: batches; -1 = never, for servables whose ``predict`` must not run on the loop at all).
     inline_max_rows: int = 0
     #: Whether ``predict`` reads ``frame.parameters`` (request configs): if not, requests with
     #: different configs may be scored together in one call.

@@ -60,6 +60,8 @@ async def test_backend_down_is_503_for_its_release_only_then_served_again(
     assert backend["state"] == "down" and backend["lastError"] and backend["url"] == url
     assert backend["circuit"] == "open" and backend["consecutiveFailures"] == 2
     assert await ready_status(front) == 200  # one backend down never fails the gateway's readiness
+    async with front.server.session.get(front.url + f"/v2/models/{FRONT_MODEL}/ready") as r:
+        assert r.status != 200  # but the model says it cannot answer now
     # Open circuit: refused at once, counted.
     status, answer, _ = await infer(front)
     assert status == 503 and "circuit open" in answer["error"]
@@ -76,6 +78,8 @@ async def test_backend_down_is_503_for_its_release_only_then_served_again(
         assert status == 200 and answer["outputs"][0]["data"] == [2.0]
         backend = await backend_of(front)
         assert backend["circuit"] == "closed" and backend["consecutiveFailures"] == 0
+        async with front.server.session.get(front.url + f"/v2/models/{FRONT_MODEL}/ready") as r:
+            assert r.status == 200
     async with front.server.session.get(front.url + "/metrics") as r:
         text = await r.text()
     assert 'forestflow_backend_circuit_open{fqrv="acme.front.1.r1"' in text

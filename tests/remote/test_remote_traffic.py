@@ -101,11 +101,20 @@ async def test_concurrency_limit_queues_and_deadline_is_passed_on(backend: V2Gat
     await wait_for(seen_queue, 10, "two requests queued behind the one in flight")
     results = await asyncio.gather(*calls)
     assert sorted(body["outputs"][0]["data"][0] for status, body, _ in results if status == 200) == [0.0, 2.0, 4.0]
+    async with front.server.session.get(front.url + "/metrics/json") as r:
+        scheduler = (await r.json())["schedulers"]["acme.front.1.r1"]
+    assert scheduler["microBatches"] >= 1  # the queued requests went to the backend together, in one call
     # A deadline shorter than the backend takes: 504 at the deadline, not after the backend answered.
     started = time.monotonic()
     status, body, _ = await front.post_json(path, v2_body([1.0], ["s"], sleep=2.0), headers={"X-Request-Timeout-Ms": "300"})
     assert status == 504, body
     assert time.monotonic() - started < 1.5
+    async with front.server.session.get(front.url + "/metrics/json") as r:
+        scheduler = (await r.json())["schedulers"]["acme.front.1.r1"]
+    # The call was cancelled with its job: its slot is free at once, nothing runs on abandoned.
+    assert scheduler["running"] == 0 and scheduler["abandonedRunning"] == 0
+    status, body, _ = await front.post_json(path, v2_body([1.0], ["s"]))
+    assert status == 200, body
 
 
 async def test_backend_errors_are_400_for_bad_requests_and_502_for_its_failures(backend: V2Gateway, front: V2Gateway) -> None:
@@ -116,13 +125,14 @@ async def test_backend_errors_are_400_for_bad_requests_and_502_for_its_failures(
     assert status == 400 and backend.url in body["error"] and "over the limit of 50" in body["error"], body
     # The backend's model fails (its 500): a 502 naming the backend, never a 4xx.
     status, body, _ = await front.post_json(path, v2_body([1.0], ["a"], fail="yes"))
-    assert status == 502 and backend.url in body["error"], body
+    assert status == 502 and backend.url in body["error"] and "HTTP 500" in body["error"], body
+    assert "the model failed" not in body["error"]  # what the backend said stays in the log and metadata
     async with front.server.session.get(front.url + "/acme/front/1/stats") as r:
         metrics = (await r.json())[0]["ServableMetrics"]
     assert metrics["errorCount"] == "1"  # the 502 counts for the gates; the caller's 400 does not
     async with front.server.session.get(front.url + "/acme/front/1/r1/metadata") as r:
         state = (await r.json())["BasicMetaData"]["backend"]
-    assert state["state"] == "down" and "HTTP 500" in state["lastError"]
+    assert state["state"] == "up" and "HTTP 500 (the model failed" in state["lastError"]  # it answered: not down
     status, body, _ = await front.post_json(path, v2_body([1.0], ["a"]))
     assert status == 200
 

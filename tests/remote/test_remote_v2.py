@@ -10,7 +10,7 @@ import pytest
 
 from tests.api.v2_support import V2Gateway, v2_gateway
 from tests.remote.support import BACKEND_MODEL, FRONT_MODEL, grpc_infer, remote_servable, v2_body
-from tests.support import free_port, python_servable, score_body, wait_for
+from tests.support import ROOT, free_port, python_servable, score_body, wait_for
 
 
 @pytest.fixture
@@ -52,6 +52,13 @@ async def test_remote_release_answers_what_the_backend_answers(backend: V2Gatewa
     assert remote[1]["outputs"] == direct[1]["outputs"]
     assert remote[1]["outputs"][0]["data"] == [3.0, -4.0, 6.5], remote
     assert (remote[1]["model_name"], remote[1]["model_version"]) == (FRONT_MODEL, "r1")
+
+    # An empty batch is the backend's to answer too (never scored on the event loop here).
+    empty = {"inputs": [{"name": "x", "datatype": "FP64", "shape": [0], "data": []}]}
+    direct = await post(backend, f"/v2/models/{BACKEND_MODEL}/infer", empty)
+    remote = await post(front, f"/v2/models/{FRONT_MODEL}/infer", empty)
+    assert direct[0] == remote[0] == 200, remote
+    assert remote[1]["outputs"] == direct[1]["outputs"]
 
     # V2 gRPC
     direct_grpc = await grpc_infer(backend.grpc_target, BACKEND_MODEL, xs, labels)
@@ -124,3 +131,28 @@ async def test_releases_calling_one_server_share_its_connections(backend: V2Gate
     async with front.server.session.delete(front.url + "/acme/front/1/r2") as r:
         assert r.status == 200
     await wait_for(lambda: pool.users(key) == 0, 10, "the pool closed with its last release")
+
+
+async def test_score_fields_fill_a_backends_vector_input(backend: V2Gateway, front: V2Gateway) -> None:
+    # A backend model taking one [-1, 4] FP32 input (as iris models do): /score's four Float64
+    # fields are stacked into it, in schema order, as FP32.
+    vector = python_servable(("acme", "vec", 1), directory=ROOT / "tests" / "api" / "servables", module="vector.py")
+    await backend.deploy(vector)
+    await front.deploy(remote_servable(backend.url, "acme.vec.1"))
+    rows = [[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 8.0, 2.5]]
+    body = {
+        "schema": [{"type": "Float64", "fields": ["sepal_length", "sepal_width", "petal_length", "petal_width"]}],
+        "datum": [{"tensors": [{"Float64": {"data": row}}]} for row in rows],
+    }
+    status, answer = await post(front, "/acme/front/1/score", body)
+    assert status == 200, answer
+    tensors = [d["tensors"][0] for d in answer["Prediction"]["datum"]]
+    assert [next(iter(t.values()))["data"] for t in tensors] == [[10.0, 4.0], [10.0, 8.0]]
+    # V2 np layout and V1 instances reach it as they would the backend itself.
+    v2 = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 4], "data": rows}]}
+    direct = await post(backend, "/v2/models/acme.vec.1/infer", v2)
+    remote = await post(front, f"/v2/models/{FRONT_MODEL}/infer", v2)
+    assert direct[0] == remote[0] == 200 and remote[1]["outputs"] == direct[1]["outputs"]
+    direct = await post(backend, "/v1/models/acme.vec.1:predict", {"instances": rows})
+    remote = await post(front, f"/v1/models/{FRONT_MODEL}:predict", {"instances": rows})
+    assert direct[0] == remote[0] == 200 and remote[1] == direct[1]

@@ -99,7 +99,7 @@ class GrpcBackend(Backend):
             return out
         except (GatewayError, ValueError) as exc:
             reason = exc.message if isinstance(exc, GatewayError) else str(exc)
-            raise BackendFailed(self.fqrv, self.config.url, f"unreadable answer: {reason}") from exc
+            raise BackendFailed(self.fqrv, self.config.url, "unreadable answer", detail=reason) from exc
 
     def _status_error(self, exc: grpc.aio.AioRpcError, timeout_s: float) -> GatewayError:
         code, details, url = exc.code(), exc.details() or "", self.config.url
@@ -107,12 +107,12 @@ class GrpcBackend(Backend):
             return DeadlineExceeded(f"backend {url} of {self.fqrv} did not answer within {timeout_s * 1000:.0f} ms")
         # RESOURCE_EXHAUSTED: the backend is overloaded (or the body is over its limit): retry later.
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.RESOURCE_EXHAUSTED):
-            return BackendUnavailable(self.fqrv, url, f"{code.name}: {details}")
+            return BackendUnavailable(self.fqrv, url, code.name, detail=details)
         if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
             return InvalidInput(f"backend {url} refused the request: {details}")
         if code == grpc.StatusCode.NOT_FOUND:
-            return BackendFailed(self.fqrv, url, f"model {self.config.model!r} not found there ({details})")
-        return BackendFailed(self.fqrv, url, f"{code.name}: {details}")
+            return BackendFailed(self.fqrv, url, f"model {self.config.model!r} not found there", detail=details)
+        return BackendFailed(self.fqrv, url, code.name, detail=details)
 
 
 def _new_channel(target: str) -> grpc.aio.Channel:

@@ -85,7 +85,7 @@ class RestBackend(Backend):
                 outputs=tuple(spec_of(o) for o in doc.get("outputs") or ()),
             )
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
-            raise BackendFailed(self.fqrv, self.config.url, f"unreadable model metadata: {exc}") from exc
+            raise BackendFailed(self.fqrv, self.config.url, "unreadable model metadata", detail=str(exc)) from exc
         chosen = self.config.binary_tensors
         self.binary = chosen if chosen is not None else await self._offers_binary(timeout_s)
         return info
@@ -168,7 +168,7 @@ class RestBackend(Backend):
             return tensors
         except (GatewayError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             reason = exc.message if isinstance(exc, GatewayError) else f"{type(exc).__name__}: {exc}"
-            raise BackendFailed(self.fqrv, self.config.url, f"unreadable answer: {reason}") from exc
+            raise BackendFailed(self.fqrv, self.config.url, "unreadable answer", detail=reason) from exc
 
     def _status_error(self, status: int, body: bytes, retry_after: Any) -> GatewayError:
         """The gateway error for a backend's non-200 answer."""
@@ -179,12 +179,12 @@ class RestBackend(Backend):
         if status == 413:
             return PayloadTooLarge(f"backend {url} refused the request: {message}")
         if status == 404:
-            return BackendFailed(self.fqrv, url, f"model {self.config.model!r} not found there ({message})")
+            return BackendFailed(self.fqrv, url, f"model {self.config.model!r} not found there", detail=message)
         if status in (429, 503):
-            return BackendUnavailable(self.fqrv, url, f"HTTP {status}: {message}", _seconds(retry_after))
+            return BackendUnavailable(self.fqrv, url, f"HTTP {status}", _seconds(retry_after), detail=message)
         if status in (408, 504):
             return DeadlineExceeded(f"backend {url} of {self.fqrv} gave up in time: HTTP {status}: {message}")
-        return BackendFailed(self.fqrv, url, f"HTTP {status}: {message}")
+        return BackendFailed(self.fqrv, url, f"HTTP {status}", detail=message)
 
     def _transport_error(self, exc: BaseException, timeout_s: float) -> GatewayError:
         url = self.config.url

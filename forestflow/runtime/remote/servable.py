@@ -57,7 +57,9 @@ class RemoteV2Servable(Servable):
 
     runs_on_loop = True
     batchable = True
-    inline_max_rows = 0
+    #: Never scored inline, not even an empty batch: its ``predict`` waits on the loop (and so
+    #: does a pipeline's with a remote step, which takes the smallest of its steps' values).
+    inline_max_rows = -1
 
     def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
         super().__init__(fqrv, artifact_dir, settings)
@@ -101,7 +103,7 @@ class RemoteV2Servable(Servable):
             if not self.restoring:
                 await backend.close()
                 raise CreateServableRequestInvalidError(
-                    f"RemoteV2 backend {config.target} cannot be used: {error.message}"
+                    f"RemoteV2 backend {config.target} cannot be used: {_described(error)}"
                 ) from None
             # Accepted before and its backend away now: loaded down, refusing with 503 until a probe
             # finds it (its inputs and outputs are learnt then), rather than failing readiness.
@@ -110,7 +112,7 @@ class RemoteV2Servable(Servable):
             self.ready = True
             self.breaker.trip()
             self._note_failure(error)
-            log.warning("remote_backend_restored_down", fqrv=str(self.fqrv), backend=config.target, reason=error.message)
+            log.warning("remote_backend_restored_down", fqrv=str(self.fqrv), backend=config.target, reason=_described(error))
             self._start_probe()
             return
         except BaseException:
@@ -198,7 +200,7 @@ class RemoteV2Servable(Servable):
                 self._failed(DeadlineExceeded(f"backend {config.url} did not answer within {timeout * 1000:.0f} ms"))
             raise
         except Exception as exc:  # a client library failure we did not foresee: the backend's call failed
-            failure = BackendFailed(self.fqrv, config.url, f"{type(exc).__name__}: {exc}")
+            failure = BackendFailed(self.fqrv, config.url, type(exc).__name__, detail=str(exc))
             self._failed(failure)
             raise failure from exc
         out, problem = answer_frame(outputs, frame.num_rows)
@@ -238,15 +240,18 @@ class RemoteV2Servable(Servable):
         opened = self.breaker.failure()
         self._note_failure(error)
         if error.__cause__ is None:
-            log.warning("remote_call_failed", fqrv=str(self.fqrv), backend=self.config.target, error=error.message)
+            log.warning("remote_call_failed", fqrv=str(self.fqrv), backend=self.config.target, error=_described(error))
         if opened:
-            log.warning("remote_circuit_open", fqrv=str(self.fqrv), backend=self.config.target, reason=error.message)
+            log.warning("remote_circuit_open", fqrv=str(self.fqrv), backend=self.config.target, reason=_described(error))
             self._start_probe()
 
     def _note_failure(self, error: GatewayError) -> None:
         self.failures += 1
-        self.state["state"] = "down"
-        self.state["lastError"] = error.message
+        # Unreachable or too slow: down. A 5xx of its own (its model failed on one request) says
+        # the server answers: down only once such failures in a row have opened the circuit.
+        if not isinstance(error, BackendFailed) or self.breaker.open:
+            self.state["state"] = "down"
+        self.state["lastError"] = _described(error)
         self.state["lastErrorAtMS"] = time.time_ns() // 1_000_000
         self._sync()
 
@@ -260,6 +265,8 @@ class RemoteV2Servable(Servable):
     def _sync(self) -> None:
         """Copy the breaker's and the counters' state into the one the metadata shows."""
         breaker, state = self.breaker, self.state
+        if self.backend is not None:  # loaded: V2/V1 model readiness says whether it can answer now
+            self.ready = not breaker.open
         state["circuit"] = "open" if breaker.open else "closed"
         state["consecutiveFailures"] = breaker.consecutive_failures
         state["circuitOpened"] = breaker.opened_count
@@ -297,6 +304,7 @@ class RemoteV2Servable(Servable):
         except GatewayError:
             return False
         self._meta = self._build_metadata(info)
+        self.state["binaryTensors"] = backend.binary
         return True
 
     def metadata(self) -> ServableMetadata:
@@ -337,6 +345,12 @@ class RemoteV2Servable(Servable):
 
 #: Closes scheduled from the loop's own thread, held until done.
 _CLOSING: set[asyncio.Task[None]] = set()
+
+
+def _described(error: GatewayError) -> str:
+    """An error's message with what the backend said (kept from clients: logs and metadata only)."""
+    detail = getattr(error, "detail", "")
+    return f"{error.message} ({detail})" if detail else error.message
 
 
 def _either(own: float | None, gateway: Any, name: str, default: float) -> float:
