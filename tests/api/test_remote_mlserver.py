@@ -197,8 +197,9 @@ def test_backend_down_answers_503_in_time_and_back_up_serves_again(
     """MLServer stopped: each release answers 503 within its timeout, its metadata says the backend is
     down, the gateway stays ready; MLServer started again: both are served again.
 
-    A gateway process (its production logging: a failure's traceback is one JSON line, not the
-    console rendering an in-process gateway gets, which alone takes seconds here)."""
+    A gateway process, as deployed (its own logging setup): before the flavor logged a backend failure
+    as one warning line, each failure's traceback took an in-process gateway's console renderer 1-2 s,
+    past the timeout this test holds the release to."""
     timeout_ms = 2000
     contracts = {"rest": ("iris", "remote", 1), "grpc": ("iris", "remote", 2)}
     gw = gateway_process(tmp_path / "data").start()
