@@ -32,6 +32,12 @@ _KEYS = frozenset(
         "failureThreshold",
         "cooldownMs",
         "binaryTensors",
+        # Micro-batching settings every flavor may carry, read by the loader for the scheduler
+        # (the batching work's runtime/batching.py), not by this flavor.
+        "maxBatchRows",
+        "max_batch_rows",
+        "maxBatchWaitUs",
+        "max_batch_wait_us",
     }
 )
 
