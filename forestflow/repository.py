@@ -12,7 +12,8 @@ only ``*.toml`` in it) and its artifacts. The TOML is AMD's model format (see
     [contract_settings]                      # optional, ForestFlow's contractSettings
 
 A one-model table (no ``[[models]]``) whose platform names a flavor with an artifact deploys as
-that flavor; anything else deploys as a ``Pipeline`` of that TOML. Deploying is idempotent: an entry
+that flavor, one of platform ``remote_v2`` (``url``, ``model``... beside it) as a RemoteV2
+servable; anything else deploys as a ``Pipeline`` of that TOML. Deploying is idempotent: an entry
 whose definition (content digest included) is already in the registry is left alone, a changed one
 is redeployed, a broken one is logged and skipped while the others load.
 
@@ -32,9 +33,10 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from forestflow.codecs.ff_settings import parse_serve_request, serve_request_to_json
-from forestflow.core.definition import ServableDefinition
+from forestflow.core.definition import NO_ARTIFACT_FLAVORS, ServableDefinition
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import CreateServableRequestInvalidError, GatewayError, InvalidInput, NotFound, UnknownServable
+from forestflow.runtime.pipeline_definition import STEP_KEYS
 from forestflow.runtime.step_platforms import step_platform
 
 if TYPE_CHECKING:
@@ -104,6 +106,9 @@ def read_entry(directory: Path) -> ServableDefinition:
     platform = step_platform(str(doc.get("platform", ""))) if "models" not in doc else None
     if platform is not None and platform.artifact_key is not None and isinstance(doc.get("id"), str):
         flavor: dict[str, Any] = {platform.flavor: {platform.artifact_key: doc["id"]}}
+    elif platform is not None and platform.flavor in NO_ARTIFACT_FLAVORS:
+        # A model served elsewhere (platform remote_v2): the table's other keys are its flavor's.
+        flavor = {platform.flavor: {k: v for k, v in doc.items() if k not in STEP_KEYS}}
     else:
         flavor = {"Pipeline": {"definition": file.name}}
     body: dict[str, Any] = {

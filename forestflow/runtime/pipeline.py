@@ -147,6 +147,14 @@ class PipelineServable(Servable):
         self._steps = []
         super().unload()
 
+    async def aunload(self) -> None:
+        """Unload every step on the loop (at gateway stop): steps that run on it close their
+        connections there, awaited, rather than in a task the stopping loop may never run."""
+        for step in reversed(self._steps):
+            await step.servable.aunload()
+        self._steps = []
+        Servable.unload(self)
+
     # -- scoring -----------------------------------------------------------------------------
     def predict(self, frame: Frame) -> Frame:
         """Run every step in order; the answer holds the pipeline's output tensors."""

@@ -27,7 +27,7 @@ from forestflow.runtime.step_platforms import StepPlatform, platform_names, step
 #: AMD's datatype spellings that differ from the V2 names.
 _DATATYPE_ALIASES = {"STRING": "BYTES", "FLOAT32": "FP32", "FLOAT64": "FP64", "FLOAT16": "FP16"}
 #: Keys of a step table that are not options for its flavor (with a repository entry's deployment keys).
-_STEP_KEYS = frozenset(
+STEP_KEYS = _STEP_KEYS = frozenset(
     {"name", "platform", "id", "inputs", "outputs", "pipeline", "contract", "release", "servable_settings", "contract_settings"}
 )
 

@@ -156,3 +156,18 @@ async def test_score_fields_fill_a_backends_vector_input(backend: V2Gateway, fro
     direct = await post(backend, "/v1/models/acme.vec.1:predict", {"instances": rows})
     remote = await post(front, f"/v1/models/{FRONT_MODEL}:predict", {"instances": rows})
     assert direct[0] == remote[0] == 200 and remote[1] == direct[1]
+
+
+async def test_a_model_repository_entry_may_name_a_backend(tmp_path: Path, backend: V2Gateway) -> None:
+    entry = tmp_path / "repository" / "echo-remote"
+    entry.mkdir(parents=True)
+    (entry / "model.toml").write_text(
+        f'contract = "acme.front.1"\nrelease = "r1"\nplatform = "remote_v2"\nurl = "{backend.grpc_target}"\n'
+        f'protocol = "grpc"\nmodel = "{BACKEND_MODEL}"\ntimeoutMs = 5000\n'
+    )
+    async with v2_gateway(tmp_path / "repo-front", repository=str(tmp_path / "repository")) as front:
+        status, body = await post(front, f"/v2/models/{FRONT_MODEL}/infer", v2_body([4.0], ["z"]))
+        assert status == 200 and body["outputs"][0]["data"] == [8.0], body
+        async with front.server.session.get(front.url + "/acme/front/1/r1/metadata") as r:
+            backend_state = (await r.json())["BasicMetaData"]["backend"]
+        assert backend_state["url"] == backend.grpc_target and backend_state["protocol"] == "grpc"

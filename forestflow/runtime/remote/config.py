@@ -34,6 +34,9 @@ _KEYS = frozenset(
         "binaryTensors",
     }
 )
+#: Micro-batching settings every flavor may carry, read by the loader for the scheduler (the
+#: batching work's runtime/batching.py), not by this flavor: accepted, not refused as unknown.
+_SHARED_KEYS = frozenset({"maxBatchRows", "max_batch_rows", "maxBatchWaitUs", "max_batch_wait_us"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +79,7 @@ def _positive(settings: dict[str, Any], key: str) -> float | None:
 
 def parse_config(settings: dict[str, Any]) -> RemoteConfig:
     """The flavor object as a RemoteConfig; CreateServableRequestInvalidError names what is wrong."""
-    unknown = sorted(set(settings) - _KEYS)
+    unknown = sorted(set(settings) - _KEYS - _SHARED_KEYS)
     if unknown:
         raise _bad(unknown[0], f"unknown key; known: {', '.join(sorted(_KEYS))}")
     protocol = settings.get("protocol", REST)
