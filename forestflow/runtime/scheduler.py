@@ -13,8 +13,13 @@ reach. A servable's own pool holds its slots plus spare threads, so a slot freed
 can be reused while the abandoned call still runs; once the spares are used up too, the
 scheduler counts the servable as full rather than queueing work on threads that are not there.
 
-Queued live jobs whose frames have the same columns and parameters may be scored as one batch
-(micro-batching) when the servable allows it: one model call for many small concurrent requests.
+Queued jobs of one priority whose frames have the same columns and parameters may be scored as
+one batch (micro-batching) when the servable declares it batches (``Servable.batchable``): one
+model call for many small concurrent requests. A lone request never waits for company while a slot
+is free, unless ``batch_wait_us`` allows it to, and then only while other work of the servable is
+scoring (under load, queued jobs are combined anyway). Live and shadow work are never combined, so
+live work never waits behind shadow work. When a combined call fails, each of its jobs is scored
+again on its own, once, so a bad request fails alone; its deadline still holds.
 
 Tiny live batches of servables that allow it (``inline_max_rows``) are scored on the event loop,
 without a thread hop. Under concurrent load, those arriving in the same turn of the event loop are
@@ -64,6 +69,10 @@ class _Job:
     on_abandon: Callable[[], None] | None = None
     #: Called when the job leaves the queue and starts scoring (tracing's queue wait ends there).
     on_start: Callable[[], None] | None = None
+    #: loop.time() when it was queued (a batch wait counts from its oldest job).
+    queued_at: float = 0.0
+    #: Scored on its own: it is being retried after the combined call it was part of failed.
+    alone: bool = False
 
 
 @dataclass(slots=True)
@@ -73,13 +82,17 @@ class SchedulerStats:
     live_rejected: int = 0
     shadow_dropped: int = 0
     deadline_exceeded: int = 0
+    #: combined calls on scoring threads, and the jobs they held.
     batches: int = 0
     batched_jobs: int = 0
+    #: combined calls that failed and whose jobs were scored again one by one.
+    batch_retries: int = 0
     #: predict calls still running in a thread after every caller gave up (their slot is free).
     abandoned_running: int = 0
     #: tiny live batches scored on the event loop (no thread hop).
     inline_calls: int = 0
-    #: of those, requests scored together in one call with others of the same loop turn.
+    #: of those, calls that scored several requests together (gathered on the loop), and their requests.
+    coalesced_calls: int = 0
     coalesced_jobs: int = 0
 
 
@@ -88,7 +101,9 @@ class ServableScheduler:
 
     ``executor`` runs the calls; None gives the servable a thread pool of its own with at most
     ``max_threads`` threads (default and minimum: twice the slots, so every slot has a spare),
-    shut down by :meth:`close`.
+    shut down by :meth:`close`. ``max_batch_rows`` (0 or 1: never) caps the rows of one combined
+    call on a thread and ``coalesce_rows`` one on the loop; ``batch_wait_us`` is how long the
+    oldest job of an unfilled batch may wait for more while other work is scoring (0: never waits).
     """
 
     def __init__(
@@ -101,6 +116,7 @@ class ServableScheduler:
         max_batch_rows: int = 0,
         max_threads: int = 0,
         coalesce_rows: int = 0,
+        batch_wait_us: int = 0,
     ) -> None:
         self.servable = servable
         self.slots = max(1, slots)
@@ -122,6 +138,13 @@ class ServableScheduler:
         self._turn_offers = 0
         self._coalescing = False
         self._gathered: list[tuple[Frame, asyncio.Future[Frame]]] = []
+        self._gathered_rows = 0
+        #: How long an unfilled batch may wait for more (seconds; 0 = it never waits).
+        self.batch_wait_s = max(0, batch_wait_us) / 1e6
+        #: Flushes the loop's gathered requests once their batch wait is over.
+        self._gather_timer: asyncio.TimerHandle | None = None
+        #: Starts held queued jobs once the oldest one's batch wait is over.
+        self._hold_timer: asyncio.TimerHandle | None = None
         self.running = 0
         self.queues: dict[Priority, deque[_Job]] = {Priority.LIVE: deque(), Priority.SHADOW: deque()}
         self.stats = SchedulerStats()
@@ -218,7 +241,9 @@ class ServableScheduler:
         # Queue when no slot is free, or when older work of this or a higher priority is waiting
         # (so a newcomer never overtakes it).
         must_queue = not self._can_start() or self.queues[Priority.LIVE] or (priority is Priority.SHADOW and queue)
-        if must_queue and len(queue) >= (self.live_limit if priority is Priority.LIVE else self.shadow_limit):
+        # With a batch wait, a job that could start waits for company while other work scores.
+        wait = not must_queue and self._may_wait(frame.num_rows) and len(queue) < self._limit(priority)
+        if must_queue and len(queue) >= self._limit(priority):
             if priority is Priority.LIVE:
                 self.stats.live_rejected += 1
                 raise Overloaded(
@@ -233,15 +258,23 @@ class ServableScheduler:
             if on_start is not None:  # scored on the loop, now or at the end of this turn: no queue
                 on_start()
             return self._inline(frame, loop)
-        job = _Job(frame, priority, deadline, loop.create_future(), timeout_s, on_start=on_start)
+        job = _Job(frame, priority, deadline, loop.create_future(), timeout_s, on_start=on_start, queued_at=loop.time())
         job.timer = loop.call_at(deadline, self._expire, job)
         job.future.add_done_callback(lambda f: self._abandon(job) if f.cancelled() else None)
-        if must_queue:
+        if must_queue or wait:
             queue.append(job)
             self._dispatch()
         else:
             self._start([job])
         return job.future
+
+    def _limit(self, priority: Priority) -> int:
+        return self.live_limit if priority is Priority.LIVE else self.shadow_limit
+
+    def _may_wait(self, rows: int) -> bool:
+        """Whether a job of ``rows`` rows may wait for others to share its call: only with a batch
+        wait, only while other work scores (alone, waiting buys nothing), only if rows fit beside it."""
+        return bool(self.batch_wait_s) and self.running > 0 and rows < self.max_batch_rows
 
     def _inline(self, frame: Frame, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Frame]:
         """Score a tiny live batch on the event loop: now, or with the others of this loop turn.
@@ -250,16 +283,21 @@ class ServableScheduler:
         are gathered and scored in one call when that turn ends: one model call for many tiny
         requests costs far less than one each (for H2O, a cold Java call per request). Gathering
         only pays under concurrent load, so it starts after a turn that saw several requests and
-        stops after one that saw a single request; otherwise each is scored at once.
+        stops after one that saw a single request; otherwise each is scored at once. With a batch
+        wait, what was gathered is scored when that wait is over (or the rows fill a call), so the
+        requests of several turns share one call.
         """
         future = loop.create_future()
-        if self.coalesce_rows and frame.num_rows <= _GATHER_MAX_ROWS:
+        if self.coalesce_rows > 1 and frame.num_rows <= _GATHER_MAX_ROWS:
             self._turn_offers += 1
             if not self._turn_armed:
                 self._turn_armed = True
                 loop.call_soon(self._end_turn)
-            if self._coalescing:
+            if self._coalescing or self._gather_timer is not None:
                 self._gathered.append((frame, future))
+                self._gathered_rows += frame.num_rows
+                if self.batch_wait_s and self._gather_timer is None:
+                    self._gather_timer = loop.call_at(loop.time() + self.batch_wait_s, self._flush_gathered)
                 return future
         return self._run_inline(frame, future)
 
@@ -268,7 +306,16 @@ class ServableScheduler:
         self._turn_armed = False
         self._coalescing = self._turn_offers > 1
         self._turn_offers = 0
+        if self._gather_timer is None or self._gathered_rows >= self.coalesce_rows:
+            self._flush_gathered()
+
+    def _flush_gathered(self) -> None:
+        """Score the gathered requests: together where their columns (and parameters) agree."""
+        if self._gather_timer is not None:
+            self._gather_timer.cancel()
+            self._gather_timer = None
         gathered, self._gathered = self._gathered, []
+        self._gathered_rows = 0
         groups: dict[object, list[tuple[Frame, asyncio.Future[Frame]]]] = {}
         reads_parameters = self.servable.reads_parameters
         for frame, future in gathered:
@@ -299,6 +346,7 @@ class ServableScheduler:
                 self._run_inline(frame, future)
             return
         self.stats.inline_calls += 1
+        self.stats.coalesced_calls += 1
         self.stats.coalesced_jobs += len(jobs)
         offset = 0
         for frame, future in jobs:
@@ -371,7 +419,13 @@ class ServableScheduler:
             self._start(batch)
 
     def _take_batch(self) -> list[_Job]:
-        now = asyncio.get_running_loop().time()
+        """The next call to start: queued jobs of one priority (live first) that can share it.
+
+        Empty when nothing waits, or when the head's batch is held for company (a batch wait):
+        then shadow work does not start either, so live work never waits behind it.
+        """
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         for priority in (Priority.LIVE, Priority.SHADOW):
             queue = self.queues[priority]
             while queue and (queue[0].future.done() or queue[0].deadline <= now):
@@ -381,23 +435,34 @@ class ServableScheduler:
                 continue
             first = queue.popleft()
             batch = [first]
-            if self.max_batch_rows and priority is Priority.LIVE:
-                rows = first.frame.num_rows
+            rows = first.frame.num_rows
+            if self.max_batch_rows > 1 and not first.alone:
                 shape = _signature(first.frame)
+                reads_parameters = self.servable.reads_parameters
                 # A combined call sees one set of parameters (configs), so only requests that
-                # agree on them may share it.
+                # agree on them may share it (unless the servable does not read them).
                 while (
                     queue
+                    and not queue[0].alone
                     and not queue[0].future.done()
                     and _signature(queue[0].frame) == shape
-                    and _same_parameters(queue[0].frame, first.frame)
+                    and (not reads_parameters or _same_parameters(queue[0].frame, first.frame))
                     and rows + queue[0].frame.num_rows <= self.max_batch_rows
                 ):
                     job = queue.popleft()
                     rows += job.frame.num_rows
                     batch.append(job)
+                if rows < self.max_batch_rows and self._may_wait(rows) and now < first.queued_at + self.batch_wait_s:
+                    queue.extendleft(reversed(batch))  # held: more may come before the wait is over
+                    if self._hold_timer is None:
+                        self._hold_timer = loop.call_at(first.queued_at + self.batch_wait_s, self._hold_over)
+                    return []
             return batch
         return []
+
+    def _hold_over(self) -> None:
+        self._hold_timer = None
+        self._dispatch()
 
     def _start(self, batch: list[_Job]) -> None:
         loop = asyncio.get_running_loop()
@@ -455,7 +520,14 @@ class ServableScheduler:
             job.on_abandon = on_abandon
 
     def _finish(self, batch: list[_Job], result: Frame | None = None, error: BaseException | None = None) -> None:
-        """Hand each job of a batch its rows of ``result`` (or ``error``), skipping abandoned ones."""
+        """Hand each job of a batch its rows of ``result`` (or ``error``), skipping abandoned ones.
+
+        A combined call that failed is not every job's failure: each job still waited for is
+        queued again at the front, to be scored alone, once (within its own deadline).
+        """
+        if error is not None and len(batch) > 1 and not self.closed and not isinstance(error, (Overloaded, DeadlineExceeded)):
+            self._retry_alone(batch)
+            return
         offset = 0
         for job in batch:
             rows = job.frame.num_rows
@@ -473,9 +545,25 @@ class ServableScheduler:
                     job.future.set_result(result if len(batch) == 1 else result.slice(offset, offset + rows))
             offset += rows
 
+    def _retry_alone(self, batch: list[_Job]) -> None:
+        self.stats.batch_retries += 1
+        waiting = [job for job in batch if not job.future.done()]
+        for job in batch:
+            job.on_abandon = None  # back in the queue: withdrawing it unqueues it
+            job.on_start = None  # its queue wait was reported when the combined call started
+            job.alone = True
+        self.queues[batch[0].priority].extendleft(reversed(waiting))
+        self._dispatch()
+        self._wake_if_idle()
+
     async def close(self) -> None:
         """Refuse new work; queued jobs fail fast; calls already running finish in the background."""
         self.closed = True
+        for timer in (self._gather_timer, self._hold_timer):
+            if timer is not None:
+                timer.cancel()
+        self._gather_timer = self._hold_timer = None
+        self._gathered_rows = 0
         gathered, self._gathered = self._gathered, []
         for _, future in gathered:
             if not future.done():
