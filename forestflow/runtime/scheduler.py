@@ -44,6 +44,8 @@ _MAX_ROWS_ON_LOOP = 64
 #: Only requests this small are gathered with others: for bigger ones a call of their own costs
 #: little more per row, and waiting for the end of the turn would be all cost.
 _GATHER_MAX_ROWS = 8
+#: Gathering stops after this many turns in a row saw a single request each.
+_QUIET_TURNS = 4
 
 
 class Priority(enum.IntEnum):
@@ -137,6 +139,8 @@ class ServableScheduler:
         self._turn_armed = False
         self._turn_offers = 0
         self._coalescing = False
+        #: Turns in a row that saw a single request while gathering (gathering stops at _QUIET_TURNS).
+        self._quiet_turns = 0
         self._gathered: list[tuple[Frame, asyncio.Future[Frame]]] = []
         self._gathered_rows = 0
         #: How long an unfilled batch may wait for more (seconds; 0 = it never waits).
@@ -304,7 +308,13 @@ class ServableScheduler:
     def _end_turn(self) -> None:
         """After every handler of one loop turn ran: score what they gathered, choose the next mode."""
         self._turn_armed = False
-        self._coalescing = self._turn_offers > 1
+        if self._turn_offers > 1:
+            self._coalescing, self._quiet_turns = True, 0
+        elif self._coalescing:
+            # Under load, some turns see one request only: gathering goes on through a few of them
+            # (for a lone request it costs one turn of the loop) rather than scoring each alone.
+            self._quiet_turns += 1
+            self._coalescing = self._quiet_turns < _QUIET_TURNS
         self._turn_offers = 0
         if self._gather_timer is None or self._gathered_rows >= self.coalesce_rows:
             self._flush_gathered()
