@@ -227,6 +227,7 @@ class Settings:
             "log_linger_ms",
         ):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")
+        _check(self.max_batch_wait_us <= 1_000_000, "max_batch_wait_us", self.max_batch_wait_us, "0..1000000 microseconds")
         _check(self.drain_grace_s >= 0, "drain_grace_s", self.drain_grace_s, "zero or more seconds")
         for name in (
             "evaluation_interval_s",
