@@ -12,6 +12,7 @@ and the servable's batching counters, then the medians of the on/off ratios and 
 
     python bench/batching.py                    # 5 rounds of 4 s
     python bench/batching.py --rounds 3 --seconds 3 --env FORESTFLOW_MAX_BATCH_WAIT_US=200
+    python bench/batching.py --flavor inlineMaxRows=0   # scored on threads instead of the event loop
     python bench/run.py --only batching         # the same, from the matrix script
 """
 
@@ -23,6 +24,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -54,13 +56,15 @@ class Outcome:
         )
 
 
-def _deploy_onnx(server: Server, work: Path) -> None:
+def _deploy_onnx(server: Server, work: Path, flavor: dict[str, Any]) -> None:
     directory = work / f"onnx-{server.proc.pid}"  # its own directory: the artifact fetch copies it whole
     directory.mkdir()
     model_file = payloads.onnx_model(directory)
     if model_file is None:
         raise SystemExit("the batching cell needs scikit-learn and skl2onnx (the test extra)")
-    r = requests.post(server.url + "/servable", json=payloads.onnx_definition(CONTRACT, directory, model_file), timeout=120)
+    definition = payloads.onnx_definition(CONTRACT, directory, model_file)
+    definition["flavor"]["ONNX"].update(flavor)
+    r = requests.post(server.url + "/servable", json=definition, timeout=120)
     r.raise_for_status()
 
 
@@ -69,7 +73,7 @@ def _counters(server: Server) -> dict[str, int]:
     return next(iter(stats.values()), {})
 
 
-def measure(work: Path, rounds: int, seconds: float, env_on: dict[str, str]) -> Outcome:
+def measure(work: Path, rounds: int, seconds: float, env_on: dict[str, str], flavor: dict[str, Any] | None = None) -> Outcome:
     """Start both gateways, deploy the ONNX GBM twin on each, run the rounds, return the ratios."""
     servers: list[Server] = []
     try:
@@ -78,7 +82,7 @@ def measure(work: Path, rounds: int, seconds: float, env_on: dict[str, str]) -> 
         off = start_gateway(work / "data-batching-off", {"FORESTFLOW_MAX_BATCH_ROWS": "0"}, work, "gateway-batching-off")
         servers.append(off)
         for server in servers:
-            _deploy_onnx(server, work)
+            _deploy_onnx(server, work, flavor or {})
         path, body, ctype = endpoints(1, ".".join(map(str, CONTRACT)))["score"]
         side_by_side(on, off, path, body, ctype, CONCURRENCY, 2.0)  # warm-up
         rps: list[float] = []
@@ -105,10 +109,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the batching-on gateway only")
+    parser.add_argument(
+        "--flavor", action="append", default=[], help="KEY=INT ONNX flavor setting on both (e.g. inlineMaxRows=0: threads)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ff-batching-"))
     print(f"# logs under {work}; ONNX GBM twin, 1-row /score, c{CONCURRENCY} per gateway, side by side", flush=True)
-    outcome = measure(work, args.rounds, args.seconds, dict(item.split("=", 1) for item in args.env))
+    flavor = {key: int(value) for key, value in (item.split("=", 1) for item in args.flavor)}
+    outcome = measure(work, args.rounds, args.seconds, dict(item.split("=", 1) for item in args.env), flavor)
     print(outcome.line(), flush=True)
     return 0
 
