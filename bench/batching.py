@@ -13,6 +13,7 @@ and the servable's batching counters, then the medians of the on/off ratios and 
     python bench/batching.py                    # 5 rounds of 4 s
     python bench/batching.py --rounds 3 --seconds 3 --env FORESTFLOW_MAX_BATCH_WAIT_US=200
     python bench/batching.py --flavor inlineMaxRows=0   # scored on threads instead of the event loop
+    python bench/batching.py --model-cost               # one ONNX predict call of 1, 8, 64 rows, in process
     python bench/run.py --only batching         # the same, from the matrix script
 """
 
@@ -104,6 +105,37 @@ def measure(work: Path, rounds: int, seconds: float, env_on: dict[str, str], fla
     return Outcome(statistics.median(rps), statistics.median(p99))
 
 
+def model_cost(work: Path) -> None:
+    """In process: wall-clock microseconds of one ONNX ``predict`` call of 1, 8 and 64 rows (what a
+    combined call saves is the per-call part)."""
+    import time
+
+    import numpy as np
+
+    from forestflow.core.frame import Frame
+    from forestflow.core.ids import FQRV, Contract
+    from forestflow.runtime.onnx_flavor import OnnxServable
+
+    model_file = payloads.onnx_model(work)
+    if model_file is None:
+        raise SystemExit("needs scikit-learn and skl2onnx (the test extra)")
+    settings = {"modelPath": model_file, "featureOrder": {"cat": payloads.CATEGORICAL, "num": payloads.NUMERIC}}
+    servable = OnnxServable(FQRV(Contract("bench", "cost", 1), "r"), work, settings)
+    servable.load()
+    rows = payloads.rows(64)
+    for n in (1, 8, 64):
+        columns = {c: np.array([r[c] for r in rows[:n]], dtype=object) for c in payloads.CATEGORICAL}
+        columns.update({c: np.array([float(r[c]) for r in rows[:n]]) for c in payloads.NUMERIC})
+        frame = Frame(columns)
+        servable.predict(frame)
+        calls = 300
+        started = time.perf_counter()
+        for _ in range(calls):
+            servable.predict(frame)
+        us = (time.perf_counter() - started) / calls * 1e6
+        print(f"ONNX predict of {n:>2} row(s): {us:.0f} us per call, {us / n:.1f} us per row", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -112,8 +144,12 @@ def main() -> int:
     parser.add_argument(
         "--flavor", action="append", default=[], help="KEY=INT ONNX flavor setting on both (e.g. inlineMaxRows=0: threads)"
     )
+    parser.add_argument("--model-cost", action="store_true", help="only time one predict call of 1, 8, 64 rows in process")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ff-batching-"))
+    if args.model_cost:
+        model_cost(work)
+        return 0
     print(f"# logs under {work}; ONNX GBM twin, 1-row /score, c{CONCURRENCY} per gateway, side by side", flush=True)
     flavor = {key: int(value) for key, value in (item.split("=", 1) for item in args.flavor)}
     outcome = measure(work, args.rounds, args.seconds, dict(item.split("=", 1) for item in args.env), flavor)

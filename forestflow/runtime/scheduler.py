@@ -261,7 +261,7 @@ class ServableScheduler:
         if not must_queue and priority is Priority.LIVE and frame.num_rows <= self.servable.inline_max_rows:
             if on_start is not None:  # scored on the loop, now or at the end of this turn: no queue
                 on_start()
-            return self._inline(frame, loop)
+            return self._inline(frame, loop, deadline)
         job = _Job(frame, priority, deadline, loop.create_future(), timeout_s, on_start=on_start, queued_at=loop.time())
         job.timer = loop.call_at(deadline, self._expire, job)
         job.future.add_done_callback(lambda f: self._abandon(job) if f.cancelled() else None)
@@ -280,7 +280,7 @@ class ServableScheduler:
         wait, only while other work scores (alone, waiting buys nothing), only if rows fit beside it."""
         return bool(self.batch_wait_s) and self.running > 0 and rows < self.max_batch_rows
 
-    def _inline(self, frame: Frame, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Frame]:
+    def _inline(self, frame: Frame, loop: asyncio.AbstractEventLoop, deadline: float) -> asyncio.Future[Frame]:
         """Score a tiny live batch on the event loop: now, or with the others of this loop turn.
 
         Requests whose handlers run in the same turn of the loop (their bytes arrived together)
@@ -289,7 +289,7 @@ class ServableScheduler:
         only pays under concurrent load, so it starts after a turn that saw several requests and
         stops after one that saw a single request; otherwise each is scored at once. With a batch
         wait, what was gathered is scored when that wait is over (or the rows fill a call), so the
-        requests of several turns share one call.
+        requests of several turns share one call (by the earliest deadline among them at the latest).
         """
         future = loop.create_future()
         if self.coalesce_rows > 1 and frame.num_rows <= _GATHER_MAX_ROWS:
@@ -300,8 +300,12 @@ class ServableScheduler:
             if self._coalescing or self._gather_timer is not None:
                 self._gathered.append((frame, future))
                 self._gathered_rows += frame.num_rows
-                if self.batch_wait_s and self._gather_timer is None:
-                    self._gather_timer = loop.call_at(loop.time() + self.batch_wait_s, self._flush_gathered)
+                if self.batch_wait_s:
+                    due = min(deadline, loop.time() + self.batch_wait_s)
+                    if self._gather_timer is None or due < self._gather_timer.when():
+                        if self._gather_timer is not None:
+                            self._gather_timer.cancel()
+                        self._gather_timer = loop.call_at(due, self._flush_gathered)
                 return future
         return self._run_inline(frame, future)
 

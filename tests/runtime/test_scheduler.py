@@ -663,3 +663,23 @@ async def test_a_job_retried_alone_keeps_its_deadline(executor, gates) -> None:
         await bad
     await blocker
     assert probe.rows_per_call == [1, 2, 1]
+
+
+async def test_with_a_batch_wait_requests_of_several_loop_turns_share_one_call_by_the_earliest_deadline() -> None:
+    probe = CoalescingProbe()
+    scheduler = ServableScheduler(
+        probe, ThreadPoolExecutor(1), slots=1, live_queue=8, shadow_queue=8, coalesce_rows=64, batch_wait_us=1_000_000
+    )
+    await asyncio.gather(*(scheduler.submit(job(f"w{i}"), LIVE, LONG) for i in range(2)))  # load seen
+    probe.rows_per_call.clear()
+    first = scheduler.offer(job("a", x=1.0), LIVE, LONG)
+    for _ in range(3):
+        await asyncio.sleep(0)  # later turns of the loop
+    second = scheduler.offer(job("b", x=2.0), LIVE, LONG)
+    await asyncio.sleep(0)
+    assert not first.done() and not second.done() and probe.rows_per_call == []
+    # The third caller's deadline comes long before the 1 s wait is over: all three are scored by then.
+    third = scheduler.offer(job("c", x=3.0), LIVE, 0.05)
+    outs = await asyncio.wait_for(asyncio.gather(first, second, third), 0.5)
+    assert [o["y"].tolist() for o in outs] == [[2.0], [4.0], [6.0]]
+    assert probe.rows_per_call == [3] and scheduler.stats.coalesced_calls == 1
