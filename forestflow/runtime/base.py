@@ -39,8 +39,9 @@ class Servable(abc.ABC):
     #: Whether ``predict`` reads ``frame.parameters`` (request configs): if not, requests with
     #: different configs may be scored together in one call.
     reads_parameters: bool = True
-    #: Whether the scheduler may score several requests' rows in one ``predict`` call (up to the
-    #: ``max_batch_rows`` setting); flavors whose cost per call dominates their cost per row say so.
+    #: Whether the scheduler may score several requests' rows in one ``predict`` call (micro-batching,
+    #: up to the servable's ``maxBatchRows``, on threads and on the loop): only for a ``predict`` that
+    #: scores row by row, so every request can be handed its own rows of the answer.
     batchable: bool = False
 
     def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
