@@ -7,6 +7,7 @@ logging-cost targets come from NONE and FULL gateways loaded side by side (bench
 
     python bench/run.py              # the whole matrix (several minutes)
     python bench/run.py --smoke      # a few seconds; asserts nothing about speed
+    python bench/run.py --only batching   # only the micro-batching cell (bench/batching.py)
 
 Each cell scores the H2O prostate GBM (logging NONE, FULL-file, and with Kafka NONE-kafka,
 FULL-kafka) except NONE-onnx: the same requests on its ONNX twin (tests/onnx_models.py).
@@ -43,6 +44,7 @@ from bench.servers import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
+    from bench.batching import Outcome
     from bench.logging_cost import Cost
 
 
@@ -368,6 +370,17 @@ def metrics_cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def batching_cell(args: argparse.Namespace) -> Outcome:
+    """ONNX c64 1-row requests, micro-batching on vs off: two gateways side by side (bench/batching.py)."""
+    from bench.batching import CONCURRENCY, measure
+
+    rounds = min(args.rounds, 5)
+    print(
+        f"\n# micro-batching: ONNX 1-row /score, c{CONCURRENCY}, on and off side by side, median of {rounds} rounds", flush=True
+    )
+    return measure(Path(tempfile.mkdtemp(prefix="ff-bench-batching-")), rounds, args.duration, {})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="one short cell; asserts nothing about speed")
@@ -379,6 +392,9 @@ def main() -> int:
     parser.add_argument("--h2o-scorers", action="store_true", help="only the H2O scorer cells and the RSS figures")
     parser.add_argument("--metrics-cost", action="store_true", help="only the CPU cost of /metrics counting (1-row /score)")
     parser.add_argument(
+        "--only", choices=["batching"], help="only this cell: batching = ONNX c64 1-row, micro-batching on vs off"
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=7,
@@ -387,6 +403,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.metrics_cost:
         return metrics_cost(args)
+    if args.only == "batching":
+        print(batching_cell(args).line(), flush=True)
+        return 0
     started = time.monotonic()
     if args.h2o_scorers:
         work = Path(tempfile.mkdtemp(prefix="ff-bench-"))
@@ -395,7 +414,9 @@ def main() -> int:
         return 0
     cells, costs = run_matrix(args)
     if not args.smoke:
+        batching = batching_cell(args)
         check_targets(cells, costs)
+        print(batching.line())
     print(f"# {len(cells)} cells in {time.monotonic() - started:.0f} s")
     return 0 if cells and all(c.result.requests > 0 for c in cells) else 1
 

@@ -121,7 +121,15 @@ class Settings:
     live_queue: int = _doc("live requests queued per servable before 503", default=64)
     shadow_queue: int = _doc("shadow copies queued per servable before they are dropped", default=64)
     max_batch_rows: int = _doc(
-        "most rows scored in one combined call of concurrent requests (0 = no micro-batching)", default=512
+        "most rows scored in one combined call of concurrent requests (0 or 1 = no micro-batching); "
+        "a servable's flavor setting maxBatchRows overrides it",
+        default=512,
+    )
+    max_batch_wait_us: int = _doc(
+        "how long a request may wait for others to share its model call, only while other requests of "
+        "its servable are being scored (0 = never waits: under load, waiting requests are combined "
+        "anyway); a servable's flavor setting maxBatchWaitUs overrides it",
+        default=0,
     )
     max_body_bytes: int = _doc("largest request body accepted (after decompression)", default=64 * 1024 * 1024)
     max_rows: int = _doc("largest batch (records) accepted", default=100000)
@@ -226,8 +234,17 @@ class Settings:
             "log_buffer_bytes",
         ):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")
-        for name in ("live_queue", "shadow_queue", "max_batch_rows", "kafka_linger_ms", "workers", "log_linger_ms"):
+        for name in (
+            "live_queue",
+            "shadow_queue",
+            "max_batch_rows",
+            "max_batch_wait_us",
+            "kafka_linger_ms",
+            "workers",
+            "log_linger_ms",
+        ):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")
+        _check(self.max_batch_wait_us <= 1_000_000, "max_batch_wait_us", self.max_batch_wait_us, "0..1000000 microseconds")
         _check(self.drain_grace_s >= 0, "drain_grace_s", self.drain_grace_s, "zero or more seconds")
         for name in (
             "evaluation_interval_s",

@@ -34,11 +34,19 @@ def test_toml_then_env_then_overrides(tmp_path: Path) -> None:
             "invalid kafka_ingest_topics",
         ),
         ({"FORESTFLOW_KAFKA_REPLY_TOPIC": "no/slash"}, "invalid kafka_reply_topic"),
+        ({"FORESTFLOW_MAX_BATCH_WAIT_US": "-5"}, "invalid max_batch_wait_us"),
+        ({"FORESTFLOW_MAX_BATCH_WAIT_US": "2000000"}, "invalid max_batch_wait_us"),
     ],
 )
 def test_bad_settings_raise(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         Settings.load(environ=env)
+
+
+def test_micro_batching_defaults_come_from_the_environment() -> None:
+    settings = Settings.load(environ={"FORESTFLOW_MAX_BATCH_WAIT_US": "250", "FORESTFLOW_MAX_BATCH_ROWS": "32"})
+    assert (settings.max_batch_wait_us, settings.max_batch_rows) == (250, 32)
+    assert Settings.load(environ={}).max_batch_wait_us == 0
 
 
 def test_kafka_ingest_topics_are_a_comma_separated_list() -> None:

@@ -56,7 +56,11 @@ async def metrics(request: web.Request) -> web.Response:
             "liveRejected": loaded.scheduler.stats.live_rejected,
             "shadowDropped": loaded.scheduler.stats.shadow_dropped,
             "deadlineExceeded": loaded.scheduler.stats.deadline_exceeded,
-            "microBatches": loaded.scheduler.stats.batches,
+            # model calls that scored several requests together (on threads or on the loop), their
+            # requests, and combined calls that failed and were scored again one by one
+            "microBatches": loaded.scheduler.stats.batches + loaded.scheduler.stats.coalesced_calls,
+            "microBatchedRequests": loaded.scheduler.stats.batched_jobs + loaded.scheduler.stats.coalesced_jobs,
+            "microBatchRetries": loaded.scheduler.stats.batch_retries,
             # predict calls still running after every caller gave up (a stuck model shows here)
             "abandonedRunning": loaded.scheduler.stats.abandoned_running,
             "inlineCalls": loaded.scheduler.stats.inline_calls,

@@ -212,6 +212,15 @@ class GatewayCollector:
         dropped = CounterMetricFamily("forestflow_shadow_dropped", "Shadow copies dropped on a full queue", labels=["fqrv"])
         rejected = CounterMetricFamily("forestflow_live_rejected", "Live requests refused with 503 (queue full)", labels=["fqrv"])
         deadline = CounterMetricFamily("forestflow_deadline_exceeded", "Jobs failed with 504 (deadline passed)", labels=["fqrv"])
+        batches = CounterMetricFamily(
+            "forestflow_micro_batches", "Model calls that scored several requests together", labels=["fqrv"]
+        )
+        batched = CounterMetricFamily(
+            "forestflow_micro_batched_requests", "Requests scored in a call shared with others", labels=["fqrv"]
+        )
+        retries = CounterMetricFamily(
+            "forestflow_micro_batch_retries", "Combined calls that failed; their requests were scored alone", labels=["fqrv"]
+        )
         load = GaugeMetricFamily("forestflow_servable_load_seconds", "Time the servable took to load", labels=["fqrv"])
         up = GaugeMetricFamily("forestflow_backend_up", "1 while a RemoteV2 release's backend answers", labels=["fqrv", "url"])
         circuit = GaugeMetricFamily(
@@ -238,6 +247,10 @@ class GatewayCollector:
             dropped.add_metric([name], scheduler.stats.shadow_dropped)
             rejected.add_metric([name], scheduler.stats.live_rejected)
             deadline.add_metric([name], scheduler.stats.deadline_exceeded)
+            stats = scheduler.stats
+            batches.add_metric([name], stats.batches + stats.coalesced_calls)
+            batched.add_metric([name], stats.batched_jobs + stats.coalesced_jobs)
+            retries.add_metric([name], stats.batch_retries)
             load.add_metric([name], loaded.load_seconds)
         yield from (
             phase,
@@ -250,6 +263,9 @@ class GatewayCollector:
             rollbacks,
             queue,
             running,
+            batches,
+            batched,
+            retries,
             dropped,
             rejected,
             deadline,

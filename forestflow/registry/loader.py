@@ -21,6 +21,7 @@ from forestflow.errors import CreateServableRequestInvalidError, GatewayError
 from forestflow.registry.artifacts import ArtifactCache, ArtifactClaim, ArtifactRequest
 from forestflow.registry.registry import Loaded
 from forestflow.runtime.base import Servable
+from forestflow.runtime.batching import batch_policy
 from forestflow.runtime.flavors import create_servable
 from forestflow.runtime.scheduler import ServableScheduler
 from forestflow.settings import Settings
@@ -50,6 +51,7 @@ class ServableLoader:
         if defn.flavor == "H2OMojo":  # the gateway's H2O scorer choice (a servable's own "scorer" wins)
             flavor_settings = {"gatewayScorer": self.settings.h2o_scorer, **flavor_settings}
         try:
+            policy = batch_policy(defn.flavor_settings, self.settings.max_batch_rows, self.settings.max_batch_wait_us)
             directory = claim.directory if claim is not None else Path()
             servable = await asyncio.to_thread(create_servable, defn.flavor, defn.fqrv, directory, flavor_settings)
             servable.gateway_settings = self.settings  # gates of composed flavors (pipeline steps)
@@ -67,15 +69,18 @@ class ServableLoader:
                 await self.artifacts.release(claim)  # a failed deploy leaves nothing in the cache
             raise
         settings = self.settings
+        # Only a servable that declares it batches has requests combined (on threads or the loop).
+        batch_rows = policy.max_rows if servable.batchable else 0
         scheduler = ServableScheduler(
             servable,
             None,  # threads of its own: shadow servables cannot take the threads live work needs
             slots=servable.max_concurrency or settings.scoring_slots,
             live_queue=settings.live_queue,
             shadow_queue=settings.shadow_queue,
-            max_batch_rows=settings.max_batch_rows if servable.batchable else 0,
+            max_batch_rows=batch_rows,
             max_threads=settings.scoring_threads,
-            coalesce_rows=settings.max_batch_rows,
+            coalesce_rows=batch_rows,
+            batch_wait_us=policy.wait_us,
         )
         return Loaded(defn, servable, scheduler, claim, load_seconds)
 

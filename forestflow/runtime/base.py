@@ -44,8 +44,9 @@ class Servable(abc.ABC):
     #: Whether ``predict`` reads ``frame.parameters`` (request configs): if not, requests with
     #: different configs may be scored together in one call.
     reads_parameters: bool = True
-    #: Whether the scheduler may score several requests' rows in one ``predict`` call (up to the
-    #: ``max_batch_rows`` setting); flavors whose cost per call dominates their cost per row say so.
+    #: Whether the scheduler may score several requests' rows in one ``predict`` call (micro-batching,
+    #: up to the servable's ``maxBatchRows``, on threads and on the loop): only for a ``predict`` that
+    #: scores row by row, so every request can be handed its own rows of the answer.
     batchable: bool = False
     #: Whether the servable scores on the event loop, as a coroutine (``aload``/``apredict``), not
     #: in a thread: flavors that wait on the network (remote backends) rather than compute.

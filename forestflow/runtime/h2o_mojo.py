@@ -84,6 +84,8 @@ class H2OMojoServable(Servable):
     #: 1000 -> 774). A genmodel-scored (JVM) model sets its own at load from a timed probe.
     inline_max_rows = 128
     reads_parameters = False
+    #: A batch crosses into Java (or the native scorer) in one call: concurrent requests may share it.
+    batchable = True
 
     def __init__(self, fqrv: Any, artifact_dir: Path, settings: dict[str, Any]) -> None:
         super().__init__(fqrv, artifact_dir, settings)

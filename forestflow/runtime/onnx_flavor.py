@@ -9,7 +9,8 @@ Definition: ``{"flavor": {"ONNX": {"modelPath": "model.onnx", ...}}}``. Settings
 - ``featureOrder``: the feature names of a 2-D input, as a list (the model's one 2-D input) or
   ``{"input": [names]}``; without it the model's ``feature_names`` metadata prop is used;
 - ``inlineMaxRows``: live batches up to this many rows are scored on the event loop (0 = never);
-  by default 64 when a 64-row batch runs within 200 us at load, else 0.
+  by default 64 when a 64-row batch runs within 200 us at load, else 0;
+- ``maxBatchRows`` / ``maxBatchWaitUs``: micro-batching of concurrent requests (runtime/batching.py).
 
 Inputs and outputs keep their ONNX names, element types and shapes (symbolic dimensions as -1).
 A scikit-learn classifier's ZipMap probability output becomes one FP64 column per class, named
@@ -33,6 +34,7 @@ from forestflow.core.ids import FQRV
 from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, PredictionFailed, ServableNotReady
 from forestflow.runtime import inline_probe
 from forestflow.runtime.base import Servable, ServableMetadata
+from forestflow.runtime.batching import BATCH_SETTINGS
 from forestflow.runtime.onnx_graph import GraphInfo, ZipMapOutput, read_graph
 from forestflow.runtime.onnx_io import InputPlan, build_feeds, dims, element_type
 
@@ -52,6 +54,7 @@ _SETTINGS = (
     "graphOptimizationLevel",
     "featureOrder",
     "inlineMaxRows",
+    *BATCH_SETTINGS,
 )
 _WARM_BATCHES = (1, 8, 100)
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
@@ -84,6 +87,8 @@ class OnnxServable(Servable):
     #: Two calls at once (onnxruntime releases the GIL while it runs): one per core of the gateway.
     max_concurrency = 2
     reads_parameters = False
+    #: One session call scores a whole batch: its fixed cost (feeds, the call, outputs) is paid once.
+    batchable = True
 
     def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
         super().__init__(fqrv, artifact_dir, settings)

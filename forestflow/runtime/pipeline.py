@@ -133,6 +133,8 @@ class PipelineServable(Servable):
             # Inline calls may score several requests in one batch and slice the answer per request;
             # the intermediate tensors are not sliced with it, so these pipelines score one by one.
             self.inline_max_rows = 0
+        # Combined calls are sliced per request, so, as above, not with intermediate tensors logged.
+        self.batchable = not spec.log_intermediate and all(s.batchable for s in servables)
         limits = [s.max_concurrency for s in servables if s.max_concurrency is not None]
         self.max_concurrency = min(limits) if limits else None
         # Request parameters reach every step, so requests are only scored together when theirs agree.

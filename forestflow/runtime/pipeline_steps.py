@@ -57,6 +57,7 @@ class _BuiltinStep(Servable):
     """What the built-in steps share: cheap enough to run on the event loop, ports from settings."""
 
     inline_max_rows = 4096
+    batchable = True  # row by row: a combined batch gives every request its own rows
     platform = ""
 
     def __init__(self, fqrv: Any, artifact_dir: Path, settings: dict[str, Any]) -> None:

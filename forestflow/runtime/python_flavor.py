@@ -6,6 +6,10 @@ of columns), or a class whose instances have such a ``predict`` method (instanti
 its constructor may take the artifact directory as its only argument). An optional module-level
 ``METADATA = {"inputs": [...], "outputs": [...]}`` (each ``{"name", "datatype", "shape"}``)
 describes the model. Off unless the operator allows it: it runs code an admin request names.
+
+Concurrent requests share one ``predict`` call (micro-batching) only when the model opts in: the
+entry point (function or class) has ``batchable = True``, or the flavor setting ``"batchable": true``
+(which wins). Only a model that scores row by row may: each request gets its rows of the answer.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class PythonServable(Servable):
         try:
             spec.loader.exec_module(module)
             target: Any = getattr(module, entry)
+            self.batchable = self._opts_in(target)
             if inspect.isclass(target):
                 params = inspect.signature(target).parameters
                 factory: Any = target
@@ -83,6 +88,15 @@ class PythonServable(Servable):
         )
         sys.modules.pop(name, None)
         self.ready = True
+
+    def _opts_in(self, target: Any) -> bool:
+        """Whether the model lets several requests share one call: the setting, else the model's word."""
+        setting = self.settings.get("batchable")
+        if setting is not None:
+            if not isinstance(setting, bool):
+                raise CreateServableRequestInvalidError(f"flavor.Python.batchable: expected true or false, got {setting!r}")
+            return setting
+        return getattr(target, "batchable", False) is True
 
     def predict(self, frame: Frame) -> Frame:
         assert self._predict is not None, "predict before load"

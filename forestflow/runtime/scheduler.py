@@ -16,8 +16,13 @@ reach. A servable's own pool holds its slots plus spare threads, so a slot freed
 can be reused while the abandoned call still runs; once the spares are used up too, the
 scheduler counts the servable as full rather than queueing work on threads that are not there.
 
-Queued live jobs whose frames have the same columns and parameters may be scored as one batch
-(micro-batching) when the servable allows it: one model call for many small concurrent requests.
+Queued jobs of one priority whose frames have the same columns and parameters may be scored as
+one batch (micro-batching) when the servable declares it batches (``Servable.batchable``): one
+model call for many small concurrent requests. A lone request never waits for company while a slot
+is free, unless ``batch_wait_us`` allows it to, and then only while other work of the servable is
+scoring (under load, queued jobs are combined anyway). Live and shadow work are never combined, so
+live work never waits behind shadow work. When a combined call fails, each of its jobs is scored
+again on its own, once, so a bad request fails alone; its deadline still holds.
 
 Tiny live batches of servables that allow it (``inline_max_rows``) are scored on the event loop,
 without a thread hop. Under concurrent load, those arriving in the same turn of the event loop are
@@ -35,7 +40,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from forestflow.core.frame import Frame
-from forestflow.errors import DeadlineExceeded, GatewayError, Overloaded, PredictionFailed
+from forestflow.errors import BackendUnavailable, DeadlineExceeded, GatewayError, Overloaded, PredictionFailed
 from forestflow.runtime.base import Servable
 
 #: Most rows one combined call on the event loop may hold: it stays well under a millisecond.
@@ -43,6 +48,12 @@ _MAX_ROWS_ON_LOOP = 64
 #: Only requests this small are gathered with others: for bigger ones a call of their own costs
 #: little more per row, and waiting for the end of the turn would be all cost.
 _GATHER_MAX_ROWS = 8
+#: Gathering stops after this many turns in a row saw a single request each.
+_QUIET_TURNS = 4
+
+
+#: Failures of a combined call that say nothing about its rows: every job gets them as they are.
+_NOT_RETRIED = (Overloaded, DeadlineExceeded, BackendUnavailable)
 
 
 class Priority(enum.IntEnum):
@@ -71,6 +82,10 @@ class _Job:
     #: The caller's context (its trace span), for a call that runs as a task on the loop: a job
     #: started later from another job's callback would otherwise run in that job's context.
     context: contextvars.Context | None = None
+    #: loop.time() when it was queued (a batch wait counts from its oldest job).
+    queued_at: float = 0.0
+    #: Scored on its own: it is being retried after the combined call it was part of failed.
+    alone: bool = False
 
 
 @dataclass(slots=True)
@@ -80,13 +95,17 @@ class SchedulerStats:
     live_rejected: int = 0
     shadow_dropped: int = 0
     deadline_exceeded: int = 0
+    #: combined calls on scoring threads, and the jobs they held.
     batches: int = 0
     batched_jobs: int = 0
+    #: combined calls that failed and whose jobs were scored again one by one.
+    batch_retries: int = 0
     #: predict calls still running in a thread after every caller gave up (their slot is free).
     abandoned_running: int = 0
     #: tiny live batches scored on the event loop (no thread hop).
     inline_calls: int = 0
-    #: of those, requests scored together in one call with others of the same loop turn.
+    #: of those, calls that scored several requests together (gathered on the loop), and their requests.
+    coalesced_calls: int = 0
     coalesced_jobs: int = 0
 
 
@@ -95,7 +114,9 @@ class ServableScheduler:
 
     ``executor`` runs the calls; None gives the servable a thread pool of its own with at most
     ``max_threads`` threads (default and minimum: twice the slots, so every slot has a spare),
-    shut down by :meth:`close`.
+    shut down by :meth:`close`. ``max_batch_rows`` (0 or 1: never) caps the rows of one combined
+    call on a thread and ``coalesce_rows`` one on the loop; ``batch_wait_us`` is how long the
+    oldest job of an unfilled batch may wait for more while other work is scoring (0: never waits).
     """
 
     def __init__(
@@ -108,6 +129,7 @@ class ServableScheduler:
         max_batch_rows: int = 0,
         max_threads: int = 0,
         coalesce_rows: int = 0,
+        batch_wait_us: int = 0,
     ) -> None:
         self.servable = servable
         self.slots = max(1, slots)
@@ -130,7 +152,16 @@ class ServableScheduler:
         self._turn_armed = False
         self._turn_offers = 0
         self._coalescing = False
+        #: Turns in a row that saw a single request while gathering (gathering stops at _QUIET_TURNS).
+        self._quiet_turns = 0
         self._gathered: list[tuple[Frame, asyncio.Future[Frame]]] = []
+        self._gathered_rows = 0
+        #: How long an unfilled batch may wait for more (seconds; 0 = it never waits).
+        self.batch_wait_s = max(0, batch_wait_us) / 1e6
+        #: Flushes the loop's gathered requests once their batch wait is over.
+        self._gather_timer: asyncio.TimerHandle | None = None
+        #: Starts held queued jobs once the oldest one's batch wait is over.
+        self._hold_timer: asyncio.TimerHandle | None = None
         self.running = 0
         self.queues: dict[Priority, deque[_Job]] = {Priority.LIVE: deque(), Priority.SHADOW: deque()}
         self.stats = SchedulerStats()
@@ -227,7 +258,9 @@ class ServableScheduler:
         # Queue when no slot is free, or when older work of this or a higher priority is waiting
         # (so a newcomer never overtakes it).
         must_queue = not self._can_start() or self.queues[Priority.LIVE] or (priority is Priority.SHADOW and queue)
-        if must_queue and len(queue) >= (self.live_limit if priority is Priority.LIVE else self.shadow_limit):
+        # With a batch wait, a job that could start waits for company while other work scores.
+        wait = not must_queue and self._may_wait(frame.num_rows) and len(queue) < self._limit(priority)
+        if must_queue and len(queue) >= self._limit(priority):
             if priority is Priority.LIVE:
                 self.stats.live_rejected += 1
                 raise Overloaded(
@@ -241,45 +274,77 @@ class ServableScheduler:
         if not must_queue and priority is Priority.LIVE and frame.num_rows <= self.servable.inline_max_rows:
             if on_start is not None:  # scored on the loop, now or at the end of this turn: no queue
                 on_start()
-            return self._inline(frame, loop)
-        job = _Job(frame, priority, deadline, loop.create_future(), timeout_s, on_start=on_start)
+            return self._inline(frame, loop, deadline)
+        job = _Job(frame, priority, deadline, loop.create_future(), timeout_s, on_start=on_start, queued_at=loop.time())
         if self.servable.runs_on_loop:
             job.context = contextvars.copy_context()
         job.timer = loop.call_at(deadline, self._expire, job)
         job.future.add_done_callback(lambda f: self._abandon(job) if f.cancelled() else None)
-        if must_queue:
+        if must_queue or wait:
             queue.append(job)
             self._dispatch()
         else:
             self._start([job])
         return job.future
 
-    def _inline(self, frame: Frame, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Frame]:
+    def _limit(self, priority: Priority) -> int:
+        return self.live_limit if priority is Priority.LIVE else self.shadow_limit
+
+    def _may_wait(self, rows: int) -> bool:
+        """Whether a job of ``rows`` rows may wait for others to share its call: only with a batch
+        wait, only while other work scores (alone, waiting buys nothing), only if rows fit beside it."""
+        return bool(self.batch_wait_s) and self.running > 0 and rows < self.max_batch_rows
+
+    def _inline(self, frame: Frame, loop: asyncio.AbstractEventLoop, deadline: float) -> asyncio.Future[Frame]:
         """Score a tiny live batch on the event loop: now, or with the others of this loop turn.
 
         Requests whose handlers run in the same turn of the loop (their bytes arrived together)
         are gathered and scored in one call when that turn ends: one model call for many tiny
         requests costs far less than one each (for H2O, a cold Java call per request). Gathering
         only pays under concurrent load, so it starts after a turn that saw several requests and
-        stops after one that saw a single request; otherwise each is scored at once.
+        stops after one that saw a single request; otherwise each is scored at once. With a batch
+        wait, what was gathered is scored when that wait is over (or the rows fill a call), so the
+        requests of several turns share one call (by the earliest deadline among them at the latest).
         """
         future = loop.create_future()
-        if self.coalesce_rows and frame.num_rows <= _GATHER_MAX_ROWS:
+        if self.coalesce_rows > 1 and frame.num_rows <= _GATHER_MAX_ROWS:
             self._turn_offers += 1
             if not self._turn_armed:
                 self._turn_armed = True
                 loop.call_soon(self._end_turn)
-            if self._coalescing:
+            if self._coalescing or self._gather_timer is not None:
                 self._gathered.append((frame, future))
+                self._gathered_rows += frame.num_rows
+                if self.batch_wait_s:
+                    due = min(deadline, loop.time() + self.batch_wait_s)
+                    if self._gather_timer is None or due < self._gather_timer.when():
+                        if self._gather_timer is not None:
+                            self._gather_timer.cancel()
+                        self._gather_timer = loop.call_at(due, self._flush_gathered)
                 return future
         return self._run_inline(frame, future)
 
     def _end_turn(self) -> None:
         """After every handler of one loop turn ran: score what they gathered, choose the next mode."""
         self._turn_armed = False
-        self._coalescing = self._turn_offers > 1
+        if self._turn_offers > 1:
+            self._coalescing, self._quiet_turns = True, 0
+        elif self._coalescing:
+            # Under load, some turns see one request only: gathering goes on through a few of them
+            # (for a lone request it costs one turn of the loop) rather than scoring each alone.
+            self._quiet_turns += 1
+            self._coalescing = self._quiet_turns < _QUIET_TURNS
         self._turn_offers = 0
+        if self._gather_timer is None or self._gathered_rows >= self.coalesce_rows:
+            self._flush_gathered()
+
+    def _flush_gathered(self) -> None:
+        """Score the gathered requests: together where their columns (and parameters) agree."""
+        if self._gather_timer is not None:
+            self._gather_timer.cancel()
+            self._gather_timer = None
         gathered, self._gathered = self._gathered, []
+        self._gathered_rows = 0
         groups: dict[object, list[tuple[Frame, asyncio.Future[Frame]]]] = {}
         reads_parameters = self.servable.reads_parameters
         for frame, future in gathered:
@@ -310,6 +375,7 @@ class ServableScheduler:
                 self._run_inline(frame, future)
             return
         self.stats.inline_calls += 1
+        self.stats.coalesced_calls += 1
         self.stats.coalesced_jobs += len(jobs)
         offset = 0
         for frame, future in jobs:
@@ -388,7 +454,13 @@ class ServableScheduler:
             self._start(batch)
 
     def _take_batch(self) -> list[_Job]:
-        now = asyncio.get_running_loop().time()
+        """The next call to start: queued jobs of one priority (live first) that can share it.
+
+        Empty when nothing waits, or when the head's batch is held for company (a batch wait):
+        then shadow work does not start either, so live work never waits behind it.
+        """
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         for priority in (Priority.LIVE, Priority.SHADOW):
             queue = self.queues[priority]
             while queue and (queue[0].future.done() or queue[0].deadline <= now):
@@ -398,23 +470,34 @@ class ServableScheduler:
                 continue
             first = queue.popleft()
             batch = [first]
-            if self.max_batch_rows and priority is Priority.LIVE:
-                rows = first.frame.num_rows
+            rows = first.frame.num_rows
+            if self.max_batch_rows > 1 and not first.alone:
                 shape = _signature(first.frame)
+                reads_parameters = self.servable.reads_parameters
                 # A combined call sees one set of parameters (configs), so only requests that
-                # agree on them may share it.
+                # agree on them may share it (unless the servable does not read them).
                 while (
                     queue
+                    and not queue[0].alone
                     and not queue[0].future.done()
                     and _signature(queue[0].frame) == shape
-                    and _same_parameters(queue[0].frame, first.frame)
+                    and (not reads_parameters or _same_parameters(queue[0].frame, first.frame))
                     and rows + queue[0].frame.num_rows <= self.max_batch_rows
                 ):
                     job = queue.popleft()
                     rows += job.frame.num_rows
                     batch.append(job)
+                if rows < self.max_batch_rows and self._may_wait(rows) and now < first.queued_at + self.batch_wait_s:
+                    queue.extendleft(reversed(batch))  # held: more may come before the wait is over
+                    if self._hold_timer is None:
+                        self._hold_timer = loop.call_at(first.queued_at + self.batch_wait_s, self._hold_over)
+                    return []
             return batch
         return []
+
+    def _hold_over(self) -> None:
+        self._hold_timer = None
+        self._dispatch()
 
     def _start(self, batch: list[_Job]) -> None:
         loop = asyncio.get_running_loop()
@@ -483,7 +566,15 @@ class ServableScheduler:
             job.on_abandon = on_abandon
 
     def _finish(self, batch: list[_Job], result: Frame | None = None, error: BaseException | None = None) -> None:
-        """Hand each job of a batch its rows of ``result`` (or ``error``), skipping abandoned ones."""
+        """Hand each job of a batch its rows of ``result`` (or ``error``), skipping abandoned ones.
+
+        A combined call that failed is not every job's failure: each job still waited for is
+        queued again at the front, to be scored alone, once (within its own deadline). Failures
+        that are no row's fault (overload, deadline, a backend that cannot be reached) are not retried.
+        """
+        if error is not None and len(batch) > 1 and not self.closed and not isinstance(error, _NOT_RETRIED):
+            self._retry_alone(batch)
+            return
         offset = 0
         for job in batch:
             rows = job.frame.num_rows
@@ -501,9 +592,25 @@ class ServableScheduler:
                     job.future.set_result(result if len(batch) == 1 else result.slice(offset, offset + rows))
             offset += rows
 
+    def _retry_alone(self, batch: list[_Job]) -> None:
+        self.stats.batch_retries += 1
+        waiting = [job for job in batch if not job.future.done()]
+        for job in batch:
+            job.on_abandon = None  # back in the queue: withdrawing it unqueues it
+            job.on_start = None  # its queue wait was reported when the combined call started
+            job.alone = True
+        self.queues[batch[0].priority].extendleft(reversed(waiting))
+        self._dispatch()
+        self._wake_if_idle()
+
     async def close(self) -> None:
         """Refuse new work; queued jobs fail fast; calls already running finish in the background."""
         self.closed = True
+        for timer in (self._gather_timer, self._hold_timer):
+            if timer is not None:
+                timer.cancel()
+        self._gather_timer = self._hold_timer = None
+        self._gathered_rows = 0
         gathered, self._gathered = self._gathered, []
         for _, future in gathered:
             if not future.done():

@@ -22,10 +22,11 @@ from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import DeadlineExceeded, InvalidInput, Overloaded, PredictionFailed
 from forestflow.runtime.base import Servable, ServableMetadata
-from forestflow.runtime.scheduler import Priority, ServableScheduler, ShadowDropped, _Job
+from forestflow.runtime.scheduler import _QUIET_TURNS, Priority, ServableScheduler, ShadowDropped, _Job
 
 LIVE, SHADOW = Priority.LIVE, Priority.SHADOW
 LONG = 30.0  # a deadline no test reaches
+BAD_X = -99.0  # a row the probe refuses
 
 
 class Probe(Servable):
@@ -60,6 +61,8 @@ class Probe(Servable):
                 assert gate.wait(10), "test gate never opened"
             if "raise" in params:
                 raise params["raise"]
+            if (frame["x"] == BAD_X).any():
+                raise ValueError("a bad row")
             return Frame({"y": frame["x"] * 2})
         finally:
             with self.lock:
@@ -107,10 +110,16 @@ def gates() -> Iterator[Callable[[], threading.Event]]:
 
 
 def make_scheduler(
-    executor: ThreadPoolExecutor, slots: int = 1, live_queue: int = 16, shadow_queue: int = 16, max_batch_rows: int = 0
+    executor: ThreadPoolExecutor,
+    slots: int = 1,
+    live_queue: int = 16,
+    shadow_queue: int = 16,
+    max_batch_rows: int = 0,
+    batch_wait_us: int = 0,
 ) -> tuple[ServableScheduler, Probe]:
     probe = Probe()
-    return ServableScheduler(probe, executor, slots, live_queue, shadow_queue, max_batch_rows), probe
+    scheduler = ServableScheduler(probe, executor, slots, live_queue, shadow_queue, max_batch_rows, batch_wait_us=batch_wait_us)
+    return scheduler, probe
 
 
 def spawn(scheduler: ServableScheduler, frame: Frame, priority: Priority, timeout: float = LONG) -> asyncio.Task[Frame]:
@@ -464,9 +473,12 @@ async def test_requests_of_one_loop_turn_share_one_call_once_load_is_seen() -> N
     assert probe.rows_per_call == [1, 1, 1, 4]
     assert [o["y"].tolist() for o in first + second] == [[2.0], [4.0], [6.0], [8.0], [10.0], [12.0], [14.0]]
     assert scheduler.stats.coalesced_jobs == 4
-    alone = await scheduler.submit(job("alone", x=8.0), LIVE, LONG)  # gathered, but alone in its turn
-    assert alone["y"].tolist() == [16.0] and probe.rows_per_call[-1] == 1
-    future = scheduler.offer(job("direct", x=9.0), LIVE, LONG)  # a quiet turn before: scored at once again
+    for i in range(_QUIET_TURNS):  # gathered, but alone in its turn: gathering goes on a few turns
+        future = scheduler.offer(job(f"alone{i}", x=8.0), LIVE, LONG)
+        assert not future.done()
+        alone = await future
+        assert alone["y"].tolist() == [16.0] and probe.rows_per_call[-1] == 1
+    future = scheduler.offer(job("direct", x=9.0), LIVE, LONG)  # quiet turns before: scored at once again
     assert future.done() and future.result()["y"].tolist() == [18.0]
 
 
@@ -533,3 +545,141 @@ async def test_live_room_counts_exactly_the_offers_admitted_before_a_refusal(exe
     await asyncio.gather(*tasks)
     assert scheduler.live_room() == 5
     await scheduler.close()
+
+
+# -- micro-batching on scoring threads: batch waits, shadow batches, failed combined calls --------
+
+
+def shared(gate: threading.Event, x: float, **extra: Any) -> Frame:
+    """A one-row frame whose parameters equal every other ``shared`` frame's with the same gate."""
+    return Frame({"x": np.array([x])}, {"gate": gate, **extra})
+
+
+async def test_a_lone_job_starts_at_once_even_with_a_batch_wait(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=2, max_batch_rows=10, batch_wait_us=1_000_000)
+    gate = gates()
+    task = spawn(scheduler, shared(gate, 1.0), LIVE)
+    await asyncio.sleep(0)  # offer ran: nothing else scores, so it did not wait for company
+    assert scheduler.running == 1 and scheduler.queued(LIVE) == 0
+    gate.set()
+    assert (await task)["y"].tolist() == [2.0]
+
+
+async def test_a_batch_wait_holds_jobs_while_others_score_and_live_never_waits_behind_shadow(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=2, max_batch_rows=10, batch_wait_us=1_000_000)
+    first, second = gates(), gates()
+    blocker = spawn(scheduler, job("blocker", first), LIVE)
+    await wait_until(lambda: scheduler.running == 1)
+    held = spawn(scheduler, shared(second, 1.0), LIVE)  # a slot is free, but it waits for company
+    await wait_until(lambda: scheduler.queued(LIVE) == 1)
+    shadow = spawn(scheduler, shared(second, 5.0), SHADOW)  # may not take the free slot before it
+    company = spawn(scheduler, shared(second, 2.0), LIVE)
+    await wait_until(lambda: scheduler.queued(LIVE) == 2 and scheduler.queued(SHADOW) == 1)
+    assert scheduler.running == 1 and probe.started == ["blocker"]
+    first.set()  # nothing else scores now: the held live batch starts, then the shadow copy
+    await blocker
+    await wait_until(lambda: len(probe.rows_per_call) == 3)
+    assert probe.rows_per_call == [1, 2, 1]
+    second.set()
+    assert [(await t)["y"].tolist() for t in (held, company, shadow)] == [[2.0], [4.0], [10.0]]
+    assert scheduler.stats.batches == 1 and scheduler.stats.batched_jobs == 2
+
+
+async def test_a_held_batch_starts_when_its_wait_is_over(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=2, max_batch_rows=10, batch_wait_us=20_000)
+    first = gates()
+    blocker = spawn(scheduler, job("blocker", first), LIVE)
+    await wait_until(lambda: scheduler.running == 1)
+    held = spawn(scheduler, job("held", x=3.0), LIVE)
+    await wait_until(lambda: scheduler.queued(LIVE) == 1)
+    assert (await held)["y"].tolist() == [6.0]  # started by its wait's end, the blocker still running
+    assert not blocker.done()
+    first.set()
+    await blocker
+
+
+async def test_a_deadline_holds_inside_a_batch_wait(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=2, max_batch_rows=10, batch_wait_us=1_000_000)
+    first = gates()
+    blocker = spawn(scheduler, job("blocker", first), LIVE)
+    await wait_until(lambda: scheduler.running == 1)
+    with pytest.raises(DeadlineExceeded):
+        await scheduler.submit(job("late"), LIVE, 0.05)
+    assert scheduler.queued(LIVE) == 0 and probe.started == ["blocker"]  # never started
+    first.set()
+    await blocker
+
+
+async def test_queued_shadow_copies_are_batched_among_themselves(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=1, max_batch_rows=10)
+    first, second = gates(), gates()
+    blocker = spawn(scheduler, job("blocker", first), LIVE)
+    await wait_until(lambda: scheduler.running == 1)
+    copies = [spawn(scheduler, shared(second, float(i)), SHADOW) for i in range(3)]
+    live = spawn(scheduler, shared(second, 9.0), LIVE)
+    await wait_until(lambda: scheduler.queued(SHADOW) == 3 and scheduler.queued(LIVE) == 1)
+    first.set()
+    second.set()
+    await asyncio.gather(blocker, live, *copies)
+    assert probe.rows_per_call == [1, 1, 3]  # the live job alone first, then the copies in one call
+    assert [(await c)["y"].tolist() for c in copies] == [[0.0], [2.0], [4.0]]
+
+
+async def test_a_failed_combined_call_scores_each_job_alone_once(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=1, max_batch_rows=10)
+    first = gates()
+    blocker = spawn(scheduler, job("blocker", first), LIVE)
+    await wait_until(lambda: scheduler.running == 1)
+    xs = [1.0, BAD_X, 3.0, 4.0]
+    tasks = [spawn(scheduler, Frame({"x": np.array([x])}), LIVE) for x in xs]  # equal (empty) parameters
+    await wait_until(lambda: scheduler.queued(LIVE) == 4)
+    first.set()
+    results = await asyncio.gather(blocker, *tasks, return_exceptions=True)
+    assert [r["y"].tolist() for r in (results[1], results[3], results[4])] == [[2.0], [6.0], [8.0]]
+    assert isinstance(results[2], PredictionFailed) and isinstance(results[2].__cause__, ValueError)
+    # The blocker, the combined call that failed, then each job alone, in its order.
+    assert probe.rows_per_call == [1, 4, 1, 1, 1, 1]
+    assert scheduler.stats.batches == 1 and scheduler.stats.batch_retries == 1
+    assert scheduler.idle()
+
+
+async def test_a_job_retried_alone_keeps_its_deadline(executor, gates) -> None:
+    scheduler, probe = make_scheduler(executor, slots=1, max_batch_rows=10)
+    first, second = gates(), gates()
+    blocker = spawn(scheduler, job("blocker", first), LIVE)
+    await wait_until(lambda: scheduler.running == 1)
+    params = {"gate": second}
+    bad = spawn(scheduler, Frame({"x": np.array([BAD_X])}, dict(params)), LIVE)
+    short = spawn(scheduler, Frame({"x": np.array([2.0])}, dict(params)), LIVE, 0.3)
+    await wait_until(lambda: scheduler.queued(LIVE) == 2)
+    first.set()
+    await wait_until(lambda: probe.rows_per_call == [1, 2])
+    # The combined call is held at its gate past the short deadline: that caller gets a 504, and the
+    # retry scores only the bad request (alone) once the gate opens.
+    with pytest.raises(DeadlineExceeded):
+        await short
+    second.set()
+    with pytest.raises(PredictionFailed):
+        await bad
+    await blocker
+    assert probe.rows_per_call == [1, 2, 1]
+
+
+async def test_with_a_batch_wait_requests_of_several_loop_turns_share_one_call_by_the_earliest_deadline() -> None:
+    probe = CoalescingProbe()
+    scheduler = ServableScheduler(
+        probe, ThreadPoolExecutor(1), slots=1, live_queue=8, shadow_queue=8, coalesce_rows=64, batch_wait_us=1_000_000
+    )
+    await asyncio.gather(*(scheduler.submit(job(f"w{i}"), LIVE, LONG) for i in range(2)))  # load seen
+    probe.rows_per_call.clear()
+    first = scheduler.offer(job("a", x=1.0), LIVE, LONG)
+    for _ in range(3):
+        await asyncio.sleep(0)  # later turns of the loop
+    second = scheduler.offer(job("b", x=2.0), LIVE, LONG)
+    await asyncio.sleep(0)
+    assert not first.done() and not second.done() and probe.rows_per_call == []
+    # The third caller's deadline comes long before the 1 s wait is over: all three are scored by then.
+    third = scheduler.offer(job("c", x=3.0), LIVE, 0.05)
+    outs = await asyncio.wait_for(asyncio.gather(first, second, third), 0.5)
+    assert [o["y"].tolist() for o in outs] == [[2.0], [4.0], [6.0]]
+    assert probe.rows_per_call == [3] and scheduler.stats.coalesced_calls == 1
