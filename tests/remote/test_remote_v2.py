@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from tests.api.v2_support import V2Gateway, v2_gateway
 from tests.remote.support import BACKEND_MODEL, FRONT_MODEL, grpc_infer, remote_servable, v2_body
@@ -171,3 +172,34 @@ async def test_a_model_repository_entry_may_name_a_backend(tmp_path: Path, backe
         async with front.server.session.get(front.url + "/acme/front/1/r1/metadata") as r:
             backend_state = (await r.json())["BasicMetaData"]["backend"]
         assert backend_state["url"] == backend.grpc_target and backend_state["protocol"] == "grpc"
+
+
+async def test_rest_calls_ask_for_answers_uncompressed(backend: V2Gateway, front: V2Gateway) -> None:
+    """aiohttp asks for gzip by default, and MLServer then gzips every answer over 500 bytes, which
+    the gateway only inflates again: a relay in front of the backend records what each call asks."""
+    asked: list[str] = []
+
+    async def relay(request: web.Request) -> web.Response:
+        asked.append(request.headers.get("Accept-Encoding", "<none>"))
+        sent = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        async with front.server.session.request(
+            request.method, backend.url + request.path_qs, data=await request.read(), headers=sent
+        ) as r:
+            return web.Response(status=r.status, body=await r.read(), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", relay)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        await front.deploy(remote_servable(f"http://127.0.0.1:{port}", binaryTensors=False))
+        status, body = await post(front, f"/v2/models/{FRONT_MODEL}/infer", v2_body([1.0, 2.0], ["a", "b"]))
+        assert status == 200, body
+        assert body["outputs"][0]["data"] == [2.0, 4.0]
+        assert len(asked) >= 3, asked  # metadata and readiness at deploy, then the inference
+        assert set(asked) == {"identity"}, asked
+    finally:
+        await runner.cleanup()

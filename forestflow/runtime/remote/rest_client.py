@@ -202,7 +202,10 @@ def _new_session(key: str) -> aiohttp.ClientSession:
     # Keep-alive connections, at most _MAX_CONNECTIONS to the server: a bound on sockets however many
     # releases share it (each release's scheduler already bounds its own calls in flight).
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=_MAX_CONNECTIONS, keepalive_timeout=30)
-    return aiohttp.ClientSession(connector=connector, headers=dict(headers), raise_for_status=False)
+    # Answers uncompressed unless the release's own headers ask otherwise: aiohttp asks for gzip by
+    # default, so MLServer gzipped every answer over 500 bytes only for us to inflate it again.
+    default_headers = {"Accept-Encoding": "identity", **dict(headers)}
+    return aiohttp.ClientSession(connector=connector, headers=default_headers, raise_for_status=False)
 
 
 async def _close_session(session: aiohttp.ClientSession) -> None:
