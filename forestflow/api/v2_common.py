@@ -165,9 +165,11 @@ async def infer(
     sent), the prediction log keeps both as they are on the wire instead of re-encoding the frames,
     and ``result.response_json`` is the answer's body, encoded once for the client and the log.
     """
-    contract = model_contract(name)
     if route is None:
+        contract = model_contract(name)
         route = gateway.route(contract, version_fqrv(contract, version).release if version else None)
+    else:  # routed by the front-end, which parsed the name already: not parsed a second time
+        contract = route.state.contract
     if classification:
         check_can_classify(gateway, route, classification)
     model_parameters = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS}
