@@ -9,8 +9,9 @@ each cell's line gives both counts and the change. Each checkout is imported fro
 directory with this interpreter, so a baseline worktree needs its compiled extensions
 (``forestflow/**/*.so``) but no virtualenv of its own.
 
-Noise: one cell counted again moves by well under 1% at 1 row; a 100-row cell moves more (a
-collection of the garbage collector's oldest generation falls inside a count or not).
+Noise: one 1-row cell counted again moved by up to 1.7% here (a pass of the garbage collector's
+oldest generation, millions of instructions, falls inside a count or not): both gateways run at
+once and ``--rounds`` alternates them, cell by cell, and keeps each one's median.
 
     python bench/instructions.py                                       # this checkout, NONE, 6 cells
     python bench/instructions.py --roots /work/wt/base . --endpoints score --rows 1
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -45,6 +47,7 @@ def main() -> int:
         "--logging", default="NONE", choices=["NONE", "FULL"], help="the contract's log level (FULL: to the file)"
     )
     parser.add_argument("--requests", type=int, default=1000, help="counted requests per cell (half of it at 100 rows)")
+    parser.add_argument("--rounds", type=int, default=1, help="counts per cell and checkout, alternating; the median is kept")
     args = parser.parse_args()
     if len(args.roots) > 2:
         parser.error("--roots takes one or two checkouts")
@@ -53,26 +56,32 @@ def main() -> int:
         return 2
     work = Path(tempfile.mkdtemp(prefix="ff-instr-"))
     print(f"# logs under {work}; {args.logging}, c16, instructions per request over {args.requests} requests (1 row)", flush=True)
-    counts: list[dict[tuple[str, int], float]] = []
-    for i, root in enumerate(args.roots):
-        gateway = CountedGateway.start(work, f"gateway-{i}", {}, root.resolve())
-        try:
+    gateways: list[CountedGateway] = []
+    counts: list[dict[tuple[str, int], list[float]]] = [{} for _ in args.roots]
+    try:
+        for i, root in enumerate(args.roots):
+            gateway = CountedGateway.start(work, f"gateway-{i}", {}, root.resolve())
+            gateways.append(gateway)
             r = http.post(gateway.url + "/servable", json=payloads.definition(CONTRACT, args.logging), timeout=600)
             r.raise_for_status()
-            counted: dict[tuple[str, int], float] = {}
+        for _ in range(args.rounds):
             for rows in args.rows:
                 n = args.requests if rows < 100 else max(50, args.requests // 2)
                 for name, entry in endpoints(rows, ".".join(map(str, CONTRACT))).items():
-                    if name in args.endpoints:
-                        counted[(name, rows)] = gateway.instructions_per_request(*entry, n)
-                        print(f"# {root}: {name} {rows}-row {counted[(name, rows)] / 1000:.1f}k", flush=True)
-            counts.append(counted)
-        finally:
+                    if name not in args.endpoints:
+                        continue
+                    for root, gateway, counted in zip(args.roots, gateways, counts, strict=True):
+                        count = gateway.instructions_per_request(*entry, n)
+                        counted.setdefault((name, rows), []).append(count)
+                        print(f"# {root}: {name} {rows}-row {count / 1000:.1f}k", flush=True)
+    finally:
+        for gateway in gateways:
             gateway.stop()
-    for cell in counts[0]:
-        line = f"{cell[0]} {cell[1]}-row: " + ", ".join(f"{c[cell] / 1000:.1f}k" for c in counts)
-        if len(counts) == 2:
-            line += f" instructions per request ({(counts[1][cell] / counts[0][cell] - 1) * 100:+.1f}%)"
+    medians = [{cell: statistics.median(values) for cell, values in counted.items()} for counted in counts]
+    for cell in medians[0]:
+        line = f"{cell[0]} {cell[1]}-row: " + ", ".join(f"{m[cell] / 1000:.1f}k" for m in medians)
+        if len(medians) == 2:
+            line += f" instructions per request ({(medians[1][cell] / medians[0][cell] - 1) * 100:+.1f}%)"
         print(line)
     return 0
 
