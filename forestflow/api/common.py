@@ -9,6 +9,7 @@ from urllib.parse import quote
 import orjson
 from aiohttp import web
 
+from forestflow.api.prom import RequestMetrics
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.input_report import missing_inputs, unknown_inputs
@@ -25,6 +26,10 @@ WORKER = web.AppKey("worker", WorkerIdentity)
 STARTING = web.AppKey("starting", asyncio.Task)
 #: What runs once the gateway has started, in order (model repository, Kafka ingestion).
 AFTER_START = web.AppKey("after_start", list)
+#: The port the V2 gRPC server listens on (None when disabled); tests read it when grpc_port = 0.
+GRPC_PORT = web.AppKey("grpc_port", object)
+#: Set by the app when /metrics counts requests; gRPC calls are counted there too.
+GRPC_METRICS = web.AppKey("grpc_metrics", RequestMetrics)
 #: Per-request values the middleware and the access log read.
 REQUEST_ID = web.RequestKey("request_id", str)
 CONTRACT = web.RequestKey("contract", str)
