@@ -85,8 +85,9 @@ class CountedGateway(Server):
     dumps: int = 0
 
     @classmethod
-    def start(cls, work: Path, name: str, env: dict[str, str]) -> CountedGateway:
-        """Starts the gateway ``name`` under callgrind (counting off) and waits until it is ready."""
+    def start(cls, work: Path, name: str, env: dict[str, str], root: Path = ROOT) -> CountedGateway:
+        """Starts the gateway ``name`` of the checkout ``root`` under callgrind (counting off) and
+        waits until it is ready."""
         out = work / f"{name}.callgrind"
         port = free_port()
         roots = {"FORESTFLOW_ARTIFACT_ROOTS": f"{ROOT},{work}"}
@@ -107,7 +108,7 @@ class CountedGateway(Server):
         proc = subprocess.Popen(
             argv,
             env={**os.environ, **roots, **PINNED, **env},
-            cwd=ROOT,
+            cwd=root,  # `python -m` imports forestflow from the working directory first
             stdout=open(work / f"{name}.log", "wb"),
             stderr=subprocess.STDOUT,
         )

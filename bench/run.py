@@ -390,6 +390,7 @@ def main() -> int:
     parser.add_argument("--no-kafka", action="store_true", help="skip the Kafka sink cells")
     parser.add_argument("--no-workers", action="store_true", help="skip the 1-vs-2 workers cells (bench/workers.py)")
     parser.add_argument("--h2o-scorers", action="store_true", help="only the H2O scorer cells and the RSS figures")
+    parser.add_argument("--rss", action="store_true", help="only the RSS figures (5 H2O servables, JVM and native)")
     parser.add_argument("--metrics-cost", action="store_true", help="only the CPU cost of /metrics counting (1-row /score)")
     parser.add_argument(
         "--only", choices=["batching"], help="only this cell: batching = ONNX c64 1-row, micro-batching on vs off"
@@ -407,6 +408,9 @@ def main() -> int:
         print(batching_cell(args).line(), flush=True)
         return 0
     started = time.monotonic()
+    if args.rss:
+        report_rss(Path(tempfile.mkdtemp(prefix="ff-bench-")))
+        return 0
     if args.h2o_scorers:
         work = Path(tempfile.mkdtemp(prefix="ff-bench-"))
         scorer_cells(work, args.duration)

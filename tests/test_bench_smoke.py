@@ -42,3 +42,17 @@ def test_remote_bench_smoke_prints_both_sides_and_its_targets() -> None:
     assert direct > 0 and through > 0 and figures.endswith("errors 0"), result.stdout
     targets = [line for line in lines if line.startswith(("gateway CPU per request <=", "throughput through the gateway >="))]
     assert len(targets) == 2 and all(line.endswith(("HOLDS", "MISSED")) for line in targets), result.stdout
+
+
+@pytest.mark.slow
+def test_profile_bench_smoke_prints_shares_that_add_up() -> None:
+    result = subprocess.run(
+        [sys.executable, "bench/profile.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=180
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line and not line.startswith("#")}
+    assert rows["category"] == ["score-1-NONE"], result.stdout
+    assert int(rows["samples"][0]) > 0, result.stdout
+    assert abs(float(rows["total"][0]) - 100.0) < 0.5, result.stdout
+    # The request path is seen: aiohttp's server and the gateway's own front-end code both have samples.
+    assert float(rows["aiohttp"][0]) > 0 and float(rows["front-end"][0]) > 0, result.stdout

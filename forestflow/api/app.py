@@ -17,12 +17,11 @@ from forestflow.api import (
     graphpipe,
     ops,
     v1_rest,
-    v2_grpc,
     v2_repository,
     v2_rest,
     worker_metrics,
 )
-from forestflow.api.common import AFTER_START, GATEWAY, SETTINGS, STARTING, WORKER
+from forestflow.api.common import AFTER_START, GATEWAY, GRPC_METRICS, GRPC_PORT, SETTINGS, STARTING, WORKER
 from forestflow.api.middleware import build_middleware
 from forestflow.api.prom import RequestMetrics, build_registry
 from forestflow.errors import StoreUnavailable
@@ -133,7 +132,12 @@ def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.A
     app.cleanup_ctx.append(_gateway_context)
     app.on_cleanup.append(_stop_body_pool)
     app.cleanup_ctx.append(v2_repository.repository_context)  # deploys the model repository, if any
-    app.cleanup_ctx.append(v2_grpc.grpc_context)  # after the gateway: it serves it, and stops first
+    if settings.grpc_port >= 0:  # the V2 gRPC server; imported only then (grpc maps ~13 MiB of library alone)
+        from forestflow.api import v2_grpc
+
+        app.cleanup_ctx.append(v2_grpc.grpc_context)  # after the gateway: it serves it, and stops first
+    else:
+        app[GRPC_PORT] = None
     if settings.kafka_ingest_topic_list:  # scoring requests from Kafka; imported only then (aiokafka)
         from forestflow.api import kafka_ingest
 
@@ -155,7 +159,7 @@ def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.A
         if worker is not None:  # /metrics gives the totals of every worker of the gateway
             app[ops.PROMETHEUS] = worker_metrics.workers_registry(registry, settings.data_dir, worker)
             app.cleanup_ctx.append(worker_metrics.snapshot_context(registry, settings.data_dir, worker))
-        app[v2_grpc.GRPC_METRICS] = request_metrics
+        app[GRPC_METRICS] = request_metrics
     return app
 
 

@@ -9,6 +9,7 @@ from urllib.parse import quote
 import orjson
 from aiohttp import web
 
+from forestflow.api.prom import RequestMetrics
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.input_report import missing_inputs, unknown_inputs
@@ -25,6 +26,10 @@ WORKER = web.AppKey("worker", WorkerIdentity)
 STARTING = web.AppKey("starting", asyncio.Task)
 #: What runs once the gateway has started, in order (model repository, Kafka ingestion).
 AFTER_START = web.AppKey("after_start", list)
+#: The port the V2 gRPC server listens on (None when disabled); tests read it when grpc_port = 0.
+GRPC_PORT = web.AppKey("grpc_port", object)
+#: Set by the app when /metrics counts requests; gRPC calls are counted there too.
+GRPC_METRICS = web.AppKey("grpc_metrics", RequestMetrics)
 #: Per-request values the middleware and the access log read.
 REQUEST_ID = web.RequestKey("request_id", str)
 CONTRACT = web.RequestKey("contract", str)
@@ -41,12 +46,25 @@ def request_id_of(request: web.Request) -> str:
     return request.get(REQUEST_ID) or ""
 
 
+#: Contracts already named in a request path, with their text. Making a Contract checks its names
+#: with two regular expressions and a frozen dataclass sets each field through object.__setattr__:
+#: a cost on every request otherwise. Bounded, since clients may name any number of (unknown) contracts.
+_PATH_CONTRACTS: dict[tuple[str, str, str], tuple[Contract, str]] = {}
+MAX_CACHED_CONTRACTS = 1024
+
+
 def contract_from(request: web.Request) -> Contract:
     """The contract named by ``/{org}/{project}/{n}`` in the path."""
     info = request.match_info
-    contract = Contract(info["org"], info["project"], int(info["n"]))
-    request[CONTRACT] = str(contract)
-    return contract
+    key = (info["org"], info["project"], info["n"])
+    known = _PATH_CONTRACTS.get(key)
+    if known is None:
+        contract = Contract(key[0], key[1], int(key[2]))  # InvalidInput for a bad name: never cached
+        if len(_PATH_CONTRACTS) >= MAX_CACHED_CONTRACTS:
+            _PATH_CONTRACTS.clear()
+        known = _PATH_CONTRACTS[key] = (contract, str(contract))
+    request[CONTRACT] = known[1]
+    return known[0]
 
 
 def fqrv_from(request: web.Request) -> FQRV:

@@ -84,17 +84,13 @@ def build_middleware(enable_access_log: bool, metrics: RequestMetrics | None = N
                 InternalError(request.get(FQRV_TAG), "internal error; see the gateway log with this request_id"), request_id
             )
         finally:
+            # One clock read and one lookup of each request field for the span, metrics and access log.
+            elapsed = time.perf_counter() - started
+            contract, fqrv = request.get(CONTRACT), request.get(FQRV_TAG)
             if span is not None:
-                span.end(status, request.get(CONTRACT), request.get(FQRV_TAG))
+                span.end(status, contract, fqrv)
             if metrics is not None:
-                metrics.record(
-                    request.match_info.route.resource,
-                    request.get(CONTRACT),
-                    request.get(FQRV_TAG),
-                    status,
-                    time.perf_counter() - started,
-                    request.get(SCORING_S),
-                )
+                metrics.record(request.match_info.route.resource, contract, fqrv, status, elapsed, request.get(SCORING_S))
                 if status >= 400:
                     metrics.errors.append((time.time(), request.method, request.path[:200], status, request_id))
             if enable_access_log:
@@ -103,9 +99,9 @@ def build_middleware(enable_access_log: bool, metrics: RequestMetrics | None = N
                     request.method,
                     request.path,
                     status,
-                    request.get(CONTRACT),
-                    request.get(FQRV_TAG),
-                    round((time.perf_counter() - started) * 1000, 3),
+                    contract,
+                    fqrv,
+                    round(elapsed * 1000, 3),
                     span.trace_id if span is not None else None,
                 )
 

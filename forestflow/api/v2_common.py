@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any
 
 import forestflow
+from forestflow.api.common import MAX_CACHED_CONTRACTS
 from forestflow.codecs.v2 import Layout, decode_inputs, spec_json
 from forestflow.codecs.v2_request import TRANSPORT_PARAMETERS, configs_from
 from forestflow.codecs.v2_tensor import Tensor
@@ -33,12 +34,23 @@ def server_metadata() -> dict[str, Any]:
     return {"name": SERVER_NAME, "version": forestflow.__version__, "extensions": list(EXTENSIONS)}
 
 
+#: Contracts of the model names already seen (as api/common.py's contract_from, and bounded alike).
+_MODEL_CONTRACTS: dict[str, Contract] = {}
+
+
 def model_contract(name: str) -> Contract:
     """The contract a V2 model name designates; a name that is no contract is an unknown model."""
+    contract = _MODEL_CONTRACTS.get(name)
+    if contract is not None:
+        return contract
     try:
-        return Contract.parse(name)
+        contract = Contract.parse(name)
     except InvalidInput:
         raise NotFound(f"unknown model {name!r}: model names are contracts, org.project.N") from None
+    if len(_MODEL_CONTRACTS) >= MAX_CACHED_CONTRACTS:
+        _MODEL_CONTRACTS.clear()
+    _MODEL_CONTRACTS[name] = contract
+    return contract
 
 
 def version_fqrv(contract: Contract, version: str) -> FQRV:
@@ -165,9 +177,11 @@ async def infer(
     sent), the prediction log keeps both as they are on the wire instead of re-encoding the frames,
     and ``result.response_json`` is the answer's body, encoded once for the client and the log.
     """
-    contract = model_contract(name)
     if route is None:
+        contract = model_contract(name)
         route = gateway.route(contract, version_fqrv(contract, version).release if version else None)
+    else:  # routed by the front-end, which parsed the name already: not parsed a second time
+        contract = route.state.contract
     if classification:
         check_can_classify(gateway, route, classification)
     model_parameters = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS}

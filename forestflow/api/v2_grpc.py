@@ -26,7 +26,7 @@ from aiohttp import web
 from forestflow import tracing
 from forestflow._proto.grpc_predict_v2 import SERVICE, messages
 from forestflow.api import grpc_probes, v2_common
-from forestflow.api.common import GATEWAY, SETTINGS, WORKER
+from forestflow.api.common import GATEWAY, GRPC_METRICS, GRPC_PORT, SETTINGS, WORKER
 from forestflow.api.prom import RequestMetrics
 from forestflow.codecs.v2 import Layout, encode_outputs
 from forestflow.codecs.v2_request import parameters_of, tensors_of
@@ -39,10 +39,6 @@ from forestflow.service import Gateway
 
 log = structlog.get_logger("forestflow.grpc")
 
-#: The port the gRPC server listens on (None when disabled); tests read it when grpc_port = 0.
-GRPC_PORT = web.AppKey("grpc_port", object)
-#: Set by the app when /metrics counts requests; gRPC calls are counted there too.
-GRPC_METRICS = web.AppKey("grpc_metrics", RequestMetrics)
 #: Per call (each runs in its own task): which servable answered and its scoring time, for metrics.
 _answered: contextvars.ContextVar[tuple[str, float] | None] = contextvars.ContextVar("answered", default=None)
 

@@ -38,6 +38,9 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from forestflow.core.frame import Frame
 from forestflow.errors import BackendUnavailable, DeadlineExceeded, GatewayError, Overloaded, PredictionFailed
@@ -622,8 +625,11 @@ class ServableScheduler:
             self._own_pool.shutdown(wait=False)
 
 
-def _signature(frame: Frame) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
-    return tuple((n, c.dtype.str, c.shape[1:]) for n, c in frame.columns.items())
+def _signature(frame: Frame) -> tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...]:
+    """What frames scored in one call must share: column names, dtypes and per-row shapes."""
+    # The dtype itself (hashable; equal when .str is, stricter only for structured dtypes): .str
+    # builds a new string per call, and this runs for every column of every gathered request.
+    return tuple([(n, c.dtype, c.shape[1:]) for n, c in frame.columns.items()])
 
 
 def _parameters_key(frame: Frame) -> object:

@@ -213,3 +213,26 @@ async def test_contract_routes(gw: InProcessGateway) -> None:
         [meta] = await r.json()
         assert [i["name"] for i in meta["BasicMetaData"]["inputs"]] == ["x", "label"]
         assert [o["type"] for o in meta["BasicMetaData"]["outputs"]] == ["Float64", "String"]
+
+
+async def test_contracts_named_in_paths_are_cached_within_a_bound(gw: InProcessGateway) -> None:
+    from forestflow.api import common, v2_common
+
+    await deploy(gw, python_servable())
+    body = score_body([1.0], ["a"])
+    # A bad name answers 400 every time: it is never cached as a contract.
+    for _ in range(2):
+        status, payload = await score(gw, body, "/ac.me/demo/1/score")
+        assert status == 400, payload
+    assert not any(key[0] == "ac.me" for key in common._PATH_CONTRACTS)
+    # Unknown contracts are 404 each; however many, the cache stays within its bound.
+    for n in range(common.MAX_CACHED_CONTRACTS + 5):
+        status, _ = await score(gw, body, f"/acme/other/{n}/score")
+        assert status == 404
+    assert 0 < len(common._PATH_CONTRACTS) <= common.MAX_CACHED_CONTRACTS
+    # The deployed contract still scores after the cache was emptied and refilled.
+    status, payload = await score(gw, body, "/acme/demo/1/score")
+    assert status == 200 and payload["Prediction"]["fqrv"]["releaseVersion"] == "v1"
+    async with gw.session.post(gw.url + "/v2/models/acme.demo.1/infer", json={"inputs": []}) as r:
+        assert r.status != 404
+    assert v2_common._MODEL_CONTRACTS.get("acme.demo.1") is not None

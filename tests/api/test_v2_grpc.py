@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -167,3 +169,19 @@ async def test_grpc_port_disabled_and_released_on_shutdown(tmp_path: Path) -> No
     # The server stopped with the app: the port is free to bind again.
     async with serve_in_process(tmp_path / "again", grpc_port=port) as server:
         assert server.app[GRPC_PORT] == port
+
+
+def test_grpc_is_not_imported_when_disabled(tmp_path: Path) -> None:
+    """With grpc_port = -1 the app is built without importing grpc (its library alone maps ~13 MiB)."""
+    code = (
+        "import sys\n"
+        "from forestflow.api.app import build_app\n"
+        "from forestflow.api.common import GRPC_PORT\n"
+        "from forestflow.settings import Settings\n"
+        f"app = build_app(Settings.load(environ={{}}, overrides={{'grpc_port': -1, 'data_dir': {str(tmp_path)!r}}}))\n"
+        "assert app[GRPC_PORT] is None\n"
+        "print(sorted(m for m in sys.modules if m == 'grpc' or m.startswith('grpc.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
