@@ -15,13 +15,13 @@ import math
 from collections.abc import Iterable, Sequence
 from functools import partial
 from itertools import chain, repeat
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
 import orjson
 
 from forestflow._proto import forestflow_pb2 as pb
+from forestflow.codecs import _ffjson
 from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.core.frame import DATATYPES, Frame, datatype_of
 from forestflow.core.ids import FQRV
@@ -173,68 +173,6 @@ def _json_tensors(datum: Any, r: int) -> list[tuple[str, Sequence[Any]]]:
     return out
 
 
-def _fast_columns(schema: list[tuple[str, list[str]]], datum: list[Any]) -> dict[str, np.ndarray] | None:
-    """Columns for the common, well-formed case (tensors in schema order); None -> take the slow path.
-
-    The slow path re-validates everything and produces the precise error message, so this one
-    only has to recognise the regular shape quickly. Its loops are ``map`` over C callables (no
-    Python-level step per record), and each typed group becomes one 2-D array whose columns are
-    views.
-    """
-    n = len(schema)
-    if not datum or len({t for t, _ in schema}) != n:
-        return None
-    try:
-        per_record = list(map(_TENSORS, datum))
-        if set(map(len, per_record)) != {n}:
-            return None
-        per_entry = []
-        for i, (ff_type, fields) in enumerate(schema):
-            tensors = list(map(itemgetter(i), per_record))
-            if set(map(len, tensors)) != {1}:
-                return None
-            rows = list(map(_DATA, map(itemgetter(TENSOR_KEY[ff_type]), tensors)))
-            if set(map(type, rows)) != {list} or set(map(len, rows)) != {len(fields)}:
-                return None
-            per_entry.append(rows)
-    except (KeyError, TypeError, IndexError):
-        return None
-    columns: dict[str, np.ndarray] = {}
-    for (ff_type, fields), rows in zip(schema, per_entry):
-        block = _block(ff_type, rows)
-        if block is None:  # something unusual (null, a bool, a wrong type): per column, with checks
-            for field, values in zip(fields, zip(*rows)):
-                columns[field] = _column(ff_type, list(values), field)
-        else:
-            for j, field in enumerate(fields):
-                columns[field] = block[:, j]
-    return columns
-
-
-_TENSORS = itemgetter("tensors")
-_DATA = itemgetter("data")
-_NUMBER_TYPES = frozenset((int, float))
-
-
-def _block(ff_type: str, rows: list[list[Any]]) -> np.ndarray | None:
-    """A typed group's values as one 2-D array, or None when it needs the per-column checks."""
-    types = set(map(type, chain.from_iterable(rows)))
-    if ff_type == "String":
-        if types != {str}:
-            return None
-        block = np.empty((len(rows), len(rows[0])), dtype=object)
-        block[:] = rows
-        return block
-    if ff_type in ("Float64", "Float32", "Float16"):
-        if not types <= _NUMBER_TYPES:
-            return None
-        try:
-            return np.array(rows, dtype=FF_DTYPES[ff_type])
-        except (ValueError, OverflowError):
-            return None
-    return None
-
-
 def frame_from_json(body: Any) -> tuple[Frame, dict[str, str]]:
     """Parse an InferenceRequest JSON body into a Frame and its configs."""
     if not isinstance(body, dict):
@@ -249,14 +187,23 @@ def frame_from_json(body: Any) -> tuple[Frame, dict[str, str]]:
     if not isinstance(configs, dict) or not all(isinstance(v, str) for v in configs.values()):
         raise InvalidInput("configs: expected an object of string values")
     entries = [_schema_entry(e, i) for i, e in enumerate(schema)]
-    fields = [f for _, names in entries for f in names]
-    columns = _fast_columns(entries, datum) if entries and len(set(fields)) == len(fields) else None
-    if columns is not None:
-        frame = Frame(columns)
-    else:
-        frame = _frame(entries, (_json_tensors(d, r) for r, d in enumerate(datum)))
+    frame = _frame(entries, (_json_tensors(d, r) for r, d in enumerate(datum)))
     frame.parameters = dict(configs)
     return frame, dict(configs)
+
+
+def frame_from_json_body(body: bytes) -> tuple[Frame, dict[str, str]] | None:
+    """An InferenceRequest JSON body read in C straight into the Frame :func:`frame_from_json` makes of it.
+
+    None when the body is not the regular shape (see ``_ffjson.score_request``): then
+    ``frame_from_json`` of the parsed body decodes it, or says what is wrong.
+    """
+    parsed = _ffjson.score_request(body)
+    if parsed is None:
+        return None
+    columns, configs = parsed
+    configs = configs or {}
+    return Frame(columns, dict(configs)), dict(configs)
 
 
 def frame_from_proto(payload: bytes) -> tuple[Frame, dict[str, str]]:
