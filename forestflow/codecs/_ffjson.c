@@ -13,6 +13,10 @@
  * that overflow a double, nesting deeper than 500) makes them return None without an exception.
  * The caller then decodes the body with orjson and the Python conversions, which produce the same
  * columns for what these readers accept and the precise 4xx message for what is wrong.
+ *
+ * For answers, ``datum`` assembles a BASIC datum array from each typed group's rows as orjson wrote
+ * them (one orjson call per group, so numbers and strings keep orjson's exact text): no Python
+ * object per record.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -1162,9 +1166,116 @@ static PyObject *v2_request(PyObject *self, PyObject *arg) {
     return finish(&r, status, result);
 }
 
+/* ---- answers: a BASIC datum from each typed group's rows -------------------------------------------- */
+
+/* End of the JSON array (flat, of scalars, as orjson writes it) that starts at p; NULL if there is none. */
+static const char *row_end(const char *p, const char *end) {
+    if (p >= end || *p != '[')
+        return NULL;
+    int depth = 0;
+    while (p < end) {
+        char c = *p++;
+        if (c == '"') {
+            while (p < end && *p != '"')
+                p += *p == '\\' ? 2 : 1;
+            p++;
+        } else if (c == '[') {
+            depth++;
+        } else if (c == ']' && --depth == 0) {
+            return p;
+        }
+    }
+    return NULL;
+}
+
+PyDoc_STRVAR(datum_doc,
+             "datum(rows, openings, groups, closing, /)\n--\n\n"
+             "The ``datum`` JSON array of an answer: per record, ``openings[g]`` then record's row of ``groups[g]``\n"
+             "(each group the JSON array of its rows, ``[[...],[...]]``, as orjson writes it) for every group,\n"
+             "then ``closing``. None when a group does not hold ``rows`` rows.");
+
+static PyObject *datum(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4 || !PyList_Check(args[1]) || !PyList_Check(args[2]) || !PyBytes_Check(args[3]) ||
+        PyList_GET_SIZE(args[1]) != PyList_GET_SIZE(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "datum(rows, openings: list[bytes], groups: list[bytes], closing: bytes)");
+        return NULL;
+    }
+    Py_ssize_t rows = PyLong_AsSsize_t(args[0]), n = PyList_GET_SIZE(args[1]), size = 2;
+    if (rows < 0 && PyErr_Occurred())
+        return NULL;
+    const char **at = PyMem_Calloc((size_t)n + 1, sizeof(char *)), **ends = PyMem_Calloc((size_t)n + 1, sizeof(char *));
+    if (at == NULL || ends == NULL) {
+        PyMem_Free(at);
+        PyMem_Free(ends);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t g = 0; g < n; g++) {
+        PyObject *opening = PyList_GET_ITEM(args[1], g), *group = PyList_GET_ITEM(args[2], g);
+        if (!PyBytes_Check(opening) || !PyBytes_Check(group) || PyBytes_GET_SIZE(group) < 2) {
+            PyMem_Free(at);
+            PyMem_Free(ends);
+            PyErr_SetString(PyExc_TypeError, "openings and groups must be bytes, each group a JSON array");
+            return NULL;
+        }
+        size += rows * PyBytes_GET_SIZE(opening) + PyBytes_GET_SIZE(group);
+        at[g] = PyBytes_AS_STRING(group) + 1;
+        ends[g] = PyBytes_AS_STRING(group) + PyBytes_GET_SIZE(group) - 1;
+    }
+    size += rows * (PyBytes_GET_SIZE(args[3]) + 1);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    char *w = out != NULL ? PyBytes_AS_STRING(out) : NULL;
+    int ok = out != NULL;
+    if (ok)
+        *w++ = '[';
+    for (Py_ssize_t r = 0; ok && r < rows; r++) {
+        if (r > 0)
+            *w++ = ',';
+        for (Py_ssize_t g = 0; ok && g < n; g++) {
+            PyObject *opening = PyList_GET_ITEM(args[1], g);
+            memcpy(w, PyBytes_AS_STRING(opening), (size_t)PyBytes_GET_SIZE(opening));
+            w += PyBytes_GET_SIZE(opening);
+            if (r > 0) {
+                if (at[g] >= ends[g] || *at[g] != ',') {
+                    ok = 0;
+                    break;
+                }
+                at[g]++;
+            }
+            const char *stop = row_end(at[g], ends[g]);
+            if (stop == NULL) {
+                ok = 0;
+                break;
+            }
+            memcpy(w, at[g], (size_t)(stop - at[g]));
+            w += stop - at[g];
+            at[g] = stop;
+        }
+        if (ok) {
+            memcpy(w, PyBytes_AS_STRING(args[3]), (size_t)PyBytes_GET_SIZE(args[3]));
+            w += PyBytes_GET_SIZE(args[3]);
+        }
+    }
+    for (Py_ssize_t g = 0; ok && g < n; g++)
+        ok = at[g] == ends[g]; /* every row used */
+    PyMem_Free(at);
+    PyMem_Free(ends);
+    if (out == NULL)
+        return NULL;
+    if (!ok) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    *w++ = ']';
+    if (_PyBytes_Resize(&out, w - PyBytes_AS_STRING(out)) < 0)
+        return NULL;
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"score_request", score_request, METH_O, score_request_doc},
     {"v2_request", v2_request, METH_O, v2_request_doc},
+    {"datum", (PyCFunction)(void (*)(void))datum, METH_FASTCALL, datum_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,7 +14,7 @@ import functools
 import math
 from collections.abc import Iterable, Sequence
 from functools import partial
-from itertools import chain, repeat
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -308,52 +308,45 @@ def row_values(frame: Frame, names: list[str]) -> list[list[Any]]:
 
 
 _dumps = partial(orjson.dumps, option=orjson.OPT_SERIALIZE_NUMPY)
-#: Where one row's JSON array ends and the next begins, and the same with a cut mark (NUL, which
-#: orjson never writes raw). Inside a JSON string every quote is escaped, so the string form
-#: cannot occur within a value; numbers and literals hold no brackets.
-_TEXT_CUT = (b'"],["', b'"]\x00["')
-_ROW_CUT = {"String": _TEXT_CUT, "Bytes": _TEXT_CUT, "Int64": _TEXT_CUT}  # Int64 goes as strings
-_NUMBER_CUT = (b"],[", b"]\x00[")
 
 
-def _rows_json(frame: Frame, ff_type: str, names: list[str]) -> list[bytes]:
-    """Each row's values of one typed group as a JSON array: one orjson call for the whole group, split at row boundaries."""
+def _group_json(frame: Frame, ff_type: str, names: list[str]) -> bytes:
+    """One typed group's values as the JSON array of its rows, ``[[...], ...]``: one orjson call."""
     cols = [frame.columns[name] for name in names]
-    rows: list[list[Any]] | None = None
-    if frame.num_rows == 1:  # the common single record: no row boundaries to find
-        values = list(chain.from_iterable(c.reshape(-1).tolist() for c in cols))
-        return [_dumps(_json_values(ff_type, values))]
-    if ff_type in ("Float64", "Bool") and all(c.ndim == 1 for c in cols):
-        dumped = _dumps(np.column_stack(cols))
-    else:
-        rows = row_values(frame, names)
-        if ff_type in ("Int64", "Bytes"):
-            rows = [_json_values(ff_type, r) for r in rows]
-        dumped = _dumps(rows)
-    boundary, marked = _ROW_CUT.get(ff_type, _NUMBER_CUT)
-    pieces = dumped[1:-1].replace(boundary, marked).split(b"\x00")
-    if len(pieces) == frame.num_rows:
-        return pieces
-    # Unusual values (e.g. a null among strings, empty vectors) moved a boundary: one call per row.
-    return list(map(_dumps, rows if rows is not None else row_values(frame, names)))
+    if frame.num_rows == 1:  # the common single record: its values in one list (numpy's stacking costs more)
+        return _dumps([_json_values(ff_type, list(chain.from_iterable(c.reshape(-1).tolist() for c in cols)))])
+    flat = all(c.ndim == 1 for c in cols)
+    if flat and ff_type in ("Float64", "Bool"):
+        return _dumps(np.column_stack(cols))
+    if flat and ff_type == "String":
+        return _dumps(np.column_stack(cols).tolist())  # the rows' lists made by numpy, not per record here
+    rows = row_values(frame, names)
+    if ff_type in ("Int64", "Bytes"):
+        rows = [_json_values(ff_type, r) for r in rows]
+    return _dumps(rows)
+
+
+@functools.lru_cache(maxsize=1024)
+def _openings(types: tuple[str, ...]) -> list[bytes]:
+    """What comes before each group's row in a datum record (the record's opening before the first)."""
+    return [(b'{"tensors":[' if g == 0 else b"}},") + b'{"' + TENSOR_KEY[t].encode() + b'":{"data":' for g, t in enumerate(types)]
 
 
 def _schema_datum_bytes(frame: Frame) -> tuple[bytes, bytes]:
     """A frame as ForestFlow's ``schema`` and ``datum`` JSON: typed groups in column order, one datum per row.
 
-    The datum array is assembled as bytes, each group's rows encoded by one orjson call and
-    joined with the constant JSON around them, instead of four dicts and a list per row.
+    Each group's rows are written by one orjson call; ``_ffjson.datum`` interleaves them into the
+    records with the constant JSON around them (no Python object per record).
     """
     groups = type_groups(frame)
     schema = _schema_json(tuple((t, tuple(names)) for t, names in groups))
     if not groups or frame.num_rows == 0:
         return schema, b"[]"
-    parts: list[Any] = []
-    for g, (ff_type, names) in enumerate(groups):
-        opening = b'{"tensors":[' if g == 0 else b"}},"
-        parts += [repeat(opening + b'{"' + TENSOR_KEY[ff_type].encode() + b'":{"data":'), _rows_json(frame, ff_type, names)]
-    parts.append(repeat(b"}}]}"))
-    return schema, b"[" + b",".join(map(b"".join, zip(*parts))) + b"]"
+    rows = [_group_json(frame, ff_type, names) for ff_type, names in groups]
+    datum = _ffjson.datum(frame.num_rows, _openings(tuple(t for t, _ in groups)), rows, b"}}]}")
+    if datum is None:  # a group of another number of rows: cannot happen for a Frame's equally long columns
+        raise AssertionError(f"datum: a group's rows do not match the frame's {frame.num_rows} records")
+    return schema, datum
 
 
 def prediction_json(fqrv: FQRV, frame: Frame, unknown_inputs: Sequence[str] = (), missing_inputs: Sequence[str] = ()) -> bytes:

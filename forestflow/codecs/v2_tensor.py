@@ -229,7 +229,10 @@ def _as_bytes(v: Any) -> bytes:
 
 def json_safe(array: np.ndarray) -> bool:
     """Whether a BYTES array can go out as JSON text (no element is non-UTF-8 bytes)."""
-    for v in array.reshape(-1):
+    flat = array.reshape(-1)
+    if not any(issubclass(t, bytes) for t in set(map(type, flat))):  # the usual text column: nothing to try
+        return True
+    for v in flat:
         if isinstance(v, bytes):
             try:
                 v.decode("utf-8")
@@ -242,7 +245,10 @@ def json_data(array: np.ndarray, datatype: str) -> Any:
     """Flat row-major data for a JSON body (numpy arrays are serialized by orjson; NaN -> null)."""
     flat = array.reshape(-1)
     if datatype == "BYTES":
-        return [v.decode("utf-8") if isinstance(v, bytes) else v if isinstance(v, str) else str(v) for v in flat]
+        values = flat.tolist()
+        if set(map(type, values)) <= {str}:  # the usual text column: as it is
+            return values
+        return [v.decode("utf-8") if isinstance(v, bytes) else v if isinstance(v, str) else str(v) for v in values]
     if flat.dtype.kind in "US":
         return flat.tolist()
     return np.ascontiguousarray(flat, dtype=DATATYPES[datatype])

@@ -19,10 +19,12 @@ from bench import payloads
 from forestflow.api.basic import _frame_from_json
 from forestflow.api.common import parse_json
 from forestflow.codecs import _ffjson
-from forestflow.codecs.schema_datum import frame_from_json, frame_from_json_body
+from forestflow.codecs.ff_settings import fqrv_to_json
+from forestflow.codecs.schema_datum import frame_from_json, frame_from_json_body, prediction_json
 from forestflow.codecs.v2_request import loads, parse_inputs
 from forestflow.core.frame import Frame
 from forestflow.errors import InvalidInput
+from tests.codecs.test_schema_datum_json import FQ, FRAMES, oracle_schema_datum
 
 SCORE_TYPES = ["String", "Float64", "Float32", "Float16", "Int64", "Int32", "Int16", "Int8", "Bool", "Bytes"]
 TEXTS = ["", "a", "é", "naïve café", "日本語", "😀", 'quote " and \\ backslash', "tab\tnew\nline", "\u0000nul", "\u2028"]
@@ -359,3 +361,39 @@ def test_what_the_v2_reader_declines_orjson_decides(body: bytes) -> None:
             loads(body)
     else:
         assert loads(body) == expected
+
+
+# ---- answers ------------------------------------------------------------------------------------
+def _answer_frames() -> list[Frame]:
+    rng = random.Random(11)
+    frames = list(FRAMES.values())
+    for _ in range(300):
+        rows = rng.randint(1, 6)
+        columns: dict[str, np.ndarray] = {}
+        for i in range(rng.randint(1, 4)):
+            kind = rng.choice(["text", "float", "bool", "vector"])
+            if kind == "text":
+                columns[f"c{i}"] = np.array([rng.choice([*TEXTS, '"],["', "],[", None]) for _ in range(rows)], dtype=object)
+            elif kind == "float":
+                columns[f"c{i}"] = np.array([rng.choice([*map(float, NUMBERS), math.nan, 1e-5, 1e16]) for _ in range(rows)])
+            elif kind == "bool":
+                columns[f"c{i}"] = np.array([rng.random() < 0.5 for _ in range(rows)])
+            else:
+                columns[f"c{i}"] = np.array([[rng.uniform(-9, 9) for _ in range(2)] for _ in range(rows)])
+        frames.append(Frame(columns))
+    return frames
+
+
+def test_prediction_json_is_byte_for_byte_orjson_of_the_per_row_construction() -> None:
+    for frame in _answer_frames():
+        schema, datum = oracle_schema_datum(frame)
+        expected = {"fqrv": fqrv_to_json(FQ), "schema": schema, "datum": datum}
+        assert prediction_json(FQ, frame) == orjson.dumps(expected, option=orjson.OPT_SERIALIZE_NUMPY), frame
+
+
+def test_datum_declines_groups_of_another_number_of_rows() -> None:
+    assert _ffjson.datum(2, [b"<"], [b"[[1],[2]]"], b">") == b"[<[1]>,<[2]>]"
+    assert _ffjson.datum(2, [b"<"], [b"[[1]]"], b">") is None
+    assert _ffjson.datum(1, [b"<"], [b"[[1],[2]]"], b">") is None
+    assert _ffjson.datum(1, [b"<", b"|"], [b'[["],[\\""]]', b"[[true]]"], b">") == b'[<["],[\\""]|[true]>]'
+    assert _ffjson.datum(0, [b"<"], [b"[]"], b">") == b"[]"
