@@ -21,8 +21,9 @@ from forestflow.api.common import parse_json
 from forestflow.codecs import _ffjson
 from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.codecs.schema_datum import frame_from_json, frame_from_json_body, prediction_json
+from forestflow.codecs.v1 import frame_from_instances
 from forestflow.codecs.v2_request import loads, parse_inputs
-from forestflow.core.frame import Frame
+from forestflow.core.frame import Frame, TensorSpec
 from forestflow.errors import InvalidInput
 from tests.codecs.test_schema_datum_json import FQ, FRAMES, oracle_schema_datum
 
@@ -397,3 +398,47 @@ def test_datum_declines_groups_of_another_number_of_rows() -> None:
     assert _ffjson.datum(1, [b"<"], [b"[[1],[2]]"], b">") is None
     assert _ffjson.datum(1, [b"<", b"|"], [b'[["],[\\""]]', b"[[true]]"], b">") == b'[<["],[\\""]|[true]>]'
     assert _ffjson.datum(0, [b"<"], [b"[]"], b">") == b"[]"
+
+
+# ---- V1 -----------------------------------------------------------------------------------------
+def _v1_reference(instances: list[Any], names: list[str]) -> dict[str, list[Any]]:
+    """The table of instances value by value (what frame_from_instances did before zip/map)."""
+    if all(isinstance(row, dict) for row in instances):
+        order = list(names)
+        for row in instances:
+            order.extend(k for k in row if k not in names and k not in order)
+        return {n: [row.get(n) for row in instances] for n in order if any(n in row for row in instances)}
+    return {n: [row[j] for row in instances] for j, n in enumerate(names)}
+
+
+def test_v1_instances_make_the_columns_of_the_value_by_value_table() -> None:
+    rng = random.Random(3)
+    specs = [TensorSpec("a", "FP64"), TensorSpec("b", "BYTES"), TensorSpec("c", "INT64")]
+    names = [s.name for s in specs]
+    for _ in range(300):
+        rows = rng.randint(1, 5)
+        if rng.random() < 0.5:
+            instances: list[Any] = [[rng.uniform(-5, 5), rng.choice(TEXTS), rng.randint(-9, 9)] for _ in range(rows)]
+            if rng.random() < 0.2:
+                instances[rng.randrange(rows)].pop()  # a short row: the error names it
+        else:
+            keys = [*names, "extra"]
+            instances = []
+            for _ in range(rows):
+                values = [rng.uniform(-5, 5), rng.choice(TEXTS), rng.randint(-9, 9), 1]
+                instances.append({k: v for k, v in zip(keys, values) if k == "c" or rng.random() < 0.8})
+        try:
+            got: Any = frame_from_instances(instances, specs, {})
+        except InvalidInput as error:
+            got = error.message
+        if isinstance(got, str):
+            bad = next(i for i, row in enumerate(instances) if isinstance(row, list) and len(row) != 3)
+            assert got == f"instances[{bad}]: expected 3 values (a, b, c), got {len(instances[bad])}"
+            continue
+        table = _v1_reference(instances, names)
+        assert list(got.columns) == list(table)
+        for name, values in table.items():
+            if name == "a":
+                assert np.array_equal(got.columns[name], np.array([math.nan if v is None else v for v in values]), equal_nan=True)
+            else:
+                assert got.columns[name].tolist() == values
