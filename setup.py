@@ -26,6 +26,14 @@ setup(
             depends=[VARINT_H],
             extra_compile_args=WARNINGS + ["-O2"],
         ),
+        # Request JSON bodies (BASIC /score, V2 infer) read straight into typed numpy columns
+        # (codecs/schema_datum.py, api/v2_rest.py).
+        Extension(
+            "forestflow.codecs._ffjson",
+            ["forestflow/codecs/_ffjson.c"],
+            include_dirs=[numpy.get_include()],
+            extra_compile_args=WARNINGS + ["-O2"],
+        ),
         # The prediction log's Kafka record batches (predlog/kafka_batch.py).
         Extension(
             "forestflow.predlog._kafka_records",

@@ -10,7 +10,12 @@ import numpy
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ["forestflow/codecs/_ffwire.c", "forestflow/predlog/_kafka_records.c", "forestflow/runtime/_h2o_trees.c"]
+SOURCES = [
+    "forestflow/codecs/_ffjson.c",
+    "forestflow/codecs/_ffwire.c",
+    "forestflow/predlog/_kafka_records.c",
+    "forestflow/runtime/_h2o_trees.c",
+]
 
 
 @pytest.mark.parametrize("source", SOURCES)

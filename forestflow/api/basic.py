@@ -21,7 +21,13 @@ from forestflow.api.common import (
 from forestflow.api.responses import JSON, dumps, json_response
 from forestflow.codecs.ff_protobuf import prediction_bytes
 from forestflow.codecs.ff_settings import fqrv_to_json
-from forestflow.codecs.schema_datum import ff_type_name, frame_from_json, frame_from_proto, prediction_json
+from forestflow.codecs.schema_datum import (
+    ff_type_name,
+    frame_from_json,
+    frame_from_json_body,
+    frame_from_proto,
+    prediction_json,
+)
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.input_report import missing_inputs, unknown_inputs
@@ -71,11 +77,11 @@ async def score_payload(
     """
     if tracing.ON:
         with tracing.child("decode", **{"forestflow.bytes": len(body)}):
-            frame, configs = frame_from_proto(body) if as_proto else frame_from_json(parse_json(body))
+            frame, configs = frame_from_proto(body) if as_proto else _frame_from_json(body)
     elif as_proto:
         frame, configs = frame_from_proto(body)
     else:
-        frame, configs = frame_from_json(parse_json(body))
+        frame, configs = _frame_from_json(body)
     result = await gateway.infer(
         contract,
         frame,
@@ -92,6 +98,12 @@ async def score_payload(
     if returned:  # what pipeline steps returned, beside the Prediction (absent unless one did)
         return result, b'{"Prediction":' + result.response_json + b',"Metadata":' + dumps(returned) + b"}"
     return result, b'{"Prediction":' + result.response_json + b"}"
+
+
+def _frame_from_json(body: bytes) -> tuple[Frame, dict[str, str]]:
+    """The usual body read straight into columns; any other parsed and converted in Python (which says what is wrong)."""
+    decoded = frame_from_json_body(body)
+    return decoded if decoded is not None else frame_from_json(parse_json(body))
 
 
 def _prediction_json(fqrv: FQRV, frame: Frame) -> bytes:

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiohttp import hdrs, web
 
 from forestflow import tracing
@@ -22,7 +21,7 @@ from forestflow.api import body_pool, v2_common
 from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, SETTINGS, input_headers, request_id_of, timeout_from
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
 from forestflow.codecs.v2 import Layout, encode_outputs
-from forestflow.codecs.v2_request import object_of, parse_inputs, tensor_name
+from forestflow.codecs.v2_request import loads, object_of, parse_inputs, tensor_name
 from forestflow.codecs.v2_tensor import Tensor, json_data, json_safe, raw_bytes
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
@@ -211,11 +210,7 @@ async def _decoded(head: bytes | memoryview, binary: memoryview, max_rows: int) 
 def decode_request(head: bytes | memoryview, binary: bytes | memoryview, max_rows: int | None = None) -> DecodedRequest:
     """The JSON part of a V2 inference request decoded: ``(parameters, id, input tensors, requested
     outputs, binary_data_output)``; raises InvalidInput. Runs on the loop or in a worker process."""
-    try:
-        doc = orjson.loads(head)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"body: not valid JSON ({exc.msg} at position {exc.pos})") from None
-    doc = object_of(doc, "body")
+    doc = object_of(loads(head), "body")
     parameters = object_of(doc.get("parameters"), "parameters")
     client_id = doc.get("id")
     if client_id is not None and not isinstance(client_id, (str, int)):

@@ -14,14 +14,14 @@ import functools
 import math
 from collections.abc import Iterable, Sequence
 from functools import partial
-from itertools import chain, repeat
-from operator import itemgetter
+from itertools import chain
 from typing import Any
 
 import numpy as np
 import orjson
 
 from forestflow._proto import forestflow_pb2 as pb
+from forestflow.codecs import _ffjson
 from forestflow.codecs.ff_settings import fqrv_to_json
 from forestflow.core.frame import DATATYPES, Frame, datatype_of
 from forestflow.core.ids import FQRV
@@ -173,68 +173,6 @@ def _json_tensors(datum: Any, r: int) -> list[tuple[str, Sequence[Any]]]:
     return out
 
 
-def _fast_columns(schema: list[tuple[str, list[str]]], datum: list[Any]) -> dict[str, np.ndarray] | None:
-    """Columns for the common, well-formed case (tensors in schema order); None -> take the slow path.
-
-    The slow path re-validates everything and produces the precise error message, so this one
-    only has to recognise the regular shape quickly. Its loops are ``map`` over C callables (no
-    Python-level step per record), and each typed group becomes one 2-D array whose columns are
-    views.
-    """
-    n = len(schema)
-    if not datum or len({t for t, _ in schema}) != n:
-        return None
-    try:
-        per_record = list(map(_TENSORS, datum))
-        if set(map(len, per_record)) != {n}:
-            return None
-        per_entry = []
-        for i, (ff_type, fields) in enumerate(schema):
-            tensors = list(map(itemgetter(i), per_record))
-            if set(map(len, tensors)) != {1}:
-                return None
-            rows = list(map(_DATA, map(itemgetter(TENSOR_KEY[ff_type]), tensors)))
-            if set(map(type, rows)) != {list} or set(map(len, rows)) != {len(fields)}:
-                return None
-            per_entry.append(rows)
-    except (KeyError, TypeError, IndexError):
-        return None
-    columns: dict[str, np.ndarray] = {}
-    for (ff_type, fields), rows in zip(schema, per_entry):
-        block = _block(ff_type, rows)
-        if block is None:  # something unusual (null, a bool, a wrong type): per column, with checks
-            for field, values in zip(fields, zip(*rows)):
-                columns[field] = _column(ff_type, list(values), field)
-        else:
-            for j, field in enumerate(fields):
-                columns[field] = block[:, j]
-    return columns
-
-
-_TENSORS = itemgetter("tensors")
-_DATA = itemgetter("data")
-_NUMBER_TYPES = frozenset((int, float))
-
-
-def _block(ff_type: str, rows: list[list[Any]]) -> np.ndarray | None:
-    """A typed group's values as one 2-D array, or None when it needs the per-column checks."""
-    types = set(map(type, chain.from_iterable(rows)))
-    if ff_type == "String":
-        if types != {str}:
-            return None
-        block = np.empty((len(rows), len(rows[0])), dtype=object)
-        block[:] = rows
-        return block
-    if ff_type in ("Float64", "Float32", "Float16"):
-        if not types <= _NUMBER_TYPES:
-            return None
-        try:
-            return np.array(rows, dtype=FF_DTYPES[ff_type])
-        except (ValueError, OverflowError):
-            return None
-    return None
-
-
 def frame_from_json(body: Any) -> tuple[Frame, dict[str, str]]:
     """Parse an InferenceRequest JSON body into a Frame and its configs."""
     if not isinstance(body, dict):
@@ -249,14 +187,23 @@ def frame_from_json(body: Any) -> tuple[Frame, dict[str, str]]:
     if not isinstance(configs, dict) or not all(isinstance(v, str) for v in configs.values()):
         raise InvalidInput("configs: expected an object of string values")
     entries = [_schema_entry(e, i) for i, e in enumerate(schema)]
-    fields = [f for _, names in entries for f in names]
-    columns = _fast_columns(entries, datum) if entries and len(set(fields)) == len(fields) else None
-    if columns is not None:
-        frame = Frame(columns)
-    else:
-        frame = _frame(entries, (_json_tensors(d, r) for r, d in enumerate(datum)))
+    frame = _frame(entries, (_json_tensors(d, r) for r, d in enumerate(datum)))
     frame.parameters = dict(configs)
     return frame, dict(configs)
+
+
+def frame_from_json_body(body: bytes) -> tuple[Frame, dict[str, str]] | None:
+    """An InferenceRequest JSON body read in C straight into the Frame :func:`frame_from_json` makes of it.
+
+    None when the body is not the regular shape (see ``_ffjson.score_request``): then
+    ``frame_from_json`` of the parsed body decodes it, or says what is wrong.
+    """
+    parsed = _ffjson.score_request(body)
+    if parsed is None:
+        return None
+    columns, configs = parsed
+    configs = configs or {}
+    return Frame(columns, dict(configs)), dict(configs)
 
 
 def frame_from_proto(payload: bytes) -> tuple[Frame, dict[str, str]]:
@@ -361,52 +308,45 @@ def row_values(frame: Frame, names: list[str]) -> list[list[Any]]:
 
 
 _dumps = partial(orjson.dumps, option=orjson.OPT_SERIALIZE_NUMPY)
-#: Where one row's JSON array ends and the next begins, and the same with a cut mark (NUL, which
-#: orjson never writes raw). Inside a JSON string every quote is escaped, so the string form
-#: cannot occur within a value; numbers and literals hold no brackets.
-_TEXT_CUT = (b'"],["', b'"]\x00["')
-_ROW_CUT = {"String": _TEXT_CUT, "Bytes": _TEXT_CUT, "Int64": _TEXT_CUT}  # Int64 goes as strings
-_NUMBER_CUT = (b"],[", b"]\x00[")
 
 
-def _rows_json(frame: Frame, ff_type: str, names: list[str]) -> list[bytes]:
-    """Each row's values of one typed group as a JSON array: one orjson call for the whole group, split at row boundaries."""
+def _group_json(frame: Frame, ff_type: str, names: list[str]) -> bytes:
+    """One typed group's values as the JSON array of its rows, ``[[...], ...]``: one orjson call."""
     cols = [frame.columns[name] for name in names]
-    rows: list[list[Any]] | None = None
-    if frame.num_rows == 1:  # the common single record: no row boundaries to find
-        values = list(chain.from_iterable(c.reshape(-1).tolist() for c in cols))
-        return [_dumps(_json_values(ff_type, values))]
-    if ff_type in ("Float64", "Bool") and all(c.ndim == 1 for c in cols):
-        dumped = _dumps(np.column_stack(cols))
-    else:
-        rows = row_values(frame, names)
-        if ff_type in ("Int64", "Bytes"):
-            rows = [_json_values(ff_type, r) for r in rows]
-        dumped = _dumps(rows)
-    boundary, marked = _ROW_CUT.get(ff_type, _NUMBER_CUT)
-    pieces = dumped[1:-1].replace(boundary, marked).split(b"\x00")
-    if len(pieces) == frame.num_rows:
-        return pieces
-    # Unusual values (e.g. a null among strings, empty vectors) moved a boundary: one call per row.
-    return list(map(_dumps, rows if rows is not None else row_values(frame, names)))
+    if frame.num_rows == 1:  # the common single record: its values in one list (numpy's stacking costs more)
+        return _dumps([_json_values(ff_type, list(chain.from_iterable(c.reshape(-1).tolist() for c in cols)))])
+    flat = all(c.ndim == 1 for c in cols)
+    if flat and ff_type in ("Float64", "Bool"):
+        return _dumps(np.column_stack(cols))
+    if flat and ff_type == "String":
+        return _dumps(np.column_stack(cols).tolist())  # the rows' lists made by numpy, not per record here
+    rows = row_values(frame, names)
+    if ff_type in ("Int64", "Bytes"):
+        rows = [_json_values(ff_type, r) for r in rows]
+    return _dumps(rows)
+
+
+@functools.lru_cache(maxsize=1024)
+def _openings(types: tuple[str, ...]) -> list[bytes]:
+    """What comes before each group's row in a datum record (the record's opening before the first)."""
+    return [(b'{"tensors":[' if g == 0 else b"}},") + b'{"' + TENSOR_KEY[t].encode() + b'":{"data":' for g, t in enumerate(types)]
 
 
 def _schema_datum_bytes(frame: Frame) -> tuple[bytes, bytes]:
     """A frame as ForestFlow's ``schema`` and ``datum`` JSON: typed groups in column order, one datum per row.
 
-    The datum array is assembled as bytes, each group's rows encoded by one orjson call and
-    joined with the constant JSON around them, instead of four dicts and a list per row.
+    Each group's rows are written by one orjson call; ``_ffjson.datum`` interleaves them into the
+    records with the constant JSON around them (no Python object per record).
     """
     groups = type_groups(frame)
     schema = _schema_json(tuple((t, tuple(names)) for t, names in groups))
     if not groups or frame.num_rows == 0:
         return schema, b"[]"
-    parts: list[Any] = []
-    for g, (ff_type, names) in enumerate(groups):
-        opening = b'{"tensors":[' if g == 0 else b"}},"
-        parts += [repeat(opening + b'{"' + TENSOR_KEY[ff_type].encode() + b'":{"data":'), _rows_json(frame, ff_type, names)]
-    parts.append(repeat(b"}}]}"))
-    return schema, b"[" + b",".join(map(b"".join, zip(*parts))) + b"]"
+    rows = [_group_json(frame, ff_type, names) for ff_type, names in groups]
+    datum = _ffjson.datum(frame.num_rows, _openings(tuple(t for t, _ in groups)), rows, b"}}]}")
+    if datum is None:  # a group of another number of rows: cannot happen for a Frame's equally long columns
+        raise AssertionError(f"datum: a group's rows do not match the frame's {frame.num_rows} records")
+    return schema, datum
 
 
 def prediction_json(fqrv: FQRV, frame: Frame, unknown_inputs: Sequence[str] = (), missing_inputs: Sequence[str] = ()) -> bytes:

@@ -20,7 +20,9 @@ Every malformed request raises :class:`InvalidInput` naming the instance and inp
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -138,18 +140,18 @@ def frame_from_instances(instances: Any, specs: Sequence[TensorSpec], parameters
         order = list(names)
         for row in instances:
             order.extend(k for k in row if k not in by_name and k not in order)
-        present = [n for n in order if any(n in row for row in instances)]
-        table = {n: [row.get(n) for row in instances] for n in present}
+        present = [n for n in order if any(map(operator.contains, instances, repeat(n)))]
+        table = {n: list(map(dict.get, instances, repeat(n))) for n in present}
     elif all(isinstance(row, list) for row in instances):
         if not names:
             raise InvalidInput("instances: this model does not describe its inputs; send objects keyed by input name")
         if len(specs) == 1 and per_row_dims(specs[0]):
             table = {names[0]: instances}  # each instance is one row of the only input
         else:
-            for i, row in enumerate(instances):
-                if len(row) != len(names):
-                    raise InvalidInput(f"instances[{i}]: expected {len(names)} values ({', '.join(names)}), got {len(row)}")
-            table = {n: [row[j] for row in instances] for j, n in enumerate(names)}
+            if set(map(len, instances)) != {len(names)}:
+                i, row = next((i, row) for i, row in enumerate(instances) if len(row) != len(names))
+                raise InvalidInput(f"instances[{i}]: expected {len(names)} values ({', '.join(names)}), got {len(row)}")
+            table = dict(zip(names, map(list, zip(*instances))))  # transposed by zip, not a step per value
     elif len(names) == 1 and not any(isinstance(row, (dict, list)) for row in instances):
         table = {names[0]: list(instances)}
     else:
@@ -182,11 +184,16 @@ def _columnar_where(name: str) -> Where:
 
 
 def _plain(v: Any) -> Any:
+    if type(v) is list and set(map(type, v)) <= _PLAIN_TYPES:  # the usual column: as it is
+        return v
     if isinstance(v, bytes):
         return v.decode("utf-8", "replace")
     if isinstance(v, list):
         return [_plain(x) for x in v]
     return v
+
+
+_PLAIN_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
 def _json_columns(frame: Frame) -> dict[str, list[Any]]:

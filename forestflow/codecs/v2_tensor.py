@@ -104,6 +104,8 @@ def _texts(values: list[bytes]) -> np.ndarray:
 def array_from_json(name: str, datatype: Any, shape: Any, data: Any, what: str = "input") -> np.ndarray:
     """Decode JSON ``data`` (flat or nested, row-major) into an array of the declared shape."""
     dtype, dims = check_header(name, datatype, shape, what)
+    if isinstance(data, np.ndarray):  # read by _ffjson: what np.array(data) makes of a flat array
+        return _array_from_flat(name, datatype, dtype, dims, data, what)
     if not isinstance(data, list):
         raise InvalidInput(f"{what} {name!r}: data must be a JSON array, got {type(data).__name__}")
     if datatype == "BYTES":
@@ -119,7 +121,16 @@ def array_from_json(name: str, datatype: Any, shape: Any, data: Any, what: str =
         raw = np.array(data)
     except (ValueError, TypeError):
         raise InvalidInput(f"{what} {name!r}: data is ragged (nested arrays of different lengths)") from None
+    return _array_from_flat(name, datatype, dtype, dims, raw, what)
+
+
+def _array_from_flat(
+    name: str, datatype: str, dtype: np.dtype[Any], dims: tuple[int, ...], raw: np.ndarray, what: str
+) -> np.ndarray:
+    """``np.array(data)`` of JSON ``data`` checked against the datatype and shape, and converted to them."""
     _check_count(name, dims, raw.size, what)
+    if datatype == "BYTES":  # only _ffjson hands strings over as an array (an object array of str)
+        return raw.reshape(dims)
     raw = raw.reshape(-1)
     kind = raw.dtype.kind
     if raw.size == 0:
@@ -218,7 +229,10 @@ def _as_bytes(v: Any) -> bytes:
 
 def json_safe(array: np.ndarray) -> bool:
     """Whether a BYTES array can go out as JSON text (no element is non-UTF-8 bytes)."""
-    for v in array.reshape(-1):
+    flat = array.reshape(-1)
+    if not any(issubclass(t, bytes) for t in set(map(type, flat))):  # the usual text column: nothing to try
+        return True
+    for v in flat:
         if isinstance(v, bytes):
             try:
                 v.decode("utf-8")
@@ -231,7 +245,10 @@ def json_data(array: np.ndarray, datatype: str) -> Any:
     """Flat row-major data for a JSON body (numpy arrays are serialized by orjson; NaN -> null)."""
     flat = array.reshape(-1)
     if datatype == "BYTES":
-        return [v.decode("utf-8") if isinstance(v, bytes) else v if isinstance(v, str) else str(v) for v in flat]
+        values = flat.tolist()
+        if set(map(type, values)) <= {str}:  # the usual text column: as it is
+            return values
+        return [v.decode("utf-8") if isinstance(v, bytes) else v if isinstance(v, str) else str(v) for v in values]
     if flat.dtype.kind in "US":
         return flat.tolist()
     return np.ascontiguousarray(flat, dtype=DATATYPES[datatype])

@@ -12,6 +12,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -108,7 +109,7 @@ class ModelColumn:
             return out
         lookup = self.lookup
         try:  # the common case, known strings, in one pass; the rest resolved one by one
-            found: list[float] = [lookup.get(v, -1) for v in arr.tolist()]
+            found: list[float] = list(map(lookup.get, arr.tolist(), repeat(-1)))  # no Python step per value
         except TypeError:  # an unhashable value somewhere
             found = [-1] * len(arr)
         if -1 in found:
