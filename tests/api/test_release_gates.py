@@ -84,9 +84,10 @@ async def test_a_live_release_that_starts_failing_is_rolled_back(tmp_path: Path)
             log_level="FULL",
             validity=[{"MaxErrorRateValidity": {"maxErrorRate": 0.1, "min_events": 20}}],
         )
-        for _ in range(25):  # v1 answers, v2 gets a shadow copy of each
+        for i in range(25):  # v1 answers, v2 gets a shadow copy of each
             status, body = await score(gw, configs)
-            assert status == 200 and answered_by(body) == "v1"
+            # v2 cannot be valid before its 20th event; after that an evaluation may make it so.
+            assert status == 200 and answered_by(body) in (("v1",) if i < 20 else ("v1", "v2")), (i, body)
         deadline = time.monotonic() + 10
         while True:  # v2 becomes valid and, with the Latest router, answers everything
             status, body = await score(gw, configs)
