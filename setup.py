@@ -34,6 +34,12 @@ setup(
             include_dirs=[numpy.get_include()],
             extra_compile_args=WARNINGS + ["-O2"],
         ),
+        # GraphPipe flatbuffer string vectors (codecs/graphpipe.py): the per-value loops only.
+        Extension(
+            "forestflow.codecs._ffgp",
+            ["forestflow/codecs/_ffgp.c"],
+            extra_compile_args=WARNINGS + ["-O2"],
+        ),
         # The prediction log's Kafka record batches (predlog/kafka_batch.py).
         Extension(
             "forestflow.predlog._kafka_records",

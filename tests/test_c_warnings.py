@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [
+    "forestflow/codecs/_ffgp.c",
     "forestflow/codecs/_ffjson.c",
     "forestflow/codecs/_ffwire.c",
     "forestflow/predlog/_kafka_records.c",

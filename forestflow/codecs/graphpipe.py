@@ -39,6 +39,7 @@ from forestflow._proto.graphpipe import (
 )
 from forestflow._proto.graphpipe.Req import Req
 from forestflow._proto.graphpipe.Type import Type
+from forestflow.codecs import _ffgp
 from forestflow.core.frame import DATATYPES, NUMERIC_DATATYPES, Frame, TensorSpec
 from forestflow.core.ids import FQRV
 from forestflow.errors import InvalidInput
@@ -231,12 +232,11 @@ def _read_tensor(reader: _Reader, pos: int, i: int) -> np.ndarray:
     start, dims = reader.vector(tensor, 6, 8, f"{where}.shape")
     shape = list(struct.unpack_from(f"<{dims}q", reader.buf, start)) if dims else []
     if gp_type == Type.String:
-        raw = reader.strings(tensor, 10, f"{where}.string_val")
-        try:
-            values: list[Any] = [v.decode("utf-8") for v in raw]
-        except UnicodeDecodeError:
-            values = raw  # not text: the model gets the bytes as they came
-        flat = np.empty(len(raw), dtype=object)
+        start, count = reader.vector(tensor, 10, 4, f"{where}.string_val")
+        values: list[Any] | None = _ffgp.read_strings(reader.buf, start, count)  # str, or all bytes if not text
+        if values is None:  # an offset or a length outside the body: the walk in Python says which
+            values = reader.strings(tensor, 10, f"{where}.string_val")
+        flat = np.empty(len(values), dtype=object)
         flat[:] = values
     elif gp_type in GP_DTYPES:
         dtype = GP_DTYPES[gp_type]
@@ -412,24 +412,22 @@ def _shape(builder: flatbuffers.Builder, shape: Sequence[int]) -> int:
     return vector
 
 
-def _element_bytes(value: Any) -> bytes:
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value)
-    if value is None:
-        return b""
-    return str(value).encode("utf-8")
+#: (GraphPipe type, shape, payload, is_text) of an output tensor. The payload is the data bytes
+#: (little-endian) of a numeric tensor, or a String tensor's whole string vector as
+#: ``_ffgp.write_strings`` lays it out (values as bytes, None as empty, else str() in UTF-8).
+_WireTensor = tuple[int, tuple[int, ...], bytes, bool]
 
 
-def _wire_tensor(name: str, array: np.ndarray) -> tuple[int, tuple[int, ...], bytes | list[bytes]]:
-    """(GraphPipe type, shape, little-endian data bytes or the string values) of an output column."""
+def _wire_tensor(name: str, array: np.ndarray) -> _WireTensor:
+    """An output column as it goes on the wire."""
     shape = (array.shape[0], 1) if array.ndim == 1 else tuple(array.shape)
     if array.dtype.kind in ("O", "U", "S", "T"):
-        return Type.String, shape, [_element_bytes(v) for v in array.ravel().tolist()]
+        return Type.String, shape, _ffgp.write_strings(array.ravel().tolist()), True
     native = np.dtype(np.uint8) if array.dtype.kind == "b" else array.dtype.newbyteorder("=")
     gp_type = _GP_TYPE_OF_DTYPE.get(native)
     if gp_type is None:
         raise InvalidInput(f"output {name!r}: datatype {array.dtype} has no GraphPipe type")
-    return gp_type, shape, np.ascontiguousarray(array, dtype=GP_DTYPES[gp_type]).tobytes()
+    return gp_type, shape, np.ascontiguousarray(array, dtype=GP_DTYPES[gp_type]).tobytes(), False
 
 
 # vtables written once: InferResponse with output_tensors only; Tensor with type, shape and
@@ -475,37 +473,27 @@ class _ForwardWriter:
         self.buf += _U32.pack(count) + payload
         return at
 
-    def strings(self, values: Sequence[bytes]) -> int:
-        """A vector of strings; equal strings (labels repeat) are written once."""
-        vector = self.vector(len(values), bytes(4 * len(values)))
-        written: dict[bytes, int] = {}
-        for j, value in enumerate(values):
-            at = written.get(value)
-            if at is None:
-                self.align(4)
-                at = written[value] = len(self.buf)
-                self.buf += _U32.pack(len(value)) + value + b"\x00"
-            self.point(vector + 4 + 4 * j, at)
-        return vector
+    def strings(self, written: bytes) -> int:
+        """A vector of strings as ``_ffgp.write_strings`` wrote it (4-aligned, like any vector)."""
+        self.align(4, 4)
+        at = len(self.buf)
+        self.buf += written
+        return at
 
 
-def _infer_response_bytes(tensors: Sequence[tuple[int, tuple[int, ...], bytes | list[bytes]]]) -> bytes:
-    """An InferResponse holding ``tensors`` (type, shape, data bytes or string values)."""
+def _infer_response_bytes(tensors: Sequence[_WireTensor]) -> bytes:
+    """An InferResponse holding ``tensors``."""
     w = _ForwardWriter()
     response = w.table(_RESPONSE_VTABLE, bytes(4))
     w.point(0, response)
     vector = w.vector(len(tensors), bytes(4 * len(tensors)))
     w.point(response + 4, vector)
-    for k, (gp_type, shape, values) in enumerate(tensors):
-        is_text = isinstance(values, list)
+    for k, (gp_type, shape, payload, is_text) in enumerate(tensors):
         # inline: shape uoffset (4), data or string_val uoffset (8), type byte (12), padding.
         table = w.table(_STRINGS_VTABLE if is_text else _DATA_VTABLE, bytes(8) + bytes((gp_type, 0, 0, 0)))
         w.point(vector + 4 + 4 * k, table)
         w.point(table + 4, w.vector(len(shape), struct.pack(f"<{len(shape)}q", *shape), 8))
-        if is_text:
-            w.point(table + 8, w.strings(values))  # type: ignore[arg-type]  # is_text: a list of strings
-        else:
-            w.point(table + 8, w.vector(len(values), values, 8))  # type: ignore[arg-type]  # not is_text: packed bytes
+        w.point(table + 8, w.strings(payload) if is_text else w.vector(len(payload), payload, 8))
     return bytes(w.buf)
 
 
@@ -513,7 +501,7 @@ def encode_infer_response(fqrv: FQRV, frame: Frame, output_names: Sequence[str] 
     """An InferResponse: without ``output_names``, the FQRV ``[1, 1]`` String tensor then every
     output (ForestFlow's layout); with them, exactly those tensors in that order, where ``fqrv``
     names the FQRV tensor (so ``execute(..., output_name=x)`` gets one array back)."""
-    fqrv_tensor = (Type.String, (1, 1), [str(fqrv).encode()])
+    fqrv_tensor: _WireTensor = (Type.String, (1, 1), _ffgp.write_strings([str(fqrv)]), True)
     if not output_names:
         return _infer_response_bytes([fqrv_tensor, *(_wire_tensor(n, c) for n, c in frame.columns.items())])
     if len(set(output_names)) != len(output_names):

@@ -1,0 +1,6 @@
+"""Types of the C extension forestflow/codecs/_ffgp.c (its docstrings say what each call does)."""
+
+from collections.abc import Sequence
+
+def read_strings(buf: bytes, start: int, count: int, /) -> list[str] | list[bytes] | None: ...
+def write_strings(values: Sequence[object], /) -> bytes: ...
