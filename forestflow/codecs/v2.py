@@ -103,7 +103,10 @@ def _decode_pd(tensors: Sequence[Tensor], specs: dict[str, TensorSpec]) -> dict[
     for tensor in tensors:
         if tensor.name in columns:
             raise InvalidInput(f"input {tensor.name!r} appears more than once")
-        columns[tensor.name] = _pd_column(tensor, specs.get(tensor.name))
+        spec, a = specs.get(tensor.name), tensor.array
+        # The usual column ([N] for a one-value input, or not an input) as it is; else _pd_column says.
+        scalar = a.ndim == 1 and (spec is None or len(spec.shape) <= 1)
+        columns[tensor.name] = a if scalar else _pd_column(tensor, spec)
     rows = {name: len(col) for name, col in columns.items()}
     if len(set(rows.values())) > 1:
         shapes = ", ".join(f"{t.name} {t.shape} = {rows[t.name]} rows" for t in tensors)
@@ -143,13 +146,30 @@ def _looks_np(tensor: Tensor, specs: Sequence[TensorSpec], by_name: dict[str, Te
     return scalar and a.ndim == 2 and min(a.shape) > 1 and a.shape[1] == len(specs) > 1
 
 
+#: The inputs of the releases seen, by name: (the specs themselves, to check it is them; by name).
+_BY_NAME: dict[int, tuple[Sequence[TensorSpec], dict[str, TensorSpec]]] = {}
+
+
+def _specs_by_name(specs: Sequence[TensorSpec]) -> dict[str, TensorSpec]:
+    """``{spec.name: spec}``, made once per release's inputs (not again for every request)."""
+    cached = _BY_NAME.get(id(specs))
+    if cached is not None and cached[0] is specs:
+        return cached[1]
+    by_name = {s.name: s for s in specs}
+    if isinstance(specs, tuple):  # a list could change after this: not kept
+        if len(_BY_NAME) >= 256:
+            _BY_NAME.clear()
+        _BY_NAME[id(specs)] = (specs, by_name)
+    return by_name
+
+
 def decode_inputs(tensors: Sequence[Tensor], specs: Sequence[TensorSpec], parameters: dict[str, Any]) -> tuple[Frame, Layout]:
     """Turn request tensors into a Frame of the model's inputs, and remember the layout."""
     if not tensors:
         raise InvalidInput("inputs: at least one input tensor is required")
     asked = requested_content_type(parameters)
-    tensors = [_input_codec(t) for t in tensors]
-    by_name = {s.name: s for s in specs}
+    tensors = [_input_codec(t) if t.parameters else t for t in tensors]
+    by_name = _specs_by_name(specs)
     if asked is not None:
         layout = asked
     elif len(tensors) == 1 and specs and _looks_np(tensors[0], specs, by_name):

@@ -74,6 +74,12 @@ def parse_inputs(doc: dict[str, Any], binary: memoryview, max_rows: int | None =
                 raise InvalidInput(f"batch of {shape[0]} records is over the limit of {max_rows}")
     tensors, offset = [], 0
     for i, item in enumerate(items):
+        name = item.get("name") if type(item) is dict else None
+        if type(name) is str and name and "data" in item and "parameters" not in item:
+            # The usual tensor ({name, datatype, shape, data}): what the lines below do for it, in fewer steps.
+            datatype = item.get("datatype")
+            tensors.append(Tensor(name, datatype, array_from_json(name, datatype, item.get("shape"), item["data"]), {}))
+            continue
         name = tensor_name(item, f"inputs[{i}]")
         params = object_of(item.get("parameters"), f"input {name!r}: parameters")
         datatype, shape = item.get("datatype"), item.get("shape")
