@@ -172,9 +172,175 @@ done:
     return out;
 }
 
+/* A flatbuffer written front to back (as codecs/graphpipe.py's _ForwardWriter did in Python). */
+typedef struct {
+    unsigned char *p;
+    Py_ssize_t len, cap;
+} Out;
+
+static int out_reserve(Out *o, Py_ssize_t more) {
+    if (o->len + more <= o->cap)
+        return 0;
+    Py_ssize_t cap = o->cap ? o->cap : 256;
+    while (cap < o->len + more)
+        cap *= 2;
+    unsigned char *p = PyMem_Realloc(o->p, (size_t)cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->p = p;
+    o->cap = cap;
+    return 0;
+}
+
+/* ``n`` zero bytes; their position. */
+static Py_ssize_t out_zeros(Out *o, Py_ssize_t n) {
+    Py_ssize_t at = o->len;
+    if (out_reserve(o, n) < 0)
+        return -1;
+    memset(o->p + at, 0, (size_t)n);
+    o->len += n;
+    return at;
+}
+
+/* Zero padding so that the position ``before`` bytes further on is a multiple of ``n``. */
+static int out_align(Out *o, Py_ssize_t n, Py_ssize_t before) {
+    Py_ssize_t pad = (n - (o->len + before) % n) % n;
+    return out_zeros(o, pad) < 0 ? -1 : 0;
+}
+
+static Py_ssize_t out_bytes(Out *o, const void *src, Py_ssize_t n) {
+    Py_ssize_t at = out_zeros(o, n);
+    if (at >= 0 && n)
+        memcpy(o->p + at, src, (size_t)n);
+    return at;
+}
+
+/* Point the uoffset at ``slot`` to ``target`` (always later in the buffer). */
+static void out_point(Out *o, Py_ssize_t slot, Py_ssize_t target) { put_u32(o->p + slot, (uint32_t)(target - slot)); }
+
+/* A vtable then its table (soffset back to it, then ``inline_len`` bytes); the table's position. */
+static Py_ssize_t out_table(Out *o, const uint16_t *vtable, int fields, const unsigned char *inline_bytes, Py_ssize_t inline_len) {
+    Py_ssize_t at, table;
+    int i;
+    if (out_align(o, 4, 0) < 0)
+        return -1;
+    at = o->len;
+    if (out_reserve(o, 2 * fields) < 0)
+        return -1;
+    for (i = 0; i < fields; i++) {
+        o->p[o->len++] = (unsigned char)vtable[i];
+        o->p[o->len++] = (unsigned char)(vtable[i] >> 8);
+    }
+    if (out_align(o, 4, 0) < 0)
+        return -1;
+    table = out_zeros(o, 4 + inline_len);
+    if (table < 0)
+        return -1;
+    put_u32(o->p + table, (uint32_t)(table - at));
+    memcpy(o->p + table + 4, inline_bytes, (size_t)inline_len);
+    return table;
+}
+
+/* A vector: length ``count``, then ``payload``, its length field placed so the payload starts
+ * ``elem_align``-aligned; the vector's position. */
+static Py_ssize_t out_vector(Out *o, Py_ssize_t count, const void *payload, Py_ssize_t n, Py_ssize_t elem_align) {
+    Py_ssize_t at;
+    unsigned char head[4];
+    if (out_align(o, elem_align, 4) < 0)
+        return -1;
+    put_u32(head, (uint32_t)count);
+    at = out_bytes(o, head, 4);
+    if (at < 0 || out_bytes(o, payload, n) < 0)
+        return -1;
+    return at;
+}
+
+static const uint16_t RESPONSE_VTABLE[] = {6, 8, 4};
+static const uint16_t DATA_VTABLE[] = {12, 16, 12, 4, 8, 0};
+static const uint16_t STRINGS_VTABLE[] = {12, 16, 12, 4, 0, 8};
+
+PyDoc_STRVAR(infer_response_doc,
+"infer_response(tensors) -> bytes\n\n"
+"An InferResponse holding ``tensors``, each (GraphPipe type, shape, payload, is_text): the payload\n"
+"is a numeric tensor's little-endian data, or a String tensor's vector from write_strings.\n"
+"Written front to back, every uoffset pointing forward; shapes and data start 8-aligned.");
+
+static PyObject *infer_response(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Out o = {NULL, 0, 0};
+    PyObject *seq, *result = NULL;
+    Py_ssize_t n, k, response, vector;
+    unsigned char zeros4[4] = {0, 0, 0, 0};
+    seq = PySequence_Fast(arg, "infer_response() takes a sequence of tensors");
+    if (seq == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    if (out_zeros(&o, 4) < 0) /* the root uoffset */
+        goto done;
+    response = out_table(&o, RESPONSE_VTABLE, 3, zeros4, 4);
+    if (response < 0)
+        goto done;
+    out_point(&o, 0, response);
+    if (out_align(&o, 4, 4) < 0 || (vector = out_zeros(&o, 4 + 4 * n)) < 0)
+        goto done;
+    put_u32(o.p + vector, (uint32_t)n);
+    out_point(&o, response + 4, vector);
+    for (k = 0; k < n; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, k), *shape, *payload;
+        unsigned char inline_bytes[12] = {0};
+        long gp_type;
+        int is_text;
+        Py_ssize_t table, dims, d, at;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4 || !PyTuple_Check(PyTuple_GET_ITEM(item, 1)) ||
+            !PyBytes_Check(PyTuple_GET_ITEM(item, 2))) {
+            PyErr_SetString(PyExc_TypeError, "infer_response(): each tensor is (type, shape tuple, bytes, is_text)");
+            goto done;
+        }
+        gp_type = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
+        if (gp_type == -1 && PyErr_Occurred())
+            goto done;
+        shape = PyTuple_GET_ITEM(item, 1);
+        payload = PyTuple_GET_ITEM(item, 2);
+        is_text = PyObject_IsTrue(PyTuple_GET_ITEM(item, 3));
+        if (is_text < 0)
+            goto done;
+        inline_bytes[8] = (unsigned char)gp_type;
+        table = out_table(&o, is_text ? STRINGS_VTABLE : DATA_VTABLE, 6, inline_bytes, 12);
+        if (table < 0)
+            goto done;
+        out_point(&o, vector + 4 + 4 * k, table);
+        dims = PyTuple_GET_SIZE(shape);
+        if (out_align(&o, 8, 4) < 0 || (at = out_zeros(&o, 4 + 8 * dims)) < 0)
+            goto done;
+        put_u32(o.p + at, (uint32_t)dims);
+        for (d = 0; d < dims; d++) {
+            long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+            if (v == -1 && PyErr_Occurred())
+                goto done;
+            put_u32(o.p + at + 4 + 8 * d, (uint32_t)((unsigned long long)v & 0xFFFFFFFFu));
+            put_u32(o.p + at + 8 + 8 * d, (uint32_t)((unsigned long long)v >> 32));
+        }
+        out_point(&o, table + 4, at);
+        if (is_text) {
+            if (out_align(&o, 4, 4) < 0 || (at = out_bytes(&o, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload))) < 0)
+                goto done;
+        } else if ((at = out_vector(&o, PyBytes_GET_SIZE(payload), PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), 8)) < 0) {
+            goto done;
+        }
+        out_point(&o, table + 8, at);
+    }
+    result = PyBytes_FromStringAndSize((const char *)o.p, o.len);
+done:
+    Py_DECREF(seq);
+    PyMem_Free(o.p);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"read_strings", (PyCFunction)(void (*)(void))read_strings, METH_FASTCALL, read_strings_doc},
     {"write_strings", write_strings, METH_O, write_strings_doc},
+    {"infer_response", infer_response, METH_O, infer_response_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -286,15 +286,51 @@ def frame_from_request(request: GPInferRequest, inputs: Sequence[TensorSpec]) ->
         raise InvalidInput(f"input_tensors disagree on the record count (shape[0]): {sorted(rows)}")
     if rows == {0}:
         raise InvalidInput("input_tensors: at least one record is required (shape[0] is 0)")
+    plan = _plan(inputs)
+    if not request.input_names and plan.all_scalar:  # every column is an input: in metadata order
+        columns = _grouped(request.tensors, inputs, plan.groups)
+        return Frame({spec.name: columns[spec.name] for spec in inputs if spec.name in columns})
     if request.input_names:
         columns = _named(request, inputs)
-    elif all(is_scalar(spec) for spec in inputs):
-        columns = _grouped(request.tensors, inputs)
     else:
         columns = _positional(request.tensors, inputs)
-    order = {spec.name: i for i, spec in enumerate(inputs)}
+    order = plan.order
     ordered = dict(sorted(columns.items(), key=lambda kv: order.get(kv[0], len(order))))
     return Frame(ordered)
+
+
+@dataclass(frozen=True, slots=True)
+class _InputPlan:
+    """What frame_from_request needs of a model's inputs, worked out once per release's inputs."""
+
+    all_scalar: bool
+    #: Position of each input in metadata order.
+    order: dict[str, int]
+    #: The "categorical" (BYTES) and "numeric" inputs, in metadata order, for unnamed tensors.
+    groups: dict[str, list[TensorSpec]]
+
+
+#: Plans of the inputs seen: (the inputs themselves, to check it is them; their plan).
+_PLANS: dict[int, tuple[Sequence[TensorSpec], _InputPlan]] = {}
+
+
+def _plan(inputs: Sequence[TensorSpec]) -> _InputPlan:
+    cached = _PLANS.get(id(inputs))
+    if cached is not None and cached[0] is inputs:
+        return cached[1]
+    plan = _InputPlan(
+        all(is_scalar(spec) for spec in inputs),
+        {spec.name: i for i, spec in enumerate(inputs)},
+        {
+            "categorical": [s for s in inputs if s.datatype == "BYTES"],
+            "numeric": [s for s in inputs if s.datatype != "BYTES"],
+        },
+    )
+    if isinstance(inputs, tuple):  # a list could change after this: not kept
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        _PLANS[id(inputs)] = (inputs, plan)
+    return plan
 
 
 def _named(request: GPInferRequest, inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
@@ -354,13 +390,11 @@ def _fit(tensor: np.ndarray, spec: TensorSpec, where: str) -> np.ndarray:
     return _cast(tensor, spec)
 
 
-def _grouped(tensors: list[np.ndarray], inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+def _grouped(
+    tensors: list[np.ndarray], inputs: Sequence[TensorSpec], groups: dict[str, list[TensorSpec]]
+) -> dict[str, np.ndarray]:
     if not inputs:
         raise InvalidInput("the model declares no inputs: name the tensors with input_names")
-    groups = {
-        "categorical": [s for s in inputs if s.datatype == "BYTES"],
-        "numeric": [s for s in inputs if s.datatype != "BYTES"],
-    }
     wanted = [g for g, specs in groups.items() if specs]
     if len(tensors) != len(wanted):
         expected = " and ".join(f"one {'String' if g == 'categorical' else 'numeric'} tensor for {g} inputs" for g in wanted)
@@ -389,7 +423,7 @@ def _cast(column: np.ndarray, spec: TensorSpec) -> np.ndarray:
     if spec.datatype in NUMERIC_DATATYPES and column.dtype != object:
         target = DATATYPES[spec.datatype]
         if np.can_cast(column.dtype, target, "same_kind"):
-            return column.astype(target)
+            return column.astype(target, copy=False)  # every column given here is a fresh array already
     return column
 
 
@@ -430,85 +464,20 @@ def _wire_tensor(name: str, array: np.ndarray) -> _WireTensor:
     return gp_type, shape, np.ascontiguousarray(array, dtype=GP_DTYPES[gp_type]).tobytes(), False
 
 
-# vtables written once: InferResponse with output_tensors only; Tensor with type, shape and
-# either data or string_val (field offsets inside the 16-byte table laid out below).
-_RESPONSE_VTABLE = struct.pack("<HHH", 6, 8, 4)
-_DATA_VTABLE = struct.pack("<HHHHHH", 12, 16, 12, 4, 8, 0)
-_STRINGS_VTABLE = struct.pack("<HHHHHH", 12, 16, 12, 4, 0, 8)
-
-
-class _ForwardWriter:
-    """A flatbuffer written front to back: every uoffset is patched once its target is placed,
-    always later in the buffer, so offsets stay positive as the format requires. Vectors that
-    hold 8-byte values (shapes, tensor data) start 8-aligned, so readers may view them in place.
-    """
-
-    __slots__ = ("buf",)
-
-    def __init__(self) -> None:
-        self.buf = bytearray(4)  # the root uoffset, patched last
-
-    def align(self, n: int, before: int = 0) -> None:
-        """Pad so that the position ``before`` bytes further on is a multiple of ``n``."""
-        self.buf += bytes(-(len(self.buf) + before) % n)
-
-    def point(self, slot: int, target: int) -> None:
-        """Patch the uoffset at ``slot`` to point at ``target``."""
-        _U32.pack_into(self.buf, slot, target - slot)
-
-    def table(self, vtable: bytes, inline: bytes) -> int:
-        """Write a vtable and its table right after it; the table's position."""
-        self.align(4)
-        at = len(self.buf)
-        self.buf += vtable
-        self.align(4)
-        table = len(self.buf)
-        self.buf += _I32.pack(table - at) + inline
-        return table
-
-    def vector(self, count: int, payload: bytes, elem_align: int = 4) -> int:
-        """A vector: its length, then ``payload``; the vector's position."""
-        self.align(elem_align, 4)
-        at = len(self.buf)
-        self.buf += _U32.pack(count) + payload
-        return at
-
-    def strings(self, written: bytes) -> int:
-        """A vector of strings as ``_ffgp.write_strings`` wrote it (4-aligned, like any vector)."""
-        self.align(4, 4)
-        at = len(self.buf)
-        self.buf += written
-        return at
-
-
-def _infer_response_bytes(tensors: Sequence[_WireTensor]) -> bytes:
-    """An InferResponse holding ``tensors``."""
-    w = _ForwardWriter()
-    response = w.table(_RESPONSE_VTABLE, bytes(4))
-    w.point(0, response)
-    vector = w.vector(len(tensors), bytes(4 * len(tensors)))
-    w.point(response + 4, vector)
-    for k, (gp_type, shape, payload, is_text) in enumerate(tensors):
-        # inline: shape uoffset (4), data or string_val uoffset (8), type byte (12), padding.
-        table = w.table(_STRINGS_VTABLE if is_text else _DATA_VTABLE, bytes(8) + bytes((gp_type, 0, 0, 0)))
-        w.point(vector + 4 + 4 * k, table)
-        w.point(table + 4, w.vector(len(shape), struct.pack(f"<{len(shape)}q", *shape), 8))
-        w.point(table + 8, w.strings(payload) if is_text else w.vector(len(payload), payload, 8))
-    return bytes(w.buf)
-
-
 def encode_infer_response(fqrv: FQRV, frame: Frame, output_names: Sequence[str] = ()) -> bytes:
     """An InferResponse: without ``output_names``, the FQRV ``[1, 1]`` String tensor then every
     output (ForestFlow's layout); with them, exactly those tensors in that order, where ``fqrv``
-    names the FQRV tensor (so ``execute(..., output_name=x)`` gets one array back)."""
+    names the FQRV tensor (so ``execute(..., output_name=x)`` gets one array back). Written front
+    to back by ``_ffgp.infer_response``: every uoffset points forward, shapes and data start
+    8-aligned so readers may view them in place."""
     fqrv_tensor: _WireTensor = (Type.String, (1, 1), _ffgp.write_strings([str(fqrv)]), True)
     if not output_names:
-        return _infer_response_bytes([fqrv_tensor, *(_wire_tensor(n, c) for n, c in frame.columns.items())])
+        return _ffgp.infer_response([fqrv_tensor, *(_wire_tensor(n, c) for n, c in frame.columns.items())])
     if len(set(output_names)) != len(output_names):
         raise InvalidInput(f"output_names: duplicate names in {list(output_names)}")
     selected = frame.select([n for n in output_names if n != FQRV_OUTPUT])  # unknown names: InvalidInput
     tensors = [fqrv_tensor if n == FQRV_OUTPUT else _wire_tensor(n, selected.columns[n]) for n in output_names]
-    return _infer_response_bytes(tensors)
+    return _ffgp.infer_response(tensors)
 
 
 def encode_errors(errors: Sequence[tuple[int, str]]) -> bytes:
