@@ -423,7 +423,7 @@ def _cast(column: np.ndarray, spec: TensorSpec) -> np.ndarray:
     if spec.datatype in NUMERIC_DATATYPES and column.dtype != object:
         target = DATATYPES[spec.datatype]
         if np.can_cast(column.dtype, target, "same_kind"):
-            return column.astype(target, copy=False)  # every column given here is a fresh array already
+            return column.astype(target, copy=False)  # columns here are the request's own arrays: no copy needed
     return column
 
 
