@@ -12,9 +12,10 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import numpy as np
 import orjson
 
-from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, json_data, json_safe, raw_bytes
+from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, check_header, json_data, json_safe, raw_bytes
 from forestflow.core.ids import FQRV
 from forestflow.errors import BackendFailed, BackendUnavailable, DeadlineExceeded, GatewayError, InvalidInput, PayloadTooLarge
 from forestflow.runtime.remote.backend import Backend, ModelInfo, NotSent
@@ -163,7 +164,7 @@ class RestBackend(Backend):
                     array = array_from_raw(name, datatype, shape, binary[offset : offset + blob], "output")
                     offset += blob
                 else:
-                    array = array_from_json(name, datatype, shape, item["data"], "output")
+                    array = _json_array(name, datatype, shape, item["data"])
                 tensors.append(Tensor(name, datatype, array))
             return tensors
         except (GatewayError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
@@ -216,6 +217,23 @@ async def _close_session(session: aiohttp.ClientSession) -> None:
 _MAX_CONNECTIONS = 256
 #: One session per backend server (and headers), shared by the releases that call it.
 _SESSIONS: SharedPool[aiohttp.ClientSession] = SharedPool(_new_session, _close_session)
+
+
+def _json_array(name: str, datatype: Any, shape: Any, data: Any) -> np.ndarray:
+    """An output's JSON ``data`` as an array: a flat list numpy reads as the very dtype of an INT64 or
+    FP64 output (the usual answer) is taken as it is, which is what ``array_from_json`` makes of it,
+    without its range checks and copies (an int64 array holds no value out of INT64's range);
+    anything else goes through ``array_from_json``."""
+    if datatype in _AS_READ and type(data) is list:
+        dtype, dims = check_header(name, datatype, shape, "output")
+        flat = np.array(data)
+        if flat.dtype == dtype and flat.ndim == 1 and flat.size == math.prod(dims):
+            return flat.reshape(dims)
+    return array_from_json(name, datatype, shape, data, "output")
+
+
+#: Output datatypes whose flat JSON data numpy reads straight into their own dtype.
+_AS_READ = frozenset({"INT64", "FP64"})
 
 
 def _error_text(body: bytes) -> str:
