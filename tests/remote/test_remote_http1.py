@@ -1,6 +1,6 @@
 """The infer calls' HTTP/1.1 client (runtime/remote/http1.py) against a real socket server that answers
 each request with the next scripted answer: keep-alive reuse, Content-Length, chunked, gzip and
-read-to-close bodies, Connection: close, deadlines, refused connections and answers that are not HTTP."""
+read-to-close bodies, Connection: close, deadlines, bytes after an answer, refused connections and answers that are not HTTP."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ async def test_chunked_gzip_and_read_to_close_bodies(scripted: Scripted) -> None
 
 
 async def test_connection_close_and_a_deadline_leave_the_connection_unused(scripted: Scripted) -> None:
-    scripted.answers = [ok(b"one", "Connection: close"), ok(b"two"), None, ok(b"four")]
+    scripted.answers = [ok(b"one", "Connection: close"), ok(b"two"), None, ok(b"four") + b"junk", ok(b"five")]
     pool = Http1Pool(f"http://127.0.0.1:{scripted.port}", {}, 4)
     head = pool.head("/x")
     assert (await pool.post(head, {}, b"", 5.0)).body == b"one"
@@ -105,6 +105,8 @@ async def test_connection_close_and_a_deadline_leave_the_connection_unused(scrip
         await pool.post(head, {}, b"", 0.2)
     assert (await pool.post(head, {}, b"", 5.0)).body == b"four"
     assert scripted.connections == 3  # the one that timed out was closed, not reused
+    assert (await pool.post(head, {}, b"", 5.0)).body == b"five"
+    assert scripted.connections == 4  # bytes after an answer: that connection is not trusted again
     pool.close()
 
 

@@ -67,11 +67,12 @@ class _Connection(asyncio.Protocol):
             return
         if answer is not None:
             self.waiter = None
-            if self.reader.must_close:
+            if self.reader.must_close or self.reader.buf:  # bytes past the answer: not to be trusted
                 self.close()
             waiter.set_result(answer)
 
     def eof_received(self) -> bool | None:
+        self.closed = True  # not to be taken from the idle ones again
         return False  # close the transport: connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -283,7 +284,13 @@ class Http1Pool:
         now = time.monotonic()
         while idle:
             connection = idle.pop()
-            if not connection.closed and now - connection.idle_since < IDLE_S:
+            transport = connection.transport
+            if (
+                not connection.closed
+                and transport is not None
+                and not transport.is_closing()
+                and now - connection.idle_since < IDLE_S
+            ):
                 return connection
             connection.close()
             self._open.discard(connection)
