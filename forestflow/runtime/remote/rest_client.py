@@ -1,6 +1,7 @@
-"""A V2 REST backend: one pooled aiohttp session per server (keep-alive, bounded connections, shared
-by the releases that call it), binary tensors when the server offers Triton's
-``binary_tensor_data`` extension, JSON otherwise.
+"""A V2 REST backend: per server, shared by the releases that call it, keep-alive connections for the
+infer calls (http1.Http1Pool: one write per request, a small answer parser; aiohttp's client cost
+the gateway twice its CPU per call) and an aiohttp session for metadata and readiness; binary
+tensors when the server offers Triton's ``binary_tensor_data`` extension, JSON otherwise.
 """
 
 from __future__ import annotations
