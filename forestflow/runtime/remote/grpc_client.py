@@ -33,24 +33,30 @@ class GrpcBackend(Backend):
         self.m = messages()
         self._channel: grpc.aio.Channel | None = None
         self._metadata = tuple((k.lower(), v) for k, v in config.headers.items())
+        #: The channel's callable of each method, made on first use (one per call cost ~5% of a call).
+        self._calls: dict[str, Any] = {}
 
     async def open(self) -> None:
         self._channel = _CHANNELS.acquire(self.config.url)
+        self._calls = {}
 
     async def close(self) -> None:
         if self._channel is not None:
             self._channel = None
+            self._calls = {}
             await _CHANNELS.release(self.config.url)
 
     async def _call(self, method: str, request: Any, timeout_s: float, headers: dict[str, str] | None = None) -> Any:
         if self._channel is None:
             raise BackendUnavailable(self.fqrv, self.config.url, "the backend client is closed")
-        call = self._channel.unary_unary(
-            f"/{SERVICE}/{method}",
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=self.m[f"{method}Response"].FromString,
-        )
-        metadata = self._metadata + tuple((k.lower(), v) for k, v in (headers or {}).items())
+        call = self._calls.get(method)
+        if call is None:
+            call = self._calls[method] = self._channel.unary_unary(
+                f"/{SERVICE}/{method}",
+                request_serializer=self.m[f"{method}Request"].SerializeToString,
+                response_deserializer=self.m[f"{method}Response"].FromString,
+            )
+        metadata = self._metadata + tuple((k.lower(), v) for k, v in headers.items()) if headers else self._metadata
         try:
             return await call(request, timeout=timeout_s, metadata=metadata or None)
         except grpc.aio.AioRpcError as exc:

@@ -1,6 +1,7 @@
-"""A V2 REST backend: one pooled aiohttp session per server (keep-alive, bounded connections, shared
-by the releases that call it), binary tensors when the server offers Triton's
-``binary_tensor_data`` extension, JSON otherwise.
+"""A V2 REST backend: per server, shared by the releases that call it, keep-alive connections for the
+infer calls (http1.Http1Pool: one write per request, a small answer parser; aiohttp's client cost
+the gateway twice its CPU per call) and an aiohttp session for metadata and readiness; binary
+tensors when the server offers Triton's ``binary_tensor_data`` extension, JSON otherwise.
 """
 
 from __future__ import annotations
@@ -8,21 +9,25 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
+import numpy as np
 import orjson
 
-from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, json_data, json_safe, raw_bytes
+from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, check_header, json_data, json_safe, raw_bytes
 from forestflow.core.ids import FQRV
 from forestflow.errors import BackendFailed, BackendUnavailable, DeadlineExceeded, GatewayError, InvalidInput, PayloadTooLarge
 from forestflow.runtime.remote.backend import Backend, ModelInfo, NotSent
 from forestflow.runtime.remote.config import REST, RemoteConfig
+from forestflow.runtime.remote.http1 import Http1Pool, NotConnected
 from forestflow.runtime.remote.pools import SharedPool
 from forestflow.runtime.remote.wire import spec_of
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+_HEADER_LENGTH_KEY = HEADER_LENGTH.lower()
 #: The deadline header forestflow gateways read (api/common.py's DEADLINE_HEADER; runtime cannot
 #: import api): a forestflow backend then gives up when this gateway does.
 DEADLINE_HEADER = "X-Request-Timeout-Ms"
@@ -41,15 +46,19 @@ class RestBackend(Backend):
         model = f"{config.url}/v2/models/{quote(config.model, safe='')}"
         self.model_url = model + (f"/versions/{quote(config.version, safe='')}" if config.version else "")
         self._session: aiohttp.ClientSession | None = None
+        self._clients: _Clients | None = None
+        #: The fixed head of an infer POST (built on the first call).
+        self._infer_head: bytes | None = None
         #: Whether requests go out in the binary tensor layout (the server lists the extension).
         self.binary = False
 
     async def open(self) -> None:
-        self._session = _SESSIONS.acquire(self._pool_key)
+        self._clients = _SESSIONS.acquire(self._pool_key)
+        self._session = self._clients.session
 
     async def close(self) -> None:
         if self._session is not None:
-            self._session = None
+            self._session = self._clients = None
             await _SESSIONS.release(self._pool_key)
 
     @property
@@ -111,19 +120,19 @@ class RestBackend(Backend):
     ) -> list[Tensor]:
         body, extra = self._request_body(inputs, parameters)
         sent = {**headers, **extra, DEADLINE_HEADER: str(max(1, math.ceil(timeout_s * 1000)))}
+        clients = self._clients
+        if clients is None:
+            raise BackendUnavailable(self.fqrv, self.config.url, "the backend client is closed")
         try:
-            async with self.session.post(
-                self.model_url + "/infer", data=body, headers=sent, timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as response:
-                payload = await response.read()
-                status, length = response.status, response.headers.get(HEADER_LENGTH)
-                if status != 200:
-                    raise self._status_error(status, payload, response.headers.get("Retry-After", b""))
-        except GatewayError:
-            raise
+            head = self._infer_head
+            if head is None:
+                head = self._infer_head = clients.posts.head(urlsplit(self.model_url + "/infer").path)
+            answer = await clients.posts.post(head, sent, body, timeout_s)
         except Exception as exc:
             raise self._transport_error(exc, timeout_s) from None  # the message says it all: no traceback
-        return self._outputs(payload, length)
+        if answer.status != 200:
+            raise self._status_error(answer.status, answer.body, answer.headers.get("retry-after", b""))
+        return self._outputs(answer.body, answer.headers.get(_HEADER_LENGTH_KEY))
 
     def _request_body(self, inputs: Sequence[Tensor], parameters: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
         items: list[dict[str, Any]] = []
@@ -163,7 +172,7 @@ class RestBackend(Backend):
                     array = array_from_raw(name, datatype, shape, binary[offset : offset + blob], "output")
                     offset += blob
                 else:
-                    array = array_from_json(name, datatype, shape, item["data"], "output")
+                    array = _json_array(name, datatype, shape, item["data"])
                 tensors.append(Tensor(name, datatype, array))
             return tensors
         except (GatewayError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
@@ -194,11 +203,33 @@ class RestBackend(Backend):
             return DeadlineExceeded(f"backend {url} of {self.fqrv} did not answer within {timeout_s * 1000:.0f} ms")
         if isinstance(exc, aiohttp.ClientConnectorError):
             return NotSent(self.fqrv, url, f"cannot connect: {exc.os_error or exc}")
+        if isinstance(exc, NotConnected):
+            return NotSent(self.fqrv, url, f"cannot connect: {exc}")
+        if isinstance(exc, ValueError):
+            return BackendFailed(self.fqrv, url, "unreadable answer", detail=str(exc))
         return BackendUnavailable(self.fqrv, url, f"{type(exc).__name__}: {exc}")
 
 
-def _new_session(key: str) -> aiohttp.ClientSession:
+@dataclass(slots=True)
+class _Clients:
+    """What the releases calling one server share: an aiohttp session (metadata, readiness) and the
+    keep-alive connections of their infer calls."""
+
+    session: aiohttp.ClientSession
+    posts: Http1Pool
+
+
+def _new_clients(key: str) -> _Clients:
     url, headers = orjson.loads(key)
+    return _Clients(_new_session(url, headers), Http1Pool(url, dict(headers), _MAX_CONNECTIONS))
+
+
+async def _close_clients(clients: _Clients) -> None:
+    clients.posts.close()
+    await clients.session.close()
+
+
+def _new_session(url: str, headers: list[list[str]]) -> aiohttp.ClientSession:
     # Keep-alive connections, at most _MAX_CONNECTIONS to the server: a bound on sockets however many
     # releases share it (each release's scheduler already bounds its own calls in flight).
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=_MAX_CONNECTIONS, keepalive_timeout=30)
@@ -208,14 +239,27 @@ def _new_session(key: str) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, headers=default_headers, raise_for_status=False)
 
 
-async def _close_session(session: aiohttp.ClientSession) -> None:
-    await session.close()
-
-
 #: Sockets one gateway process opens to one backend server at most.
 _MAX_CONNECTIONS = 256
 #: One session per backend server (and headers), shared by the releases that call it.
-_SESSIONS: SharedPool[aiohttp.ClientSession] = SharedPool(_new_session, _close_session)
+_SESSIONS: SharedPool[_Clients] = SharedPool(_new_clients, _close_clients)
+
+
+def _json_array(name: str, datatype: Any, shape: Any, data: Any) -> np.ndarray:
+    """An output's JSON ``data`` as an array: a flat list numpy reads as the very dtype of an INT64 or
+    FP64 output (the usual answer) is taken as it is, which is what ``array_from_json`` makes of it,
+    without its range checks and copies (an int64 array holds no value out of INT64's range);
+    anything else goes through ``array_from_json``."""
+    if datatype in _AS_READ and type(data) is list:
+        dtype, dims = check_header(name, datatype, shape, "output")
+        flat = np.array(data)
+        if flat.dtype == dtype and flat.ndim == 1 and flat.size == math.prod(dims):
+            return flat.reshape(dims)
+    return array_from_json(name, datatype, shape, data, "output")
+
+
+#: Output datatypes whose flat JSON data numpy reads straight into their own dtype.
+_AS_READ = frozenset({"INT64", "FP64"})
 
 
 def _error_text(body: bytes) -> str:
