@@ -29,8 +29,7 @@ from forestflow.api import grpc_probes, v2_common
 from forestflow.api.common import GATEWAY, GRPC_METRICS, GRPC_PORT, SETTINGS, WORKER
 from forestflow.api.prom import RequestMetrics
 from forestflow.codecs.v2 import Layout, encode_outputs
-from forestflow.codecs.v2_request import parameters_of, tensors_of
-from forestflow.codecs.v2_tensor import raw_bytes
+from forestflow.codecs.v2_request import add_raw_tensors, parameters_of, set_parameter, tensors_of
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 from forestflow.errors import DeadlineExceeded, GatewayError, Kind
@@ -118,11 +117,9 @@ class InferenceService:
             outputs = encode_outputs(frame, layout, [name for name, _ in wanted])
             outputs = v2_common.classify_outputs(self.gateway, fqrv, frame, outputs, ks)
             response = self.m["ModelInferResponse"](model_name=request.model_name, model_version=fqrv.release, id=request_id)
-            for tensor in outputs:
-                response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-                response.raw_output_contents.append(raw_bytes(tensor.array, tensor.datatype))
+            add_raw_tensors(response.outputs, response.raw_output_contents, outputs)
             for key, value in v2_common.response_metadata(frame).items():
-                _set_parameter(response.parameters[key], value)
+                set_parameter(response.parameters[key], value)
             if layout.explicit:
                 response.parameters["content_type"].string_param = layout.content_type
             return WireBody.of(response.SerializeToString())
@@ -143,18 +140,6 @@ class InferenceService:
         assert result.response_json is not None
         _answered.set((str(result.fqrv), result.latency_ms / 1000))
         return result.response_json
-
-
-def _set_parameter(param: Any, value: Any) -> None:
-    """One ``InferParameter`` from a Python value (anything but bool/int/float as its text)."""
-    if isinstance(value, bool):
-        param.bool_param = value
-    elif isinstance(value, int):
-        param.int64_param = value
-    elif isinstance(value, float):
-        param.double_param = value
-    else:
-        param.string_param = value if isinstance(value, str) else str(value)
 
 
 class _Undecodable:

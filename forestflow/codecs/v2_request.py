@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from forestflow.codecs import _ffjson
-from forestflow.codecs.v2_tensor import Tensor, array_from_contents, array_from_json, array_from_raw
+from forestflow.codecs.v2_tensor import Tensor, array_from_contents, array_from_json, array_from_raw, raw_bytes
 from forestflow.errors import InvalidInput
 
 #: Parameters of the binary extension: they steer the encoding and are not model parameters.
@@ -111,17 +111,40 @@ def parameters_of(field: Any) -> dict[str, Any]:
     return out
 
 
-def tensors_of(request: Any) -> list[Tensor]:
-    """The input tensors of a ModelInferRequest, typed (``contents``) or raw."""
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")
+def tensors_of(message: Any, what: str = "input") -> list[Tensor]:
+    """The tensors of a ModelInferRequest (``what="input"``) or of a ModelInferResponse
+    (``what="output"``), typed (``contents``) or raw."""
+    items, raw = (
+        (message.inputs, message.raw_input_contents) if what == "input" else (message.outputs, message.raw_output_contents)
+    )
+    if raw and len(raw) != len(items):
+        raise InvalidInput(f"raw_{what}_contents has {len(raw)} entries for {len(items)} {what}s")
     tensors = []
-    for i, t in enumerate(request.inputs):
+    for i, t in enumerate(items):
         shape = list(t.shape)
         if raw:
-            array = array_from_raw(t.name, t.datatype, shape, raw[i])
+            array = array_from_raw(t.name, t.datatype, shape, raw[i], what)
         else:
-            array = array_from_contents(t.name, t.datatype, shape, t.contents)
+            array = array_from_contents(t.name, t.datatype, shape, t.contents, what)
         tensors.append(Tensor(t.name, t.datatype, array, parameters_of(t.parameters)))
     return tensors
+
+
+def add_raw_tensors(items: Any, raw: Any, tensors: Any) -> None:
+    """Append ``tensors`` to a request's ``inputs`` or a response's ``outputs`` (``items``), their
+    contents in the binary layout to the matching ``raw_*_contents`` (``raw``)."""
+    for tensor in tensors:
+        items.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        raw.append(raw_bytes(tensor.array, tensor.datatype))
+
+
+def set_parameter(param: Any, value: Any) -> None:
+    """One ``InferParameter`` from a Python value (anything but bool/int/float as its text)."""
+    if isinstance(value, bool):
+        param.bool_param = value
+    elif isinstance(value, int):
+        param.int64_param = value
+    elif isinstance(value, float):
+        param.double_param = value
+    else:
+        param.string_param = value if isinstance(value, str) else str(value)

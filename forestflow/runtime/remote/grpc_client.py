@@ -12,7 +12,8 @@ from typing import Any
 import grpc
 
 from forestflow._proto.grpc_predict_v2 import SERVICE, messages
-from forestflow.codecs.v2_tensor import Tensor, array_from_contents, array_from_raw, raw_bytes
+from forestflow.codecs.v2_request import add_raw_tensors, set_parameter, tensors_of
+from forestflow.codecs.v2_tensor import Tensor
 from forestflow.core.frame import TensorSpec
 from forestflow.core.ids import FQRV
 from forestflow.errors import BackendFailed, BackendUnavailable, DeadlineExceeded, GatewayError, InvalidInput
@@ -84,25 +85,12 @@ class GrpcBackend(Backend):
         self, inputs: Sequence[Tensor], parameters: dict[str, Any], timeout_s: float, headers: dict[str, str]
     ) -> list[Tensor]:
         request = self.m["ModelInferRequest"](model_name=self.config.model, model_version=self.config.version)
-        for tensor in inputs:
-            request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-            request.raw_input_contents.append(raw_bytes(tensor.array, tensor.datatype))
+        add_raw_tensors(request.inputs, request.raw_input_contents, inputs)
         for key, value in parameters.items():
-            _set_parameter(request.parameters[key], value)
+            set_parameter(request.parameters[key], value)
         response = await self._call("ModelInfer", request, timeout_s, headers)
         try:
-            raw = response.raw_output_contents
-            if raw and len(raw) != len(response.outputs):
-                raise ValueError(f"{len(raw)} raw_output_contents for {len(response.outputs)} outputs")
-            out = []
-            for i, t in enumerate(response.outputs):
-                shape = list(t.shape)
-                if raw:
-                    array = array_from_raw(t.name, t.datatype, shape, raw[i], "output")
-                else:
-                    array = array_from_contents(t.name, t.datatype, shape, t.contents, "output")
-                out.append(Tensor(t.name, t.datatype, array))
-            return out
+            return tensors_of(response, "output")
         except (GatewayError, ValueError) as exc:
             reason = exc.message if isinstance(exc, GatewayError) else str(exc)
             raise BackendFailed(self.fqrv, self.config.url, "unreadable answer", detail=reason) from exc
@@ -136,14 +124,3 @@ _CHANNELS: SharedPool[grpc.aio.Channel] = SharedPool(_new_channel, _close_channe
 
 def _spec(tensor: Any) -> TensorSpec:
     return TensorSpec(tensor.name, tensor.datatype, tuple(int(d) for d in tensor.shape) or (-1,))
-
-
-def _set_parameter(param: Any, value: Any) -> None:
-    if isinstance(value, bool):
-        param.bool_param = value
-    elif isinstance(value, int):
-        param.int64_param = value
-    elif isinstance(value, float):
-        param.double_param = value
-    else:
-        param.string_param = str(value)
