@@ -22,7 +22,7 @@ from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, SETTIN
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
 from forestflow.codecs.v2 import Layout, encode_outputs
 from forestflow.codecs.v2_request import loads, object_of, parse_inputs, tensor_name
-from forestflow.codecs.v2_tensor import Tensor, json_data, json_safe, raw_bytes
+from forestflow.codecs.v2_tensor import Tensor, json_entry
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 from forestflow.errors import GatewayError, InvalidInput, PayloadTooLarge
@@ -88,19 +88,7 @@ def encode_response(
 ) -> tuple[bytes, int | None]:
     """The response body, and the JSON length when binary outputs follow it."""
     blobs: list[bytes] = []
-    entries = []
-    for tensor in outputs:
-        params = wanted.get(tensor.name, {})
-        binary = params.get("binary_data", binary_default)
-        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
-        if binary or (tensor.datatype == "BYTES" and not json_safe(tensor.array)):
-            blob = raw_bytes(tensor.array, tensor.datatype)
-            entry["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            entry["data"] = json_data(tensor.array, tensor.datatype)
-        entries.append(entry)
-    doc["outputs"] = entries
+    doc["outputs"] = [json_entry(t, wanted.get(t.name, {}).get("binary_data", binary_default), blobs) for t in outputs]
     head = dumps(doc)
     if not blobs:
         return head, None

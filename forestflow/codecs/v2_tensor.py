@@ -280,3 +280,17 @@ def raw_bytes(array: np.ndarray, datatype: str) -> bytes:
     if datatype == "BOOL":
         return np.ascontiguousarray(array, dtype=np.uint8).tobytes()
     return np.ascontiguousarray(array, dtype=DATATYPES[datatype].newbyteorder("<")).tobytes()
+
+
+def json_entry(tensor: Tensor, binary: bool, blobs: list[bytes]) -> dict[str, Any]:
+    """A tensor's entry in a V2 JSON body (``inputs`` or ``outputs``): its data inline, or, when
+    ``binary`` is asked (or its strings cannot be JSON), its binary layout appended to ``blobs``
+    with the entry saying its size."""
+    entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+    if binary or (tensor.datatype == "BYTES" and not json_safe(tensor.array)):
+        blob = raw_bytes(tensor.array, tensor.datatype)
+        entry["parameters"] = {"binary_data_size": len(blob)}
+        blobs.append(blob)
+    else:
+        entry["data"] = json_data(tensor.array, tensor.datatype)
+    return entry

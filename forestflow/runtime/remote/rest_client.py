@@ -17,7 +17,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, check_header, json_data, json_safe, raw_bytes
+from forestflow.codecs.v2_tensor import Tensor, array_from_json, array_from_raw, check_header, json_entry
 from forestflow.core.ids import FQRV
 from forestflow.errors import BackendFailed, BackendUnavailable, DeadlineExceeded, GatewayError, InvalidInput, PayloadTooLarge
 from forestflow.runtime.remote.backend import Backend, ModelInfo, NotSent
@@ -135,18 +135,8 @@ class RestBackend(Backend):
         return self._outputs(answer.body, answer.headers.get(_HEADER_LENGTH_KEY))
 
     def _request_body(self, inputs: Sequence[Tensor], parameters: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
-        items: list[dict[str, Any]] = []
         blobs: list[bytes] = []
-        for tensor in inputs:
-            item: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
-            if self.binary or (tensor.datatype == "BYTES" and not json_safe(tensor.array)):
-                blob = raw_bytes(tensor.array, tensor.datatype)
-                item["parameters"] = {"binary_data_size": len(blob)}
-                blobs.append(blob)
-            else:
-                item["data"] = json_data(tensor.array, tensor.datatype)
-            items.append(item)
-        doc: dict[str, Any] = {"inputs": items}
+        doc: dict[str, Any] = {"inputs": [json_entry(tensor, self.binary, blobs) for tensor in inputs]}
         params = dict(parameters)
         if self.binary:
             params["binary_data_output"] = True
