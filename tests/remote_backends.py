@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 import requests
 
-from tests.support import ROOT, free_port
+from tests.support import ROOT, ChildProcess, free_port
 
 MLSERVER_VENV = ROOT / ".venv-mlserver"
 MLSERVER_PYTHON = MLSERVER_VENV / "bin" / "python"
@@ -56,7 +55,7 @@ def iris_probabilities(model_dir: Path, rows: list[list[float]]) -> np.ndarray:
     return exp / exp.sum(axis=1, keepdims=True)
 
 
-class MLServerProcess:
+class MLServerProcess(ChildProcess):
     """``mlserver start`` on free loopback ports (HTTP and gRPC; no metrics server), in one process
     (``parallel_workers`` 0: inference on MLServer's own event loop, no worker pool). The ports are
     chosen once, so a stopped server started again answers at the same addresses."""
@@ -132,36 +131,6 @@ class MLServerProcess:
         except requests.RequestException:
             return False
         return server.status_code == 200 and model.status_code == 200
-
-    @property
-    def running(self) -> bool:
-        """Whether the process is alive."""
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM (MLServer's graceful shutdown), SIGKILL when it takes longer than ``timeout_s``."""
-        if not self.running:
-            return
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL, no shutdown."""
-        if self.running:
-            assert self.proc is not None
-            self.proc.kill()
-            self.proc.wait()
-
-    def log(self) -> str:
-        """What the server printed so far (last 4 kB)."""
-        try:
-            return self.log_path.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
 
     def infer(self, body: dict[str, Any]) -> dict[str, Any]:
         """A V2 REST infer straight to MLServer (the reference answer); raises on a non-200."""

@@ -148,7 +148,45 @@ async def serve_in_process(
         await runner.cleanup()
 
 
-class GatewayProcess:
+class ChildProcess:
+    """A server in a child process whose output goes to ``log_path``: stopped, killed and read the same
+    way whatever it is (the gateway here, MLServer in tests/remote_backends.py)."""
+
+    proc: subprocess.Popen[bytes] | None
+    log_path: Path
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM and wait (graceful shutdown), SIGKILL after ``timeout_s``; the exit code (None: never started)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL (no graceful shutdown)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log(self) -> str:
+        """What the process printed so far (last 4 kB)."""
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+
+class GatewayProcess(ChildProcess):
     """``forestflow serve`` in a child process on a free port (for restarts and multi-process tests)."""
 
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None, args: list[str] | None = None) -> None:
@@ -208,28 +246,3 @@ class GatewayProcess:
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"gateway did not start: {self.log()}")
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM and wait (graceful shutdown); returns the exit code."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        """SIGKILL (no graceful shutdown)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def log(self) -> str:
-        """What the process printed so far (last 4 kB)."""
-        try:
-            return self.log_path.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
