@@ -34,6 +34,18 @@ audit = structlog.get_logger("forestflow.audit")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def _audit_refusal(request: web.Request, reason: str) -> None:
+    """The audit line of an admin call refused for its credentials."""
+    audit.warning(
+        "admin_refused",
+        reason=reason,
+        method=request.method,
+        path=request.path,
+        peer=request.remote,
+        request_id=request_id_of(request),
+    )
+
+
 def admin(handler: Handler) -> Handler:
     """Require the admin bearer token (when one is configured) before running ``handler``."""
 
@@ -43,24 +55,10 @@ def admin(handler: Handler) -> Handler:
             header = request.headers.get("Authorization", "")
             scheme, _, given = header.partition(" ")
             if scheme.lower() != "bearer" or not given:
-                audit.warning(
-                    "admin_refused",
-                    reason="no credentials",
-                    method=request.method,
-                    path=request.path,
-                    peer=request.remote,
-                    request_id=request_id_of(request),
-                )
+                _audit_refusal(request, "no credentials")
                 raise Unauthenticated("admin routes need Authorization: Bearer <token>")
             if not hmac.compare_digest(given.strip().encode(), token.encode()):
-                audit.warning(
-                    "admin_refused",
-                    reason="wrong token",
-                    method=request.method,
-                    path=request.path,
-                    peer=request.remote,
-                    request_id=request_id_of(request),
-                )
+                _audit_refusal(request, "wrong token")
                 raise Forbidden("the admin token is wrong")
         if not request.app[GATEWAY].started:
             raise StoreUnavailable("the gateway is starting (restoring the registry); try again")

@@ -158,22 +158,22 @@ _P_ORG = {"name": "org", "in": "path", "required": True, "schema": {"type": "str
 _P_PROJECT = {"name": "project", "in": "path", "required": True, "schema": {"type": "string"}, "example": "fuzz"}
 _P_N = {"name": "n", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}, "example": 1}
 _P_RELEASE = {"name": "release", "in": "path", "required": True, "schema": {"type": "string"}, "example": "r1"}
-_P_NAME = {
-    "name": "name",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-    "description": "org.project.n",
-    "example": "h2o.fuzz.1",
-}
-_P_MODEL = {
-    "name": "model",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-    "description": "org.project.n",
-    "example": "h2o.fuzz.1",
-}
+
+
+def _p_contract_name(name: str) -> dict[str, Any]:
+    """A path parameter that names a contract as ``org.project.n``."""
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string"},
+        "description": "org.project.n",
+        "example": "h2o.fuzz.1",
+    }
+
+
+_P_NAME = _p_contract_name("name")
+_P_MODEL = _p_contract_name("model")
 _P_VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}, "example": "r1"}
 _P_TIMEOUT = {
     "name": "X-Request-Timeout-Ms",
