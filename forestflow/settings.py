@@ -152,7 +152,7 @@ class Settings:
         default="",
     )
 
-    # Model sources (README "Model sources").
+    # Model sources (docs/sources.md).
     artifact_roots: str = _doc(
         "comma-separated directories file:// deploys may read (empty = the data dir and the working directory)",
         default="",

@@ -1,5 +1,6 @@
-"""The README's quick start works when followed top to bottom, its route table names every front-end, and its
-sections with commands (safe rollouts, models served elsewhere) run as written."""
+"""The README and the pages under docs/ run as written: the quick start's commands use what the first command
+installs, the APIs page's route table names every front-end, and the pages' sections with commands (safe
+rollouts, models served elsewhere) run against real gateways."""
 
 from __future__ import annotations
 
@@ -19,10 +20,24 @@ from forestflow.runtime.remote.config import _KEYS as _REMOTE_KEYS
 from tests.support import ROOT, GatewayProcess, free_port
 
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+
+
+def page(name: str) -> str:
+    """A page under docs/."""
+    return (DOCS / name).read_text()
+
+
+def section(text: str, heading: str) -> str:
+    """One ``## `` section of a page: from its heading to the next one (or the end)."""
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
 
 
 def _shell_lines() -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+    texts = [README] + [path.read_text() for path in sorted(DOCS.glob("*.md"))]
+    blocks = [block for text in texts for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S)]
     return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
 
 
@@ -35,17 +50,18 @@ def test_commands_use_what_the_first_command_installs() -> None:
 
 
 def test_curl_deploy_is_an_alternative_not_a_second_deploy() -> None:
-    curl_intro = README[README.index("To deploy with curl") : README.index('sed "s#file')]
+    apis = page("apis.md")
+    curl_intro = apis[apis.index("To deploy with curl") : apis.index('sed "s#file')]
     assert "instead of" in curl_intro and "409" in curl_intro
 
 
 def test_shadow_section_explains_the_fan_out_to_the_old_release() -> None:
-    text = " ".join(README.split())
+    text = " ".join(page("rollouts.md").split())
     assert "once `gbm-v2` answers some requests, `gbm-v1` receives shadow copies" in text
 
 
 def test_route_table_lists_every_front_end_and_the_v2_name_rule() -> None:
-    table = README[README.index("## APIs") : README.index("## Deployment shapes")]
+    table = page("apis.md")
     for route in (
         "/{org}/{project}/{n}/score",
         "/{org}/{project}/{n}/gp",
@@ -63,8 +79,8 @@ def test_route_table_lists_every_front_end_and_the_v2_name_rule() -> None:
 
 def test_safe_rollouts_section_runs_as_written(tmp_path: Any) -> None:
     """Each line of the section's bash block, run against a real gateway: gate, phase in, roll back."""
-    section = README[README.index("## Safe rollouts") : README.index("## Operations")]
-    lines = [line for line in re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1).splitlines() if line.strip()]
+    text = section(page("rollouts.md"), "Safe rollouts")
+    lines = [line for line in re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1).splitlines() if line.strip()]
     broken = tmp_path / "v2-broken"
     gw = GatewayProcess(tmp_path / "data", env={"FORESTFLOW_EVALUATION_INTERVAL_S": "1"}).start()
 
@@ -112,12 +128,12 @@ def _commands(block: str) -> list[str]:
 def test_models_served_elsewhere_section_runs_as_written(tmp_path: Path) -> None:
     """The section's commands, in order, against a real gateway and the MLServer its own start line starts
     (on free ports, its model directory and the definition's URL moved accordingly)."""
-    section = README[README.index("## Models served elsewhere") : README.index("## Model sources")]
-    setup, use = (_commands(block) for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S))
-    (shown,) = re.findall(r"```json\n(.*?)```", section, flags=re.S)
+    text = page("remote.md")
+    setup, use = (_commands(block) for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S))
+    (shown,) = re.findall(r"```json\n(.*?)```", text, flags=re.S)
     definition = ROOT / "servables" / "iris-remote.json"
-    assert json.loads(shown) == json.loads(definition.read_text())  # the README shows the file deployed
-    documented = section[section.index("| key | what |") :]
+    assert json.loads(shown) == json.loads(definition.read_text())  # the page shows the file deployed
+    documented = text[text.index("| key | what |") :]
     assert all(f"`{key}`" in documented for key in _REMOTE_KEYS), documented
 
     ports = {"8180": str(free_port()), "8181": str(free_port()), "8182": str(free_port())}
