@@ -17,7 +17,7 @@ from tests.pipeline_support import port, toml
 
 #: The digits pipeline's scale: 8-bit pixels back to scikit-learn's 0..16 feature range.
 DIGITS_SCALE = 16 / 255
-INVERT_MODULE = '''
+INVERT_MODULE = """
 import numpy as np
 
 METADATA = {
@@ -28,7 +28,7 @@ METADATA = {
 
 def predict(frame):
     return {"inverted": 255 - frame["pixels"]}
-'''
+"""
 
 
 def encode(pixels: np.ndarray, image_format: str = "PNG", **options: Any) -> bytes:

@@ -47,6 +47,8 @@ class _ImageStep(_BuiltinStep):
     inline_max_rows = 0  # decoding one large image would hold the event loop: always on a thread
     reads_parameters = False
     keys: frozenset[str] = frozenset()
+    #: The one input's name (set at load).
+    _input = ""
 
     def __init__(self, fqrv: Any, artifact_dir: Path, settings: dict[str, Any]) -> None:
         super().__init__(fqrv, artifact_dir, settings)
@@ -101,9 +103,7 @@ class ImageDecodeStep(_ImageStep):
         if mode not in ("L", "RGB"):
             raise self._invalid(f'mode must be "L" or "RGB", got {mode!r}')
         size = self.settings.get("size")
-        if size is not None and not (
-            isinstance(size, list) and len(size) == 2 and all(type(d) is int and d > 0 for d in size)
-        ):
+        if size is not None and not (isinstance(size, list) and len(size) == 2 and all(type(d) is int and d > 0 for d in size)):
             raise self._invalid(f"size must be [height, width] in pixels, got {size!r}")
         resample = self.settings.get("resample", "bilinear")
         if resample not in images.RESAMPLE:
@@ -146,7 +146,8 @@ class ImageDecodeStep(_ImageStep):
         column = self._column(frame)
         if column.ndim > 1:
             if math.prod(column.shape[1:]) != 1:
-                raise InvalidInput(f"{self._where}: input {self._input!r} takes one image per row, got shape {list(column.shape)}")
+                shape = list(column.shape)
+                raise InvalidInput(f"{self._where}: input {self._input!r} takes one image per row, got shape {shape}")
             column = column.reshape(len(column))
         pixels = [self._decode_row(i, v) for i, v in enumerate(column.tolist())]
         for i, p in enumerate(pixels[1:], 1):

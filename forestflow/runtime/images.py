@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-from types import ModuleType
+import warnings
 from typing import Any
 
 import numpy as np
@@ -36,8 +36,9 @@ class ImageError(ValueError):
     """What is wrong with one image (the caller's data): not an image, truncated, too large..."""
 
 
-def pillow(platform: str) -> ModuleType:
-    """``PIL.Image``, imported now; a 422 naming the install command when Pillow is missing."""
+def pillow(platform: str) -> Any:
+    """``PIL.Image`` (the module the other functions take as ``image_module``), imported now; a 422
+    naming the install command when Pillow is missing."""
     try:
         from PIL import Image
     except ImportError:
@@ -47,10 +48,12 @@ def pillow(platform: str) -> ModuleType:
     return Image
 
 
-def limit_pixels(image_module: ModuleType, max_pixels: int) -> None:
-    """Make Pillow's own decompression-bomb check agree with ``max_image_pixels`` (it warns above
-    the limit and refuses above twice it; :func:`decode` refuses above it before Pillow is asked)."""
+def limit_pixels(image_module: Any, max_pixels: int) -> None:
+    """Make Pillow's own decompression-bomb check agree with ``max_image_pixels``: it refuses above
+    twice the limit and warns above it, where :func:`decode` refuses the image right after (so the
+    warning, which would only repeat that refusal in the log, is silenced)."""
     image_module.MAX_IMAGE_PIXELS = max_pixels
+    warnings.filterwarnings("ignore", category=image_module.DecompressionBombWarning)
 
 
 def payload(value: Any, base64_mode: str) -> bytes:
@@ -88,7 +91,7 @@ def _from_base64(text: str, *, strict: bool) -> bytes:
         return text.encode("utf-8", "replace")
 
 
-def decode(image_module: ModuleType, data: bytes, mode: str, size: tuple[int, int] | None, resample: int, max_pixels: int) -> np.ndarray:
+def decode(image_module: Any, data: bytes, mode: str, size: tuple[int, int] | None, resample: int, max_pixels: int) -> np.ndarray:
     """One encoded image as a ``uint8`` array ``[H, W]`` (mode "L") or ``[H, W, 3]`` ("RGB"),
     resized to ``size`` = (H, W) when given."""
     try:
@@ -118,7 +121,7 @@ def decode(image_module: ModuleType, data: bytes, mode: str, size: tuple[int, in
         return np.asarray(out, dtype=np.uint8)
 
 
-def encode(image_module: ModuleType, pixels: np.ndarray, image_format: str, quality: int) -> bytes:
+def encode(image_module: Any, pixels: np.ndarray, image_format: str, quality: int) -> bytes:
     """One ``uint8`` ``[H, W]`` or ``[H, W, C]`` (C = 1, 3 or 4) array as a PNG or JPEG file."""
     if pixels.ndim == 3 and pixels.shape[2] == 1:
         pixels = pixels[:, :, 0]

@@ -91,12 +91,8 @@ def senders(gw: V2Gateway, call: Client) -> dict[str, Send]:
 
     async def v2_binary(contract: tuple[str, str, int], name: str, images: list[bytes]) -> tuple[int, Any]:
         blob = bytes_blob(images)
-        head = orjson.dumps(
-            {
-                "inputs": [{"name": name, "datatype": "BYTES", "shape": [len(images)], "parameters": {"binary_data_size": len(blob)}}],
-                "parameters": {"binary_data_output": True},
-            }
-        )
+        tensor = {"name": name, "datatype": "BYTES", "shape": [len(images)], "parameters": {"binary_data_size": len(blob)}}
+        head = orjson.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}})
         headers = {"Inference-Header-Content-Length": str(len(head))}
         url = gw.url + f"/v2/models/{_model(contract)}/infer"
         async with gw.server.session.post(url, data=head + blob, headers=headers) as r:
