@@ -48,14 +48,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.driver import Result, drive  # noqa: E402
-from bench.servers import Server, side_by_side, start_gateway  # noqa: E402
+from bench.servers import Server, deploy_body, side_by_side, start_gateway  # noqa: E402
 from tests.remote_backends import IRIS_MODEL, IRIS_ROWS, IRIS_VERSION, MLServerProcess, train_iris  # noqa: E402
 
 #: The contract of each protocol's cell (on the twin's gateway, the twin serves both).
@@ -107,12 +106,6 @@ def remote_flavor(mlserver: MLServerProcess, protocol: str) -> dict[str, Any]:
     """The RemoteV2 flavor object calling ``mlserver`` over ``protocol``."""
     url = mlserver.rest_url if protocol == "rest" else mlserver.grpc_target
     return {"RemoteV2": {"url": url, "model": IRIS_MODEL, "version": IRIS_VERSION, "protocol": protocol, "timeoutMs": 10000}}
-
-
-def deploy(server: Server, body: dict[str, Any]) -> None:
-    r = requests.post(server.url + "/servable", json=body, timeout=120)
-    if r.status_code != 200:
-        raise RuntimeError(f"deploy failed: {r.status_code} {r.text}")
 
 
 def infer_path(contract: tuple[str, str, int]) -> str:
@@ -217,8 +210,8 @@ def servers(work: Path) -> Iterator[tuple[MLServerBench, Server, Server]]:
             gateways.append(gw)
         twin = {"Python": {"modulePath": "twin.py", "entryPoint": "Iris"}}
         for protocol, contract in CONTRACTS.items():
-            deploy(gateways[0], definition(contract, f"mlserver-{protocol}", remote_flavor(process, protocol)))
-            deploy(gateways[1], definition(contract, "twin", twin, model_dir))
+            deploy_body(gateways[0], definition(contract, f"mlserver-{protocol}", remote_flavor(process, protocol)))
+            deploy_body(gateways[1], definition(contract, "twin", twin, model_dir))
         yield mlserver, gateways[0], gateways[1]
 
 
