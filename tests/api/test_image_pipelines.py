@@ -1,4 +1,5 @@
-"""Image pipelines end to end through every front-end: V2 REST (JSON and binary), V2 gRPC and BASIC /score.
+"""Image pipelines end to end through every front-end: V2 REST (JSON and binary), V2 gRPC, BASIC /score
+and GraphPipe (the official client).
 
 Two pipelines: scikit-learn's 8x8 digits classifier exported to ONNX behind ``image_decode`` (its labels
 must equal scikit-learn's predictions on the same images), and AMD's invert ensemble (PNG in, PNG out,
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from graphpipe import remote
 import numpy as np
 import orjson
 import pytest
@@ -22,10 +24,13 @@ from forestflow._proto.grpc_predict_v2 import messages
 from tests.api.test_v2_grpc import Client
 from tests.api.test_v2_rest import bytes_blob, split_binary
 from tests.api.v2_support import V2Gateway, v2_gateway
+from tests.api_gp.helpers import client
 from tests.image_support import Digits, b64, digits_pipeline, encode, invert_pipeline, pixels_of, png16, random_rgb
 from tests.pipeline_support import servable_request
 
 M = messages()
+# graphpipe's client passes numElems to EndVector, which flatbuffers >= 2 deprecates.
+pytestmark = pytest.mark.filterwarnings("ignore:numElems is deprecated:DeprecationWarning")
 DIGITS = ("img", "digits", 1)
 INVERT = ("img", "invert", 1)
 #: One protocol's call: (contract, input name, images) -> (status, {output: values} or the error text).
@@ -131,7 +136,20 @@ def senders(gw: V2Gateway, call: Client) -> dict[str, Send]:
                     out.setdefault(field, []).append(base64.b64decode(value) if entry["type"] == "Bytes" else value)
         return status, out
 
-    return {"v2-json": v2_json, "v2-binary": v2_binary, "v2-grpc": v2_grpc, "basic": basic}
+    async def graphpipe(contract: tuple[str, str, int], name: str, images: list[bytes]) -> tuple[int, Any]:
+        column = np.empty(len(images), dtype=object)
+        column[:] = images
+        uri = gw.url + "/{}/{}/{}/gp".format(*contract)
+        try:
+            outputs = await client(remote.execute_multi, uri, [column], [name], None, None)
+            names = await client(remote.get_output_names, uri)
+        except Exception as exc:  # the client raises the server's error entry
+            return 400, str(exc)
+        return 200, {
+            n: [_text_or_bytes(v) if isinstance(v, bytes) else v for v in a.reshape(-1).tolist()] for n, a in zip(names, outputs)
+        }
+
+    return {"v2-json": v2_json, "v2-binary": v2_binary, "v2-grpc": v2_grpc, "basic": basic, "graphpipe": graphpipe}
 
 
 async def test_digits_classifier_behind_image_decode_answers_scikit_learns_labels_everywhere(
