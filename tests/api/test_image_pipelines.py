@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from graphpipe import remote
 import numpy as np
 import orjson
 import pytest
+from graphpipe import remote
 
 from forestflow._proto.grpc_predict_v2 import messages
 from tests.api.test_v2_grpc import Client

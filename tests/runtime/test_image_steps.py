@@ -21,7 +21,7 @@ from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import CreateServableRequestInvalidError, InvalidInput
 from forestflow.runtime.flavors import create_servable
 from forestflow.runtime.pipeline import PipelineServable
-from forestflow.settings import Settings
+from forestflow.settings import Settings, SettingsError
 from tests.image_support import b64, encode, pixels_of, png16, random_rgb
 from tests.pipeline_support import pipeline_dir, port, toml
 
@@ -254,3 +254,10 @@ def test_fuzzed_images_only_ever_decode_or_answer_400(values: list[Any]) -> None
 @functools.cache
 def _fuzzed() -> Any:
     return decoder(size=[6, 10])
+
+
+def test_max_image_pixels_is_a_setting_read_from_the_environment_and_checked() -> None:
+    assert Settings.load(environ={}).max_image_pixels == 40_000_000
+    assert Settings.load(environ={"FORESTFLOW_MAX_IMAGE_PIXELS": "1000"}).max_image_pixels == 1000
+    with pytest.raises(SettingsError, match="invalid max_image_pixels = 0"):
+        Settings.load(environ={"FORESTFLOW_MAX_IMAGE_PIXELS": "0"})
