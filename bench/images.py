@@ -31,7 +31,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.servers import Request, Server, deploy_body, side_by_side, start_gateway  # noqa: E402
+from bench.servers import Request, Server, deploy_body, round_options, side_by_side, start_gateway  # noqa: E402
 from forestflow.core.frame import Frame  # noqa: E402
 from forestflow.core.ids import FQRV, Contract  # noqa: E402
 from forestflow.runtime.flavors import create_servable  # noqa: E402
@@ -106,11 +106,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--encodings", nargs="+", default=["v2-json", "v2-binary"], choices=["v2-json", "v2-binary"])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up per cell (0: none)")
-    parser.add_argument("--concurrency", type=int, default=8, help="per gateway")
-    parser.add_argument("--smoke", action="store_true", help="one 1-s round of the 1-row cells, no warm-up")
+    round_options(parser, 8, "gateway", "one 1-s round of the 1-row cells, no warm-up")
     args = parser.parse_args()
     if args.smoke:
         args.rows, args.rounds, args.seconds, args.warmup = [1], 1, 1.0, 0.0

@@ -54,7 +54,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.driver import Result, drive  # noqa: E402
-from bench.servers import Server, deploy_body, side_by_side, start_gateway  # noqa: E402
+from bench.servers import Server, deploy_body, round_options, side_by_side, start_gateway  # noqa: E402
 from tests.remote_backends import IRIS_MODEL, IRIS_ROWS, IRIS_VERSION, MLServerProcess, train_iris  # noqa: E402
 
 #: The contract of each protocol's cell (on the twin's gateway, the twin serves both).
@@ -247,11 +247,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--protocols", nargs="+", default=["rest", "grpc"], choices=["rest", "grpc"])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up per cell (0: none)")
-    parser.add_argument("--concurrency", type=int, default=16, help="per load generator")
-    parser.add_argument("--smoke", action="store_true", help="one 1-s round of the 1-row REST cell, no warm-up")
+    round_options(parser, 16, "load generator", "one 1-s round of the 1-row REST cell, no warm-up")
     args = parser.parse_args()
     if args.smoke:
         args.protocols, args.rows, args.rounds, args.seconds, args.warmup = ["rest"], [1], 1, 1.0, 0.0

@@ -6,6 +6,7 @@ workers.py for its cells, logging_instructions.py reuses logging_cost.py's gatew
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -175,6 +176,16 @@ def endpoints(rows: int, contract: str) -> dict[str, tuple[str, bytes, str]]:
 
 #: One load's request: (path, body, content type, extra headers).
 Request = tuple[str, bytes, str, dict[str, str]]
+
+
+def round_options(parser: argparse.ArgumentParser, concurrency: int, per: str, smoke: str) -> None:
+    """The options of a script that measures cells in rounds: ``--rounds``, ``--seconds``, ``--warmup``,
+    ``--concurrency`` (``per`` load generator or gateway) and ``--smoke`` (what it runs then)."""
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up per cell (0: none)")
+    parser.add_argument("--concurrency", type=int, default=concurrency, help=f"per {per}")
+    parser.add_argument("--smoke", action="store_true", help=smoke)
 
 
 def side_by_side(
