@@ -218,12 +218,12 @@ class ImageEncodeStep(_ImageStep):
     def predict(self, frame: Frame) -> Frame:
         column = self._column(frame)
         if column.ndim not in (3, 4):
-            raise InvalidInput(f"{self._where}: input {self._input!r} needs [N, H, W] or [N, H, W, C], got {list(column.shape)}")
+            raise self._unusable(f"input {self._input!r} needs [N, H, W] or [N, H, W, C], got {list(column.shape)}")
         if self._chw and column.ndim == 4:
             column = column.transpose(0, 2, 3, 1)
         channels = column.shape[3] if column.ndim == 4 else 1
         if channels not in ((1, 3) if self._format == "JPEG" else (1, 3, 4)):
-            raise InvalidInput(f"{self._where}: {channels} channels cannot be written as {self._format}")
+            raise self._unusable(f"{channels} channels cannot be written as {self._format}")
         pixels = self._as_uint8(column)
         out = np.empty(len(pixels), dtype=object)
         for i in range(len(pixels)):
@@ -239,5 +239,11 @@ class ImageEncodeStep(_ImageStep):
             return column
         if column.dtype.kind in "iu" and (column.size == 0 or (column.min() >= 0 and column.max() <= 255)):
             return column.astype(np.uint8)
-        # The step before gave something else than its declared UINT8 pixels: the pipeline's fault.
-        raise PredictionFailed(self.fqrv, f"{self._where}: expected UINT8 pixels, got {column.dtype} values")
+        raise self._unusable(f"expected UINT8 pixels, got {column.dtype} values")
+
+    def _unusable(self, reason: str) -> InvalidInput | PredictionFailed:
+        """Pixels that cannot be an image: the caller's fault (400) when they came in the request, else
+        the step before broke its declared output (the pipeline's failure, a 500)."""
+        if not self.inputs[0].get("id"):
+            return InvalidInput(f"{self._where}: {reason}")
+        return PredictionFailed(self.fqrv, f"{self._where}: {reason}")

@@ -18,7 +18,7 @@ from PIL import Image
 
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
-from forestflow.errors import CreateServableRequestInvalidError, InvalidInput
+from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, PredictionFailed
 from forestflow.runtime.flavors import create_servable
 from forestflow.runtime.pipeline import PipelineServable
 from forestflow.settings import Settings, SettingsError
@@ -52,12 +52,13 @@ def decoder(out: str = "UINT8", shape: list[int] | None = None, max_image_pixels
     return step
 
 
-def encoder(datatype: str = "UINT8", shape: list[int] | None = None, **options: Any) -> Any:
-    """A loaded image_encode step reading ``pixels`` and giving ``image``."""
+def encoder(datatype: str = "UINT8", shape: list[int] | None = None, from_request: bool = True, **options: Any) -> Any:
+    """A loaded image_encode step reading ``pixels`` (a request column, or a tensor of the step before) and giving ``image``."""
+    pixels = _port("pixels", datatype, shape or [-1, -1, -1, 3])
     settings = {
         **options,
         "stepName": "encode",
-        "pipelineInputs": [_port("pixels", datatype, shape or [-1, -1, -1, 3])],
+        "pipelineInputs": [{**pixels, "id": "" if from_request else "pixels"}],
         "pipelineOutputs": [_port("image", "BYTES", [-1])],
     }
     step = create_servable("ImageEncode", FQ, Path("."), settings)
@@ -158,11 +159,14 @@ def test_encode_round_trips_pixels_exactly_as_png_and_closely_as_jpeg() -> None:
     assert (meta.datatype, meta.content_type) == ("BYTES", "image")
 
 
-def test_encode_refuses_what_cannot_be_an_image() -> None:
-    with pytest.raises(InvalidInput, match="4 channels cannot be written as JPEG"):
+def test_encode_refuses_what_cannot_be_an_image_as_the_callers_or_the_pipelines_fault() -> None:
+    with pytest.raises(InvalidInput, match="image_encode step 'encode': 4 channels cannot be written as JPEG"):
         encoder(format="JPEG").predict(Frame({"pixels": np.zeros((1, 2, 2, 4), dtype=np.uint8)}))
     with pytest.raises(InvalidInput, match=r"needs \[N, H, W\] or \[N, H, W, C\]"):
         encoder().predict(Frame({"pixels": np.zeros((1, 4), dtype=np.uint8)}))
+    # Pixels of the step before that break its declared UINT8 output: a server failure (500), not the caller's.
+    with pytest.raises(PredictionFailed, match="expected UINT8 pixels, got float64 values"):
+        encoder(from_request=False).predict(Frame({"pixels": np.full((1, 2, 2, 3), 0.5)}))
 
 
 @pytest.mark.parametrize(
