@@ -1,7 +1,8 @@
 """Encoded images <-> pixel arrays with Pillow, one image at a time, for the image pipeline steps.
 
 Pillow is optional (the ``images`` extra) and imported only when an image step loads. An image is
-untrusted input: only formats whose decoders live inside Pillow are opened (no TIFF, EPS or PSD),
+untrusted input: only the common formats are opened (PNG, JPEG, GIF, BMP, WebP, PPM; not TIFF, EPS,
+which runs Ghostscript, PSD or Pillow's other rarely used decoders),
 the size in the header is checked against ``max_image_pixels`` before any pixel is decoded (a
 decompression bomb never allocates), truncated files are errors (never padded with grey), and
 16-bit or floating-point images are refused rather than clipped to 8 bits. Every failure is an
@@ -22,7 +23,7 @@ from forestflow.errors import CreateServableRequestInvalidError
 
 #: What a user whose gateway lacks Pillow is told to run.
 INSTALL_HINT = "pip install 'forestflow[images]'"
-#: Formats decoded: PNG, JPEG and the plain formats Pillow decodes with its own code.
+#: Formats decoded: the common ones, whose decoders are the most used and fuzzed.
 FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP", "PPM")
 #: Source modes converted to "L" or "RGB" without losing meaning (8 bits per channel, palettes,
 #: alpha dropped, CMYK and YCbCr JPEGs); 16-bit and float images would be clipped, so they are refused.
