@@ -133,6 +133,11 @@ class Settings:
     )
     max_body_bytes: int = _doc("largest request body accepted (after decompression)", default=64 * 1024 * 1024)
     max_rows: int = _doc("largest batch (records) accepted", default=100000)
+    max_image_pixels: int = _doc(
+        "largest image (width x height, read from its header before any pixel is decoded) an image_decode "
+        "pipeline step accepts: a larger one is a 400, so a small file cannot decompress into gigabytes",
+        default=40_000_000,
+    )
     evaluation_interval_s: float = _doc("contract re-evaluation period (phase-in, validity)", default=5.0)
     metrics_flush_interval_s: float = _doc("how often counters are persisted", default=1.0)
     shutdown_timeout_s: float = _doc("grace period for in-flight requests at shutdown", default=30.0)
@@ -231,6 +236,7 @@ class Settings:
             "request_timeout_ms",
             "max_body_bytes",
             "max_rows",
+            "max_image_pixels",
             "log_buffer_bytes",
         ):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")

@@ -15,8 +15,8 @@ import forestflow
 from forestflow.api.common import MAX_CACHED_CONTRACTS
 from forestflow.codecs.v2 import Layout, decode_inputs, spec_json
 from forestflow.codecs.v2_request import TRANSPORT_PARAMETERS, configs_from
-from forestflow.codecs.v2_tensor import Tensor
-from forestflow.core.frame import Frame, TensorSpec
+from forestflow.codecs.v2_tensor import BASE64, Tensor
+from forestflow.core.frame import IMAGE, Frame, TensorSpec
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput, NoActiveServablesForContract, NotFound
 from forestflow.predlog.record import Wire, WireBody
@@ -146,6 +146,17 @@ def classify_outputs(gateway: Gateway, fqrv: FQRV, frame: Frame, outputs: list[T
         return outputs
     source = require_classifier(gateway.metadata(fqrv), str(fqrv))
     return [Tensor(t.name, "BYTES", classify(source, frame, ks[t.name])) if t.name in ks else t for t in outputs]
+
+
+def base64_images(gateway: Gateway, fqrv: FQRV, outputs: list[Tensor]) -> None:
+    """Mark the outputs that hold encoded images (metadata ``content_type = "image"``) to go into
+    JSON answers as base64 text; binary answers carry their bytes as they are."""
+    if not any(t.datatype == "BYTES" and t.array.size and type(t.array.flat[0]) is bytes for t in outputs):
+        return  # text (or no BYTES at all): the usual answer, no metadata looked up
+    images = {s.name for s in gateway.metadata(fqrv).outputs if s.content_type == IMAGE}
+    for tensor in outputs:
+        if tensor.name in images and tensor.datatype == "BYTES":
+            tensor.parameters = {**tensor.parameters, "content_type": BASE64}
 
 
 def response_metadata(frame: Frame) -> dict[str, Any]:

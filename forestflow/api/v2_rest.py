@@ -246,6 +246,7 @@ async def infer_payload(
         # The response body, made once for the client and the prediction log (shadows get theirs).
         outputs = encode_outputs(frame, layout, [n for n, _ in wanted])
         outputs = v2_common.classify_outputs(gateway, fqrv, frame, outputs, ks)
+        v2_common.base64_images(gateway, fqrv, outputs)
         reply: dict[str, Any] = {"model_name": name, "model_version": fqrv.release, "id": request_id}
         returned = v2_common.response_metadata(frame)
         if layout.explicit or returned:

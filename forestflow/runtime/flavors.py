@@ -94,6 +94,18 @@ def _regressor_step() -> FlavorFactory:
     return RegressorStep
 
 
+def _image_decode_step() -> FlavorFactory:
+    from forestflow.runtime.image_steps import ImageDecodeStep
+
+    return ImageDecodeStep
+
+
+def _image_encode_step() -> FlavorFactory:
+    from forestflow.runtime.image_steps import ImageEncodeStep
+
+    return ImageEncodeStep
+
+
 register_flavor("Python", _python_flavor)
 register_flavor("H2OMojo", _h2o_flavor)
 register_flavor("ONNX", _onnx_flavor)
@@ -101,5 +113,7 @@ register_flavor("Pipeline", _pipeline_flavor)
 register_flavor("Map", _map_step)
 register_flavor("Classifier", _classifier_step)
 register_flavor("Regressor", _regressor_step)
+register_flavor("ImageDecode", _image_decode_step)
+register_flavor("ImageEncode", _image_encode_step)
 register_flavor("RemoteV2", _remote_flavor)  # a model served by another V2 server: no artifact
 register_flavor("MLflow", _mlflow_flavor)  # MLFlowServeRequest: the model's MLmodel picks the flavor
