@@ -174,6 +174,8 @@ async def infer(request: web.Request) -> web.Response:
     )
     request[FQRV_TAG] = str(answer.result.fqrv)
     request[SCORING_S] = answer.result.latency_ms / 1000
+    # Feedback may name the answer by its body "id" or by its X-Request-Id.
+    gateway.answers.alias(request_id_of(request), answer.request_id)
     headers = input_headers(answer.result.frame)
     if answer.json_length is None:
         response = web.Response(body=answer.body, content_type=JSON, headers=headers)

@@ -93,6 +93,13 @@ class AnsweredIndex:
         if self.shared is not None:
             self._outgoing.append((request_id, answered))
 
+    def alias(self, request_id: str, known_id: str) -> None:
+        """Remember the answer to ``known_id`` under ``request_id`` too (a V2 body's own ``id``
+        beside the ``X-Request-Id`` the answer carries)."""
+        answered = self._recent.get(known_id)
+        if answered is not None and request_id != known_id:
+            self.remember(request_id, answered)
+
     async def lookup(self, request_id: str) -> Answered | None:
         """Who answered ``request_id`` (None when unknown here and in the shared index, or expired)."""
         found = self._recent.get(request_id)
