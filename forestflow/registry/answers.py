@@ -11,7 +11,7 @@ Processes that share a registry share this index too, so feedback may reach any 
   know an id reads the other workers' files.
 
 A feedback that arrives at another process before the batch holding its answer was written
-looks once more after one batch interval.
+looks again, up to three batch intervals later.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ import structlog
 log = structlog.get_logger("forestflow.feedback")
 
 #: How often remembered answers are written to the shared index.
-SHARE_EVERY_S = 0.05
+SHARE_EVERY_S = 0.02
+#: How many more looks (one batch interval apart) an id unknown to the shared index gets.
+LOOK_AGAIN = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +107,10 @@ class AnsweredIndex:
         found = self._recent.get(request_id)
         if found is None and self.shared is not None:
             found = await self.shared.get(request_id)
-            if found is None:  # another process may not have written its latest batch yet
-                await asyncio.sleep(2 * SHARE_EVERY_S)
+            for _ in range(LOOK_AGAIN):  # another process may not have written its latest batch yet
+                if found is not None:
+                    break
+                await asyncio.sleep(SHARE_EVERY_S)
                 found = await self.shared.get(request_id)
         if found is None or self.clock() - found.at_ms > self.ttl_ms:
             return None

@@ -204,7 +204,7 @@ async def test_sticky_users_keep_their_release_and_only_move_to_the_new_one(gw: 
         gw.gateway.clock = lambda: start + pct * 1000
         await gw.gateway.admin.evaluate_all()
         seen: dict[str, set[str]] = {}
-        for round_ in range(3):
+        for _ in range(3):
             for i in range(60):
                 status, body, _ = await score(gw, f"user-{i}")
                 assert status == 200
@@ -307,5 +307,48 @@ async def test_feedback_reaches_the_replica_that_did_not_answer(tmp_path: Path) 
             assert status == 200
             assert (await feedback(b, request_id, 1.0))[0] == 200
             assert (await feedback(b, "never-answered", 1.0))[0] == 404
+    finally:
+        redis.stop()
+
+
+@pytest.mark.slow
+async def test_two_redis_replicas_learn_together_which_release_converts_better(tmp_path: Path) -> None:
+    """5,000 requests alternating between two replicas, each answer's conversion (B 12 %, A 8 %)
+    posted as feedback to the *other* replica after each block of 50: both route from the rewards
+    they share."""
+    redis = RedisServer(tmp_path / "redis").start()
+    try:
+        fast = {"redis_url": redis.url, "redis_sync_interval_s": 0.1, "metrics_flush_interval_s": 0.1, "access_log": False}
+        async with (
+            serve_in_process(tmp_path / "a", **fast) as a,
+            serve_in_process(tmp_path / "b", **fast) as b,
+        ):
+            await deploy(a, "A", log_level="NONE", contract_settings={**KEEP, "router": {"ThompsonSamplingRouter": {}}})
+            await deploy(a, "B", log_level="NONE", contract_settings=None)
+            await wait_for(lambda: len(b.gateway.loaded) == 2 and b.gateway.ready, 20, "b to load A and B")
+            contract = Contract("acme", "demo", 1)
+            for i, gw in enumerate((a, b)):
+                gw.gateway.contract_state(contract).rng = np.random.default_rng(100 + i)
+            rng = np.random.default_rng(2024)
+            rates = {"A": 0.08, "B": 0.12}
+            routed = []
+            for _block in range(100):  # conversions come in a little after the answers
+                answers = []
+                for i in range(50):
+                    status, body, request_id = await score((a, b)[i % 2])
+                    assert status == 200
+                    answers.append((i, request_id, answered_by(body)))
+                for i, request_id, release in answers:
+                    routed.append(release)
+                    assert (await feedback((b, a)[i % 2], request_id, float(rng.random() < rates[release])))[0] == 200
+            last = Counter(routed[-1000:])
+            print(f"\ntwo replicas, Thompson: B got {last['B']} of the last 1000 requests (A {last['A']})")
+            assert last["B"] >= 800
+
+            async def summed() -> bool:
+                ms = [await stats(gw) for gw in (a, b)]
+                return all(int(m["A"]["feedbackCount"]) + int(m["B"]["feedbackCount"]) == 5000 for m in ms)
+
+            await wait_for(summed, 10, "both replicas to count all 5,000 rewards")
     finally:
         redis.stop()
