@@ -46,7 +46,7 @@ from forestflow.errors import (
 )
 from forestflow.predlog.log import PredictionLog
 from forestflow.predlog.record import PredictionRecord, Wire
-from forestflow.registry.answers import Answered, AnsweredIndex, SharedAnswers
+from forestflow.registry.answers import SHARE_EVERY_S, Answered, AnsweredIndex, SharedAnswers
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.loader import ServableLoader
 from forestflow.registry.registry import Loaded, Registry
@@ -142,12 +142,13 @@ class Gateway:
             "registry_restored", contracts=len(registry.contracts), servables=len(registry.loaded), failed=len(registry.failed)
         )
         self.prediction_log.start()
-        self.answers.start()
         self._timers = [
             asyncio.create_task(self._every(self.settings.evaluation_interval_s, self.admin.evaluate_all), name="evaluate"),
             asyncio.create_task(self._every(self.settings.metrics_flush_interval_s, self.admin.flush_metrics), name="flush"),
             asyncio.create_task(self._every(COMPARE_INTERVAL_S, self.compare_shadows), name="compare-shadows"),
         ]
+        if self.answers.shared is not None:  # answers the other processes may get feedback for
+            self._timers.append(asyncio.create_task(self._every(SHARE_EVERY_S, self.answers.share), name="share-answers"))
         watch = getattr(self.store, "watch", None)
         if watch is not None:  # follow the changes of other processes sharing the store (replicas, workers)
             watch(self.replica_sync.sync_from_store)
@@ -163,7 +164,7 @@ class Gateway:
         background = [*self._tasks, *self.replica_sync.tasks]
         if background:
             await asyncio.wait(background, timeout=5.0)
-        await self.answers.close()
+        await self.answers.share()
         try:
             await self.admin.flush_metrics(force=True)
         except StoreUnavailable as error:  # Redis away: the last flushed counters stand; shut down anyway

@@ -18,6 +18,7 @@ from forestflow.api.common import GATEWAY
 from forestflow.api.openapi import document
 from forestflow.api.prom import RequestMetrics
 from forestflow.api.responses import json_response
+from forestflow.core.contract_state import ContractState
 from forestflow.core.policies import is_valid
 
 REQUEST_METRICS = web.AppKey("request_metrics", RequestMetrics)
@@ -65,7 +66,7 @@ def _servables(gateway: Any, now_ms: int) -> list[dict[str, Any]]:
     return contracts
 
 
-def _share_pct(state: Any, release: str, weights: dict[str, int], total: int) -> float:
+def _share_pct(state: ContractState, release: str, weights: dict[str, int], total: int) -> float:
     """The share of traffic the router gives a release now: a bandit's learnt share, else its weight's."""
     if state.settings.router.is_bandit and state.bandit_shares:
         return round(100 * state.bandit_shares.get(release, 0.0), 1)

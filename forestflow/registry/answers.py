@@ -83,7 +83,6 @@ class AnsweredIndex:
         self.shared = shared
         self._recent: OrderedDict[str, Answered] = OrderedDict()
         self._outgoing: list[tuple[str, Answered]] = []
-        self._task: asyncio.Task[None] | None = None
 
     def remember(self, request_id: str, answered: Answered) -> None:
         """Note who answered ``request_id`` (on the request path: memory only)."""
@@ -116,22 +115,9 @@ class AnsweredIndex:
             return None
         return found
 
-    def start(self) -> None:
-        """Start writing to the shared index (when there is one)."""
-        if self.shared is not None and self._task is None:
-            self._task = asyncio.create_task(self._share_forever(), name="answers-share")
-
-    async def close(self) -> None:
-        """Write what is left and stop."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        await self.share()
-
     async def share(self) -> None:
-        """Write the answers remembered since the last call to the shared index."""
+        """Write the answers remembered since the last call to the shared index (the gateway's
+        timer, every :data:`SHARE_EVERY_S`, and once more at stop)."""
         if self.shared is None or not self._outgoing:
             return
         batch, self._outgoing = self._outgoing, []
@@ -139,11 +125,6 @@ class AnsweredIndex:
             await self.shared.put(batch, self.ttl_ms / 1000)
         except Exception as exc:  # Redis away, disk full: feedback for these answers will be a 404
             log.warning("answers_not_shared", answers=len(batch), error=repr(exc))
-
-    async def _share_forever(self) -> None:
-        while True:
-            await asyncio.sleep(SHARE_EVERY_S)
-            await self.share()
 
 
 class RedisAnswers:
