@@ -279,13 +279,13 @@ class Gateway:
         release has left the contract since.
         """
         answered = await self.answers.lookup(request_id)
-        if answered is None or (contract is not None and answered.contract != str(contract)):
+        if answered is None or (contract is not None and answered.fqrv.contract != contract):
             where = f" of contract {contract}" if contract is not None else ""
             raise NotFound(
                 f"unknown request id {request_id!r}{where}: no answer with that X-Request-Id in the last "
                 f"{self.settings.feedback_ttl_s:g} s (or it was one of the oldest past the index size)"
             )
-        fqrv = FQRV(Contract.parse(answered.contract), answered.release)
+        fqrv = answered.fqrv
         entry = self.registry.entry(fqrv)  # UnknownServable: the release has left the contract
         metrics = entry.metrics
         metrics.feedback_count += 1
@@ -437,8 +437,7 @@ class Gateway:
             if logging.log_level is not LogLevel.NONE
             else {}
         )
-        fqrv = entry.fqrv
-        self.answers.remember(request_id, Answered(str(fqrv.contract), fqrv.release, key_configs, self.clock(), pinned))
+        self.answers.remember(request_id, Answered(entry.fqrv, key_configs, self.clock(), pinned))
 
     def _fan_out(self, state: ContractState, releases: list[str], context: _RequestContext) -> None:
         timeout = self.settings.request_timeout_ms / 1000

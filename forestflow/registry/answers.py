@@ -28,6 +28,9 @@ from typing import Any, Protocol
 import orjson
 import structlog
 
+from forestflow.core.ids import FQRV, Contract
+from forestflow.errors import InvalidInput, StoreUnavailable
+
 log = structlog.get_logger("forestflow.feedback")
 
 #: How often remembered answers are written to the shared index.
@@ -36,12 +39,11 @@ SHARE_EVERY_S = 0.02
 LOOK_AGAIN = 3
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Answered:
     """The answer a feedback refers to."""
 
-    contract: str
-    release: str
+    fqrv: FQRV
     #: The request's ``configs`` that make its prediction log key (the feedback event has the same).
     key_configs: dict[str, str]
     at_ms: int
@@ -49,16 +51,20 @@ class Answered:
 
     def to_bytes(self, request_id: str | None = None) -> bytes:
         """The shared form: a JSON array (led by ``request_id`` when given)."""
-        fields = [self.contract, self.release, self.key_configs, self.at_ms, self.pinned]
+        fields = [str(self.fqrv.contract), self.fqrv.release, self.key_configs, self.at_ms, self.pinned]
         return orjson.dumps(fields if request_id is None else [request_id, *fields])
 
     @classmethod
     def from_bytes(cls, raw: bytes | str, with_id: bool = False) -> Answered:
-        """Inverse of :meth:`to_bytes`."""
+        """Inverse of :meth:`to_bytes` (ValueError when it is not one)."""
         fields = orjson.loads(raw)
         contract, release, key_configs, at_ms, pinned = fields[1:] if with_id else fields
         configs = {str(k): str(v) for k, v in key_configs.items()} if isinstance(key_configs, dict) else {}
-        return cls(str(contract), str(release), configs, int(at_ms), bool(pinned))
+        try:
+            fqrv = FQRV(Contract.parse(str(contract)), str(release))
+        except InvalidInput as error:
+            raise ValueError(error.message) from None
+        return cls(fqrv, configs, int(at_ms), bool(pinned))
 
 
 class SharedAnswers(Protocol):
@@ -88,7 +94,6 @@ class AnsweredIndex:
         """Note who answered ``request_id`` (on the request path: memory only)."""
         recent = self._recent
         recent[request_id] = answered
-        recent.move_to_end(request_id)
         if len(recent) > self.capacity:
             recent.popitem(last=False)
         if self.shared is not None:
@@ -105,15 +110,25 @@ class AnsweredIndex:
         """Who answered ``request_id`` (None when unknown here and in the shared index, or expired)."""
         found = self._recent.get(request_id)
         if found is None and self.shared is not None:
-            found = await self.shared.get(request_id)
+            found = await self._shared_get(self.shared, request_id)
             for _ in range(LOOK_AGAIN):  # another process may not have written its latest batch yet
                 if found is not None:
                     break
                 await asyncio.sleep(SHARE_EVERY_S)
-                found = await self.shared.get(request_id)
+                found = await self._shared_get(self.shared, request_id)
         if found is None or self.clock() - found.at_ms > self.ttl_ms:
             return None
         return found
+
+    @staticmethod
+    async def _shared_get(shared: SharedAnswers, request_id: str) -> Answered | None:
+        """An answer of the shared index; 503 when the index cannot be read, None for what does not parse."""
+        try:
+            return await shared.get(request_id)
+        except (ValueError, TypeError):
+            return None
+        except Exception as exc:
+            raise StoreUnavailable(f"the shared answers index is unavailable: {exc}; try again") from exc
 
     async def share(self) -> None:
         """Write the answers remembered since the last call to the shared index (the gateway's
@@ -205,6 +220,6 @@ class FileAnswers:
             line = data[at + 1 : end if end >= 0 else len(data)]
             try:
                 return Answered.from_bytes(line, with_id=True)
-            except (orjson.JSONDecodeError, ValueError, TypeError):
+            except (ValueError, TypeError):  # orjson.JSONDecodeError is a ValueError
                 continue
         return None

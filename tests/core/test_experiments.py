@@ -27,6 +27,7 @@ from forestflow.core.policies import (
     ImmediatePhaseIn,
     KeepLatest,
     LinearTimeBasedPhaseIn,
+    NeverValid,
     PolicySettings,
     RewardKind,
     RouterType,
@@ -171,3 +172,11 @@ def test_shaping_keeps_floors_and_caps() -> None:
     assert shaped([0.2, 0.2, 0.6], [1.0, 1.0, 0.1], 0.0) == pytest.approx([0.45, 0.45, 0.1])
     assert shaped([0.5, 0.5], [0.2, 0.2], 0.05) == pytest.approx([0.5, 0.5])  # caps that cannot all hold
     assert shaped([1.0, 0.0, 0.0], [1.0, 1.0, 1.0], 0.5) == pytest.approx([1 / 3] * 3)  # floors past 1/n
+
+
+def test_the_bandit_routes_only_among_valid_releases() -> None:
+    state = _state(ContractSettings(KeepLatest(5), RouterType.EPSILON_GREEDY, BanditParams()), {"A": None, "B": None})
+    state.servables["B"].settings = ServableSettings(policy=PolicySettings(validity=(NeverValid(),)))
+    state.evaluate(now_ms=200_000)  # B stops being valid (a gate, a rollback): it leaves the arms
+    good_for_b = {"A": RewardStats(100, 1.0, 1.0), "B": RewardStats(100, 90.0, 90.0)}
+    assert {state.route(rewards=good_for_b) for _ in range(200)} == {"A"}
