@@ -352,3 +352,16 @@ async def test_two_redis_replicas_learn_together_which_release_converts_better(t
             await wait_for(summed, 10, "both replicas to count all 5,000 rewards")
     finally:
         redis.stop()
+
+
+async def test_rewards_survive_a_restart(tmp_path: Path) -> None:
+    async with serve_in_process(tmp_path / "data") as gw:
+        await deploy(gw, "v1")
+        status, _, request_id = await score(gw, "u1")
+        assert status == 200
+        assert (await feedback(gw, request_id, 0.25))[0] == 200
+    async with serve_in_process(tmp_path / "data") as gw:  # the same data dir: counters restored
+        m = (await stats(gw))["v1"]
+        assert (m["feedbackCount"], m["rewardSum"]) == ("1", 0.25)
+        status, body = await feedback(gw, request_id, 1.0)
+        assert status == 404  # the answers index is memory: feedback is for answers of this run
