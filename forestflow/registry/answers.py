@@ -5,7 +5,7 @@ when) in a bounded, time-limited map in process memory; that is all a single gat
 Processes that share a registry share this index too, so feedback may reach any of them:
 
 - replicas on Redis (:class:`RedisAnswers`): one key per answer with the feedback TTL, written in
-  batches by a background task (requests never wait on Redis);
+  batches by a gateway timer every :data:`SHARE_EVERY_S` (requests never wait on Redis);
 - ``--workers N`` on the file store (:class:`FileAnswers`): each worker appends its answers to
   its own file under ``<data_dir>/state/answers/`` in the same batches; a worker that does not
   know an id reads the other workers' files.
