@@ -25,6 +25,7 @@ from forestflow.errors import GatewayError, StoreUnavailable
 from forestflow.registry.loader import ServableLoader
 from forestflow.registry.registry import Loaded, Registry
 from forestflow.registry.store import (
+    MICROS,
     Store,
     contract_key,
     metrics_from_doc,
@@ -244,13 +245,16 @@ class ReplicaSync:
         if peer_counters is None:
             return entry.metrics
         m = entry.metrics
-        score, shade, errors, shade_errors = peer_counters(entry.fqrv)  # COUNTERS order
+        score, shade, errors, shade_errors, feedback, reward, squares = peer_counters(entry.fqrv)  # COUNTERS order
         return replace(
             m,
             score_count=m.score_count + score,
             shade_count=m.shade_count + shade,
             error_count=m.error_count + errors,
             shade_error_count=m.shade_error_count + shade_errors,
+            feedback_count=m.feedback_count + feedback,
+            reward_sum=m.reward_sum + reward / MICROS,
+            reward_squares=m.reward_squares + squares / MICROS,
         )
 
 

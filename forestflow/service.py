@@ -25,6 +25,7 @@ import structlog
 from forestflow import tracing
 from forestflow.administration import Administration
 from forestflow.core import input_report
+from forestflow.core.bandit import RewardStats
 from forestflow.core.contract_state import ContractState, ServableEntry
 from forestflow.core.definition import ServableDefinition
 from forestflow.core.frame import Frame
@@ -33,9 +34,11 @@ from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import LogLevel, ServableMetrics
 from forestflow.errors import (
     ClientClosedRequest,
+    Forbidden,
     GatewayError,
     InvalidInput,
     Kind,
+    NotFound,
     ServableNotReady,
     StoreUnavailable,
     UnknownServable,
@@ -43,6 +46,7 @@ from forestflow.errors import (
 )
 from forestflow.predlog.log import PredictionLog
 from forestflow.predlog.record import PredictionRecord, Wire
+from forestflow.registry.answers import SHARE_EVERY_S, Answered, AnsweredIndex, SharedAnswers
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.loader import ServableLoader
 from forestflow.registry.registry import Loaded, Registry
@@ -82,6 +86,7 @@ class Gateway:
         artifacts: ArtifactCache,
         prediction_log: PredictionLog,
         clock: Callable[[], int] = now_ms,
+        shared_answers: SharedAnswers | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -95,6 +100,9 @@ class Gateway:
         self._timers: list[asyncio.Task[None]] = []
         #: (shadow entry, shadow answer, served answer) waiting to be compared off the request path.
         self._comparisons: deque[tuple[ServableEntry, Frame, Frame]] = deque(maxlen=10_000)
+        #: Recent answers by request id, for reward feedback (shared with the other processes
+        #: of the registry when there are any).
+        self.answers = AnsweredIndex(settings.feedback_index_size, settings.feedback_ttl_s, lambda: self.clock(), shared_answers)
         self.started = False
         self.draining = False
 
@@ -139,6 +147,8 @@ class Gateway:
             asyncio.create_task(self._every(self.settings.metrics_flush_interval_s, self.admin.flush_metrics), name="flush"),
             asyncio.create_task(self._every(COMPARE_INTERVAL_S, self.compare_shadows), name="compare-shadows"),
         ]
+        if self.answers.shared is not None:  # answers the other processes may get feedback for
+            self._timers.append(asyncio.create_task(self._every(SHARE_EVERY_S, self.answers.share), name="share-answers"))
         watch = getattr(self.store, "watch", None)
         if watch is not None:  # follow the changes of other processes sharing the store (replicas, workers)
             watch(self.replica_sync.sync_from_store)
@@ -154,6 +164,7 @@ class Gateway:
         background = [*self._tasks, *self.replica_sync.tasks]
         if background:
             await asyncio.wait(background, timeout=5.0)
+        await self.answers.share()
         try:
             await self.admin.flush_metrics(force=True)
         except StoreUnavailable as error:  # Redis away: the last flushed counters stand; shut down anyway
@@ -211,22 +222,94 @@ class Gateway:
         """The state of a contract or UnknownContract."""
         return self.registry.contract_state(contract)
 
-    def route(self, contract: Contract, release: str | None = None, state: ContractState | None = None) -> Route:
+    def route(
+        self,
+        contract: Contract,
+        release: str | None = None,
+        state: ContractState | None = None,
+        *,
+        configs: Mapping[str, str] | None = None,
+        pinned: bool = False,
+    ) -> Route:
         """Decide which release answers one request (and which get shadow copies), before its body
         is decoded: positional layouts are then decoded against the release that scores.
 
         Resolves the contract (UnknownContract) and ``release`` (UnknownServable) once; counts the
         request for the contract's routing and sampling. A caller that holds the contract's
-        ``state`` already passes it.
+        ``state`` already passes it. ``configs``: the request's (a sticky router reads its key
+        there); ``pinned``: ``release`` was named by the caller's ``X-Forestflow-Release``.
         """
         if state is None:
             state = self.contract_state(contract)
         if release is not None:
             if release not in state.servables:
                 raise UnknownServable(FQRV(contract, release))
-            return Route(state, release, [])
-        answered = state.route()
+            return Route(state, release, [], pinned)
+        key = state.sticky_key
+        sticky_value = configs.get(key) if key is not None and configs else None
+        rewards = self.reward_stats(state) if state.settings.router.is_bandit else None
+        answered = state.route(sticky_value, rewards)
         return Route(state, answered, state.shadow_targets(answered, self.settings.log_sample_every))
+
+    def pinned_release(self, state: ContractState, release: str, admin: bool) -> str:
+        """The release an ``X-Forestflow-Release`` header names, when the caller may pin one: the
+        contract allows it (``allowPinnedReleases``) or ``admin`` (the caller showed the admin
+        token). 403 otherwise; 404 for a release the contract does not have."""
+        if not (state.settings.allow_pinned_releases or admin):
+            raise Forbidden(
+                f"pinning a release of contract {state.contract} is not allowed: its contract settings "
+                "need allowPinnedReleases: true, or the request the admin token"
+            )
+        if release not in state.servables:
+            raise UnknownServable(FQRV(state.contract, release))
+        return release
+
+    def reward_stats(self, state: ContractState) -> dict[str, RewardStats]:
+        """Every release's reward statistics, summed over the processes sharing the registry."""
+        out = {}
+        for release, entry in state.servables.items():
+            m = self.stats_metrics(entry)
+            out[release] = RewardStats(m.feedback_count, m.reward_sum, m.reward_squares)
+        return out
+
+    async def feedback(self, contract: Contract | None, request_id: str, reward: float) -> FQRV:
+        """Count a reward for the answer to ``request_id`` on the release that gave it, and log it.
+
+        404 when the id is unknown, expired, of another contract than ``contract``, or its
+        release has left the contract since.
+        """
+        answered = await self.answers.lookup(request_id)
+        if answered is None or (contract is not None and answered.fqrv.contract != contract):
+            where = f" of contract {contract}" if contract is not None else ""
+            raise NotFound(
+                f"unknown request id {request_id!r}{where}: no answer with that X-Request-Id in the last "
+                f"{self.settings.feedback_ttl_s:g} s (or it was one of the oldest past the index size)"
+            )
+        fqrv = answered.fqrv
+        entry = self.registry.entry(fqrv)  # UnknownServable: the release has left the contract
+        metrics = entry.metrics
+        metrics.feedback_count += 1
+        metrics.reward_sum += reward
+        metrics.reward_squares += reward * reward
+        self.registry.counters_dirty = True
+        logging = entry.settings.logging
+        if logging.log_level is not LogLevel.NONE:
+            self.prediction_log.emit(
+                PredictionRecord(
+                    fqrv,
+                    True,
+                    _NO_FRAME,
+                    answered.key_configs,
+                    logging,
+                    request_id,
+                    FEEDBACK_PROTOCOL,
+                    self.clock(),
+                    0.0,
+                    pinned=answered.pinned,
+                    feedback=reward,
+                )
+            )
+        return fqrv
 
     def describing_release(self, state: ContractState) -> FQRV | None:
         """The release whose metadata describes the contract (its inputs and outputs in metadata
@@ -280,10 +363,10 @@ class Gateway:
         if route is None or (route.answered is not None and route.answered not in route.state.servables):
             # Not routed yet, or routed (before the body was read) to a release that has left the
             # contract since (expired, deleted, removed by a follower): routed now.
-            route = self.route(contract, release)
+            route = self.route(contract, release, configs=configs)
         state, answered, shadows = route.state, route.answered, route.shadows
         timeout = timeout_s if timeout_s is not None else self.settings.request_timeout_ms / 1000
-        context = _RequestContext(frame, configs, request_id, protocol, wire)
+        context = _RequestContext(frame, configs, request_id, protocol, wire, route.pinned)
         if answered is None:
             self._fan_out(state, shadows, context)
             raise self.registry.inactive_error(contract)
@@ -339,11 +422,22 @@ class Gateway:
             self._log_outcome(entry, context, True, started, error=error)
             raise
         latency = self._log_outcome(entry, context, True, started, output=out, response_json=response_json)
+        self._remember(request_id, entry, configs, route.pinned)
         context.served = out
         if context.waiting:  # shadow copies that finished first: compare them now (off this path)
             self._comparisons.extend((shadow, answer, out) for shadow, answer in context.waiting)
             context.waiting = None
         return InferResult(fqrv, out, latency, response_json)
+
+    def _remember(self, request_id: str, entry: ServableEntry, configs: dict[str, str], pinned: bool) -> None:
+        """Index the answer for reward feedback (with the configs its log key is made of)."""
+        logging = entry.settings.logging
+        key_configs = (
+            {name: configs[name] for name in logging.key_features if name in configs}
+            if logging.log_level is not LogLevel.NONE
+            else {}
+        )
+        self.answers.remember(request_id, Answered(entry.fqrv, key_configs, self.clock(), pinned))
 
     def _fan_out(self, state: ContractState, releases: list[str], context: _RequestContext) -> None:
         timeout = self.settings.request_timeout_ms / 1000
@@ -460,6 +554,7 @@ class Gateway:
                 request_json,
                 response_json,
                 tracing.current_trace_id() if tracing.ON else "",
+                served and context.pinned,
             )
         )
         return latency
@@ -492,6 +587,10 @@ class Gateway:
 
 #: How often finished shadow copies are compared with the served answers.
 COMPARE_INTERVAL_S = 0.25
+#: The protocol of feedback events in the prediction log.
+FEEDBACK_PROTOCOL = "feedback"
+#: The request frame of a feedback event (it has none).
+_NO_FRAME = Frame({})
 
 
 def _count_outcome(
@@ -521,6 +620,8 @@ class Route:
     #: The release that scores (None: nothing is active; the request gets a 422).
     answered: str | None
     shadows: list[str]
+    #: The caller named the release (``X-Forestflow-Release``): logged as pinned.
+    pinned: bool = False
 
 
 @dataclass(slots=True)
@@ -530,6 +631,7 @@ class _RequestContext:
     request_id: str
     protocol: str
     wire: Wire | None
+    pinned: bool = False
     #: The served answer, once there is one (shadow copies are compared with it).
     served: Frame | None = None
     #: Shadow answers that arrived before the served one.

@@ -140,6 +140,11 @@ class Settings:
     )
     evaluation_interval_s: float = _doc("contract re-evaluation period (phase-in, validity)", default=5.0)
     metrics_flush_interval_s: float = _doc("how often counters are persisted", default=1.0)
+    feedback_index_size: int = _doc(
+        "recent answers kept per process for reward feedback (request id -> the release that answered)",
+        default=100000,
+    )
+    feedback_ttl_s: float = _doc("how long an answer accepts reward feedback (POST .../feedback)", default=3600.0)
     shutdown_timeout_s: float = _doc("grace period for in-flight requests at shutdown", default=30.0)
     h2o_scorer: str = _doc(
         "how H2O MOJOs are scored: auto (GBM/DRF natively, without Java; other kinds with genmodel in the "
@@ -258,8 +263,10 @@ class Settings:
             "redis_sync_interval_s",
             "log_flush_timeout_s",
             "file_sync_interval_s",
+            "feedback_ttl_s",
         ):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number of seconds")
+        _check(self.feedback_index_size > 0, "feedback_index_size", self.feedback_index_size, "a positive number of answers")
         _check(not self.repository or Path(self.repository).is_dir(), "repository", self.repository, "an existing directory")
         _check(self.artifact_max_bytes > 0, "artifact_max_bytes", self.artifact_max_bytes, "a positive number of bytes")
         _check(

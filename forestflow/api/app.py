@@ -14,6 +14,7 @@ from forestflow.api import (
     basic,
     body_pool,
     dashboard,
+    experiments,
     graphpipe,
     ops,
     v1_rest,
@@ -26,6 +27,7 @@ from forestflow.api.middleware import build_middleware
 from forestflow.api.prom import RequestMetrics, build_registry
 from forestflow.errors import StoreUnavailable
 from forestflow.predlog import make_prediction_log
+from forestflow.registry.answers import FileAnswers, RedisAnswers, SharedAnswers
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.file_store import FileStore
 from forestflow.registry.store import Store
@@ -49,12 +51,27 @@ def make_store(settings: Settings, worker: WorkerIdentity | None = None) -> Stor
 
 def make_gateway(settings: Settings, worker: WorkerIdentity | None = None) -> Gateway:
     """A Gateway wired to the store, artifact cache and prediction log the settings choose."""
+    store = make_store(settings, worker)
     return Gateway(
         settings,
-        make_store(settings, worker),
+        store,
         ArtifactCache.from_settings(settings, worker.replica_id if worker is not None else None),
         make_prediction_log(settings),
+        shared_answers=make_shared_answers(settings, store, worker),
     )
+
+
+def make_shared_answers(settings: Settings, store: Store, worker: WorkerIdentity | None) -> SharedAnswers | None:
+    """Where the answers reward feedback joins are shared with the other processes of the registry:
+    Redis for replicas, files under the data dir for the workers of one host, nowhere for one process."""
+    if settings.redis_url:
+        from forestflow.registry.redis_store import RedisStore
+
+        assert isinstance(store, RedisStore)
+        return RedisAnswers(store.client, store.namespace)
+    if worker is not None and worker.count > 1:
+        return FileAnswers(settings.data_dir / "state" / "answers", worker.replica_id, settings.feedback_index_size)
+    return None
 
 
 async def _start_until_reachable(gateway: Gateway, retry_s: float) -> None:
@@ -151,6 +168,7 @@ def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.A
     ops.add_routes(app)
     dashboard.add_routes(app, request_metrics)
     admin.add_routes(app)
+    experiments.add_routes(app)
     app.on_startup.append(_begin_start)  # after every context above is set up
     if request_metrics is not None:
         request_metrics.classify_routes(app)

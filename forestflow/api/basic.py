@@ -18,6 +18,7 @@ from forestflow.api.common import (
     request_id_of,
     timeout_from,
 )
+from forestflow.api.pinning import PIN_HEADER, http_pinned_route
 from forestflow.api.responses import JSON, dumps, json_response
 from forestflow.codecs.ff_protobuf import prediction_bytes
 from forestflow.codecs.ff_settings import fqrv_to_json
@@ -34,7 +35,7 @@ from forestflow.core.input_report import missing_inputs, unknown_inputs
 from forestflow.predlog.record import Wire
 from forestflow.runtime.base import ServableMetadata
 from forestflow.runtime.pipeline import RESPONSE_METADATA
-from forestflow.service import Gateway, InferResult
+from forestflow.service import Gateway, InferResult, Route
 
 PROTOBUF = "application/x-protobuf"
 SERVER_NAME = "ForestFlow"
@@ -44,7 +45,8 @@ async def score(request: web.Request) -> web.Response:
     """Score a batch of records on the contract's routed servable."""
     gateway = request.app[GATEWAY]
     contract = contract_from(request)
-    gateway.contract_state(contract)  # 404 before reading a body for an unknown contract
+    state = gateway.contract_state(contract)  # 404 before reading a body for an unknown contract
+    pinned = http_pinned_route(request, gateway, state) if PIN_HEADER in request.headers else None
     as_proto = request.content_type == PROTOBUF
     result, payload = await score_payload(
         gateway,
@@ -54,6 +56,7 @@ async def score(request: web.Request) -> web.Response:
         request_id=request_id_of(request),
         protocol="basic",
         timeout_s=timeout_from(request),
+        route=pinned,
     )
     request[FQRV_TAG] = str(result.fqrv)
     request[SCORING_S] = result.latency_ms / 1000
@@ -69,11 +72,13 @@ async def score_payload(
     request_id: str,
     protocol: str,
     timeout_s: float | None,
+    route: Route | None = None,
 ) -> tuple[InferResult, bytes]:
     """Decode a ``/score`` body (InferenceRequest JSON, or protobuf), score it, encode the answer.
 
     The answer is the body ``/score`` returns: ``{"Prediction": ...}`` JSON, or a Prediction
-    protobuf. Shared by the HTTP route and the Kafka front-end.
+    protobuf. Shared by the HTTP route and the Kafka front-end. ``route``: the routing already
+    decided (a pinned release); otherwise the request is routed by its contract's router.
     """
     if tracing.ON:
         with tracing.child("decode", **{"forestflow.bytes": len(body)}):
@@ -90,6 +95,7 @@ async def score_payload(
         protocol=protocol,
         timeout_s=timeout_s,
         wire=None if as_proto else Wire(body, _prediction_json),
+        route=route,
     )
     if as_proto:
         return result, prediction_bytes(result.fqrv, result.frame)

@@ -141,6 +141,12 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "Readiness": {"type": "object", "required": ["ready"], "properties": {"ready": {"type": "boolean"}}},
+    "Feedback": {
+        "type": "object",
+        "description": "A reward for the answer whose X-Request-Id was requestId (docs/experiments.md).",
+        "required": ["requestId", "reward"],
+        "properties": {"requestId": {"type": "string", "minLength": 1, "maxLength": 200}, "reward": {"type": "number"}},
+    },
 }
 
 
@@ -181,6 +187,13 @@ _P_TIMEOUT = {
     "required": False,
     "schema": {"type": "integer", "minimum": 1, "maximum": 3600000},
     "example": 30000,
+}
+_P_PIN = {
+    "name": "X-Forestflow-Release",
+    "in": "header",
+    "required": False,
+    "description": "the release that must answer (allowPinnedReleases, or the admin token)",
+    "schema": {"type": "string"},
 }
 _CONTRACT_PARAMS = [_P_ORG, _P_PROJECT, _P_N]
 _RELEASE_PARAMS = [*_CONTRACT_PARAMS, _P_RELEASE]
@@ -230,7 +243,7 @@ def _paths() -> dict[str, dict[str, Any]]:
                 "BASIC",
                 "Score a batch on the contract's routed release",
                 _json(_ref("Prediction")),
-                [*_CONTRACT_PARAMS, _P_TIMEOUT],
+                [*_CONTRACT_PARAMS, _P_TIMEOUT, _P_PIN],
                 _ref("InferenceRequest"),
                 extra={"502": _ERROR, "503": _ERROR, "504": _ERROR},
                 example=SCORE_EXAMPLE,
@@ -309,6 +322,25 @@ def _paths() -> dict[str, dict[str, Any]]:
                         },
                     }
                 ),
+            )
+        },
+        c + "/feedback": {
+            "post": _op(
+                "experiments",
+                "Report a reward for an answer (counted for the release that gave it)",
+                _json(_OBJ),
+                _CONTRACT_PARAMS,
+                _ref("Feedback"),
+            )
+        },
+        "/v2/models/{model}/feedback": {
+            "post": _op(
+                "experiments",
+                "Report a reward for an answer of a V2 model",
+                _json({"type": "object", "required": ["model_name", "model_version"]}),
+                [_P_MODEL],
+                _ref("Feedback"),
+                error=_V2_ERROR,
             )
         },
         c + "/stats": {"get": _op("admin", "Counters of every release", _json(arr), _CONTRACT_PARAMS)},
@@ -451,7 +483,7 @@ def _paths() -> dict[str, dict[str, Any]]:
                 "V2",
                 "Inference (JSON tensors; binary extension also accepted)",
                 _json(_ref("V2InferResponse")),
-                [*params, _P_TIMEOUT],
+                [*params, _P_TIMEOUT, _P_PIN] if len(params) == 1 else [*params, _P_TIMEOUT],
                 _ref("V2InferRequest"),
                 error=_V2_ERROR,
                 extra={"502": _V2_ERROR, "503": _V2_ERROR, "504": _V2_ERROR},

@@ -188,9 +188,10 @@ async def infer(
     sent), the prediction log keeps both as they are on the wire instead of re-encoding the frames,
     and ``result.response_json`` is the answer's body, encoded once for the client and the log.
     """
+    configs = configs_from(parameters)
     if route is None:
         contract = model_contract(name)
-        route = gateway.route(contract, version_fqrv(contract, version).release if version else None)
+        route = gateway.route(contract, version_fqrv(contract, version).release if version else None, configs=configs)
     else:  # routed by the front-end, which parsed the name already: not parsed a second time
         contract = route.state.contract
     if classification:
@@ -200,7 +201,7 @@ async def infer(
     result = await gateway.infer(
         contract,
         frame,
-        configs=configs_from(parameters),
+        configs=configs,
         request_id=request_id,
         protocol=protocol,
         timeout_s=timeout_s,

@@ -27,6 +27,7 @@ from forestflow import tracing
 from forestflow._proto.grpc_predict_v2 import SERVICE, messages
 from forestflow.api import grpc_probes, v2_common
 from forestflow.api.common import GATEWAY, GRPC_METRICS, GRPC_PORT, SETTINGS, WORKER
+from forestflow.api.pinning import PIN_HEADER, pinned_route
 from forestflow.api.prom import RequestMetrics
 from forestflow.codecs.v2 import Layout, encode_outputs
 from forestflow.codecs.v2_request import add_raw_tensors, parameters_of, set_parameter, tensors_of
@@ -124,6 +125,15 @@ class InferenceService:
                 response.parameters["content_type"].string_param = layout.content_type
             return WireBody.of(response.SerializeToString())
 
+        route = None
+        if not request.model_version:  # X-Forestflow-Release as gRPC metadata (keys are lower case)
+            metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+            pin = metadata.get(PIN_HEADER.lower())
+            if pin:
+                state = self.gateway.contract_state(v2_common.model_contract(request.model_name))
+                route = pinned_route(
+                    self.gateway, state, pin, metadata.get("authorization", ""), self.gateway.settings.admin_token
+                )
         result, _ = await v2_common.infer(
             self.gateway,
             request.model_name,
@@ -136,6 +146,7 @@ class InferenceService:
             classification=ks,
             wire_request=WireBody.of(wire),
             encode_response=answer,
+            route=route,
         )
         assert result.response_json is not None
         _answered.set((str(result.fqrv), result.latency_ms / 1000))
