@@ -114,9 +114,7 @@ class ReleaseLoads:
     def failed(self, contract: Contract | None = None) -> dict[FQRV, LoadStatus]:
         """The followed releases whose last attempt failed (of one contract, if given)."""
         return {
-            f: s
-            for f, s in self.statuses.items()
-            if s.state is LoadState.FAILED and (contract is None or f.contract == contract)
+            f: s for f, s in self.statuses.items() if s.state is LoadState.FAILED and (contract is None or f.contract == contract)
         }
 
     def contracts(self) -> set[Contract]:
