@@ -148,10 +148,15 @@ class Administration:
             fqrv = FQRV(state.contract, release)
             changes[servable_key(fqrv)] = None
             changes[metrics_key(fqrv)] = None
-        remaining = (set(state.servables) | {f.release for f in self._followed(state.contract)}) - set(releases)
+        # What the store keeps of the contract: releases held here (but not the ones the store
+        # deleted already, kept here until their successors load) and the ones still loading here.
+        kept = [r for r in state.servables if FQRV(state.contract, r) in self.registry.kept]
+        remaining = (set(state.servables) - set(kept)) | {f.release for f in self._followed(state.contract)}
+        remaining -= set(releases)
         if not remaining:
             changes[contract_key(state.contract)] = None
             changes[routing_key(state.contract)] = None
+            releases = sorted(set(releases) | set(kept))  # the contract goes: so do those here
         await self.persist(changes)
         # Out of routing at once; the others are re-evaluated (routing rebuilt) before the removed
         # ones are unloaded, and each unload lets the requests already routed to it finish first.
@@ -228,7 +233,8 @@ class Administration:
         changes: dict[str, Any] = {}
         for contract, state in registry.contracts.items():
             for entry in state.servables.values():
-                changes[metrics_key(entry.fqrv)] = metrics_to_doc(entry.metrics)
+                if entry.fqrv not in registry.kept:  # deleted in the store: not written back
+                    changes[metrics_key(entry.fqrv)] = metrics_to_doc(entry.metrics)
             if state.servables:
                 changes[routing_key(contract)] = state.routing_state()
         if not changes:

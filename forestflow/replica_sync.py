@@ -122,6 +122,7 @@ class ReplicaSync:
             if held is None or not _same_artifact(held.definition, expected):
                 incoming.add(fqrv.contract)
         self._deferred = set()
+        registry.kept = set()
         unload: list[Loaded] = []
         for contract, state in list(registry.contracts.items()):
             for release, entry in list(state.servables.items()):
@@ -137,6 +138,7 @@ class ReplicaSync:
                     continue  # its document did not parse: keep serving what we have
                 if target is None and contract in incoming:
                     self._deferred.add(contract)  # deleted elsewhere: it goes once the new ones are loaded
+                    registry.kept.add(entry.fqrv)
                     continue
                 # Deleted elsewhere, or redeployed from another artifact: out of routing now,
                 # unloaded after the evaluation below, once the requests it has finished.

@@ -58,6 +58,9 @@ class Registry:
         self.failed: dict[FQRV, str] = {}
         #: Releases being loaded (deploys in flight and loads learnt from the store).
         self.pending: set[FQRV] = set()
+        #: Releases the store deleted that this process keeps serving until the releases replacing
+        #: them are loaded here (make-before-break; ``replica_sync`` keeps this up to date).
+        self.kept: set[FQRV] = set()
         #: Taken by every change, so a change and the store write before it are never interleaved.
         self.lock = asyncio.Lock()
         #: Set when counters or routing moved since they were last persisted.
