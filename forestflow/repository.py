@@ -145,6 +145,8 @@ class ModelRepository:
         self.root = root
         #: Why the last deploy of an entry failed (shown by the index until it deploys).
         self.failures: dict[FQRV, str] = {}
+        #: One deploy of an entry at a time: a retry in the background and a load request never race.
+        self._deploying = asyncio.Lock()
 
     def scan(self) -> list[Entry]:
         """Every entry directory, read (a broken one carries its reason instead of a definition)."""
@@ -191,21 +193,22 @@ class ModelRepository:
     async def _deploy(self, defn: ServableDefinition) -> bool:
         """Deploy one entry's definition unless the registry has it as it is (False); a failure
         is remembered for the index and raised."""
-        try:
-            current = self.gateway.definition(defn.fqrv)
-        except UnknownServable:
-            current = None
-        if current is not None and _comparable(current) == _comparable(defn):
-            return False
-        try:
-            if current is not None:
-                await self.gateway.admin.delete_servable(defn.fqrv)
-            await self.gateway.admin.create_servable(defn)
-        except GatewayError as exc:
-            self.failures[defn.fqrv] = exc.message
-            raise
-        self.failures.pop(defn.fqrv, None)
-        return True
+        async with self._deploying:
+            try:
+                current = self.gateway.definition(defn.fqrv)
+            except UnknownServable:
+                current = None
+            if current is not None and _comparable(current) == _comparable(defn):
+                return False
+            try:
+                if current is not None:
+                    await self.gateway.admin.delete_servable(defn.fqrv)
+                await self.gateway.admin.create_servable(defn)
+            except GatewayError as exc:
+                self.failures[defn.fqrv] = exc.message
+                raise
+            self.failures.pop(defn.fqrv, None)
+            return True
 
     async def _redeploy(self, defn: ServableDefinition) -> bool:
         """One more attempt at an entry whose deploy at start failed, as the entry reads now (run
@@ -274,10 +277,16 @@ class ModelRepository:
         return deployed
 
     async def unload(self, name: str) -> list[FQRV]:
-        """Remove every release of a model (contract); 404 if the gateway has none."""
+        """Remove every release of a model (contract), and stop retrying its entries; 404 if the
+        gateway has none."""
         contract = _model_contract(name)
+        retried = [f for f, status in self.gateway.loads.statuses.items() if f.contract == contract and not status.registered]
+        for fqrv in retried:
+            self.gateway.loads.drop(fqrv)
         state = self.gateway.contracts.get(contract)
         if state is None:
+            if retried:
+                return []
             raise NotFound(f"unknown model {name!r}")
         removed = []
         for release in list(state.servables):

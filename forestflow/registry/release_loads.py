@@ -135,8 +135,14 @@ class ReleaseLoads:
         status = self.statuses.get(fqrv)
         if status is not None:
             status.attempt = attempt
-            if status.definition != defn:
-                status.definition = defn
+            if registered and not status.registered:  # a repository entry another process deployed
+                status.registered = True
+                if status.state is LoadState.FAILED:
+                    self.registry.failed[fqrv] = status.error
+                else:
+                    self.registry.pending.add(fqrv)
+            if status.definition != defn:  # attempted at once, its backoff afresh
+                status.definition, status.attempts = defn, 0
                 status.wake.set()
             return
         status = self.statuses[fqrv] = LoadStatus(defn, attempt, registered)

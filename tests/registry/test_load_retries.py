@@ -129,7 +129,6 @@ def _replicas(gateway_process: type[GatewayProcess], tmp_path: Path, redis: Redi
     return [gateway_process(tmp_path / name, env=env).start() for name in ("a", "b")]
 
 
-@pytest.mark.slow
 def test_a_replica_whose_first_load_fails_retries_and_answers_within_seconds(
     tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer
 ) -> None:
