@@ -113,7 +113,9 @@ async def _begin_start(app: web.Application) -> None:
 
         def status() -> tuple[bool, dict[str, Any]]:
             started = starting.done() and not starting.cancelled() and starting.exception() is None
-            failed = {str(f): {"error": s.error, "attempts": s.attempts} for f, s in gateway.loads.failed().items()}
+            failed = {
+                str(f): {"error": s.error, "attempts": s.attempts} for f, s in gateway.loads.failed().items() if s.registered
+            }
             return started and gateway.ready, failed
 
         app[REPORTING] = asyncio.create_task(report_worker_status(settings.data_dir, worker, status), name="worker-status")
