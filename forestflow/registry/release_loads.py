@@ -85,12 +85,6 @@ class LoadStatus:
             out["retryInS"] = round(max(0.0, self.next_attempt_at - now), 1)
         return out
 
-    def retry_after_s(self) -> float:
-        """Seconds until the next attempt (1 while one is under way)."""
-        if self.next_attempt_at is None:
-            return 1.0
-        return max(1.0, self.next_attempt_at - time.monotonic())
-
 
 class ReleaseLoads:
     """Every release this process follows, the task that attempts each, and their status."""
@@ -126,14 +120,16 @@ class ReleaseLoads:
         """Load ``defn`` in the background until an attempt succeeds or :meth:`drop`.
 
         A release followed already takes the new definition and attempt (its task makes the next
-        attempt with them). ``failed``: the first attempt was made by the caller and failed with
-        this reason; the task starts with the backoff.
+        attempt with them), unless it is the store's and this one is not. ``failed``: the first
+        attempt was made by the caller and failed with this reason; the task starts with the backoff.
         """
         if self.closed:
             return
         fqrv = defn.fqrv
         status = self.statuses.get(fqrv)
         if status is not None:
+            if status.registered and not registered:  # the store's release: its follower's attempts stand
+                return
             status.attempt = attempt
             if registered and not status.registered:  # a repository entry another process deployed
                 status.registered = True
