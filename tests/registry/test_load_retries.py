@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 import requests
 
+from forestflow.codecs.ff_settings import parse_serve_request
 from forestflow.core.ids import FQRV
-from forestflow.registry.release_loads import Backoff
+from forestflow.registry.registry import Registry
+from forestflow.registry.release_loads import Backoff, ReleaseLoads
 from tests.registry.redis_server import RedisServer
 from tests.registry.test_reconcile import registry, servable_doc, until
 from tests.registry.test_replicas import deploy, wait_until
@@ -201,6 +203,41 @@ def test_backoff_doubles_up_to_its_bound_with_jitter() -> None:
     assert [backoff.delay(n, 0.0) for n in range(1, 9)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     assert backoff.delay(1, 0.999) == pytest.approx(0.25, abs=0.001)  # cut by up to half at random
     assert backoff.delay(10_000, 0.5) == 22.5
+
+
+async def test_release_loads_retry_until_done_and_stop_when_dropped_or_redefined() -> None:
+    registry = Registry()
+    loads = ReleaseLoads(registry, Backoff(0.01, 0.02))
+    calls: list[str] = []
+
+    async def flaky_twice(defn: Any) -> bool:
+        calls.append(defn.fqrv.release)
+        if len(calls) <= 2:
+            raise RuntimeError(f"attempt {len(calls)} fails")
+        return True
+
+    v1 = parse_serve_request(python_servable(release="v1"))
+    loads.follow(v1, flaky_twice)
+    assert V1 in registry.pending  # the first attempt: loading
+    await loads.first_attempts([V1])
+    assert registry.failed == {V1: "RuntimeError('attempt 1 fails')"} and V1 not in registry.pending
+    await until(lambda: V1 not in loads.statuses)
+    assert calls == ["v1", "v1", "v1"] and loads.failure_counts == {"acme.demo.1.v1": 2} and registry.failed == {}
+
+    async def never(defn: Any) -> bool:
+        calls.append(defn.settings.logging.log_level.name)
+        raise RuntimeError("never")
+
+    calls.clear()
+    loads = ReleaseLoads(registry, Backoff(60.0, 60.0))  # no retry by the clock in this test
+    loads.follow(v1, never)
+    await loads.first_attempts([V1])
+    loads.follow(parse_serve_request(python_servable(release="v1", log_level="FULL")), never)  # redefined: at once
+    await until(lambda: len(calls) == 2)
+    assert calls == ["NONE", "FULL"] and loads.statuses[V1].attempts == 1
+    loads.drop(V1)
+    assert loads.statuses == {} and registry.failed == {}
+    await until(lambda: not loads.tasks)
 
 
 async def test_a_failed_restore_is_retried_until_it_loads_and_a_contract_with_nothing_loaded_answers_503(
