@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -50,6 +50,7 @@ from forestflow.registry.answers import SHARE_EVERY_S, Answered, AnsweredIndex, 
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.loader import ServableLoader
 from forestflow.registry.registry import Loaded, Registry
+from forestflow.registry.release_loads import Backoff, LoadStatus, ReleaseLoads
 from forestflow.registry.store import Store
 from forestflow.replica_sync import ReplicaSync
 from forestflow.runtime.base import ServableMetadata
@@ -93,8 +94,10 @@ class Gateway:
         self.prediction_log = prediction_log
         self.registry = Registry()
         loader = ServableLoader(settings, artifacts)
-        self.admin = Administration(settings, self.registry, store, loader, clock)
-        self.replica_sync = ReplicaSync(self.registry, store, loader, self.admin)
+        #: Loads this process follows (learnt from the store, restored, the repository's), retried until done.
+        self.loads = ReleaseLoads(self.registry, Backoff(settings.load_retry_first_s, settings.load_retry_max_s))
+        self.admin = Administration(settings, self.registry, store, loader, clock, self.loads)
+        self.replica_sync = ReplicaSync(self.registry, store, loader, self.admin, self.loads)
         self.loader = loader
         self._tasks: set[asyncio.Future[Any]] = set()  # shadow copies, waited for briefly at stop
         self._timers: list[asyncio.Task[None]] = []
@@ -131,6 +134,16 @@ class Gateway:
         """Releases whose load failed, with the reason (read-only)."""
         return self.registry.failed
 
+    def failing_entries(self, contract: Contract) -> list[tuple[ServableEntry, LoadStatus]]:
+        """The contract's releases whose load keeps failing on this process (retried meanwhile), as
+        entries with this gateway's view of their counters (the other replicas' sums), oldest first."""
+        out = []
+        for fqrv, status in sorted(self.loads.failed(contract).items(), key=lambda kv: kv[1].definition.created_at_ms):
+            defn = status.definition
+            entry = ServableEntry(fqrv, defn.settings, ServableMetrics(created_at_ms=defn.created_at_ms))
+            out.append((replace(entry, metrics=self.stats_metrics(entry)), status))
+        return out
+
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         """Restore the registry from the store, load every servable, start the timers."""
@@ -161,7 +174,7 @@ class Gateway:
         for timer in self._timers:
             timer.cancel()
         await asyncio.gather(*self._timers, return_exceptions=True)
-        background = [*self._tasks, *self.replica_sync.tasks]
+        background = [*self._tasks, *self.loads.tasks]
         if background:
             await asyncio.wait(background, timeout=5.0)
         await self.answers.share()
@@ -212,7 +225,8 @@ class Gateway:
             "unhealthy": self.unhealthy(),
             "servables": len(self.registry.loaded),
             "loading": sorted(str(f) for f in self.registry.pending),
-            "failed": {str(f): r for f, r in self.registry.failed.items()},
+            # Releases whose loads fail here: the last error, attempts so far, the next one in (s).
+            "failed": {str(f): status.view() for f, status in self.loads.failed().items()},
             "draining": self.draining,
             "predictionLogRunning": self.prediction_log.running,
         }
@@ -565,16 +579,21 @@ class Gateway:
         return self.registry.loaded_servable(fqrv).definition
 
     def metadata(self, fqrv: FQRV) -> ServableMetadata:
-        """A servable's inputs and outputs."""
+        """A servable's inputs and outputs (503 ServableNotReady for one whose load fails here)."""
+        loaded = self.registry.loaded.get(fqrv)
+        if loaded is None and (status := self.loads.failed(fqrv.contract).get(fqrv)) is not None:
+            raise ServableNotReady(
+                f"servable {fqrv} failed to load on this process ({status.attempts} attempts, retried): {status.error}"
+            )
         return self.registry.loaded_servable(fqrv).servable.metadata()
 
     def active_release(self, contract: Contract) -> FQRV:
         """The servable that represents the contract in metadata calls (the newest routed one)."""
         return self.registry.active_release(contract)
 
-    def servable_entries(self, contract: Contract) -> list[ServableEntry]:
-        """The contract's servables, oldest first; 422 when it has none (as ForestFlow)."""
-        return self.registry.servable_entries(contract)
+    def servable_entries(self, contract: Contract, *, empty_ok: bool = False) -> list[ServableEntry]:
+        """The contract's servables, oldest first; 422 when it has none (as ForestFlow) unless ``empty_ok``."""
+        return self.registry.servable_entries(contract, empty_ok=empty_ok)
 
     def entry(self, fqrv: FQRV) -> ServableEntry:
         """One servable's entry or UnknownServable."""

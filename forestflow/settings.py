@@ -66,6 +66,17 @@ class Settings:
         default=1,
     )
     file_sync_interval_s: float = _doc("how often a worker checks the file store for other workers' changes", default=0.25)
+    worker_broken_restart_s: float = _doc(
+        "restart a worker of --workers N whose release loads have kept failing this long while another "
+        "worker is ready (0 = never)",
+        default=300.0,
+    )
+    load_retry_first_s: float = _doc(
+        "delay before a failed load of a release learnt from the store (or restored, or from the model "
+        "repository) is tried again; doubled after each failure, cut by up to half at random",
+        default=0.5,
+    )
+    load_retry_max_s: float = _doc("the longest delay between two load attempts of one release", default=30.0)
 
     redis_url: str = _doc("redis://... to share the registry between replicas (empty = file store)", default="")
     redis_sync_interval_s: float = _doc("period of the registry version check against Redis", default=2.0)
@@ -264,9 +275,17 @@ class Settings:
             "log_flush_timeout_s",
             "file_sync_interval_s",
             "feedback_ttl_s",
+            "load_retry_first_s",
         ):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number of seconds")
         _check(self.feedback_index_size > 0, "feedback_index_size", self.feedback_index_size, "a positive number of answers")
+        _check(
+            self.load_retry_max_s >= self.load_retry_first_s,
+            "load_retry_max_s",
+            self.load_retry_max_s,
+            "seconds, at least load_retry_first_s",
+        )
+        _check(self.worker_broken_restart_s >= 0, "worker_broken_restart_s", self.worker_broken_restart_s, "zero or more seconds")
         _check(not self.repository or Path(self.repository).is_dir(), "repository", self.repository, "an existing directory")
         _check(self.artifact_max_bytes > 0, "artifact_max_bytes", self.artifact_max_bytes, "a positive number of bytes")
         _check(

@@ -184,11 +184,16 @@ async def list_releases(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    """GET .../stats: ``[{"ServableMetrics": ...}]``."""
+    """GET .../stats: ``[{"ServableMetrics": ...}]``; a release whose load keeps failing on this
+    process follows, with ``"load": {"state": "failed", "error", "attempts", "retryInS"}``."""
     gateway = request.app[GATEWAY]
-    entries = gateway.servable_entries(contract_from(request))
+    contract = contract_from(request)
+    failing = gateway.failing_entries(contract)
+    entries = gateway.servable_entries(contract, empty_ok=bool(failing))
     # Counters summed over every replica sharing the registry (this one's own with a file store).
-    return json_response([{"ServableMetrics": metrics_to_json(e.fqrv, gateway.stats_metrics(e))} for e in entries])
+    out = [{"ServableMetrics": metrics_to_json(e.fqrv, gateway.stats_metrics(e))} for e in entries]
+    out += [{"ServableMetrics": metrics_to_json(e.fqrv, e.metrics) | {"load": status.view()}} for e, status in failing]
+    return json_response(out)
 
 
 async def servable_settings_list(request: web.Request) -> web.Response:

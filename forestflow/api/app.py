@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -34,9 +35,12 @@ from forestflow.registry.store import Store
 from forestflow.runtime import jvm
 from forestflow.service import Gateway
 from forestflow.settings import Settings
-from forestflow.supervisor import WorkerIdentity, write_worker_status
+from forestflow.supervisor import WorkerIdentity, report_worker_status, write_worker_status
 
 log = structlog.get_logger("forestflow")
+
+#: The task that keeps a worker's status file up to date (``--workers N``).
+REPORTING = web.AppKey("worker_status_reporting", asyncio.Task)
 
 
 def make_store(settings: Settings, worker: WorkerIdentity | None = None) -> Store:
@@ -94,11 +98,11 @@ async def _gateway_context(app: web.Application) -> AsyncIterator[None]:
     app[GATEWAY] = gateway
     app[AFTER_START] = []
     yield
-    starting = app.get(STARTING)
-    if starting is not None:
-        if not starting.done():
-            starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
+    for task in (app.get(STARTING), app.get(REPORTING)):
+        if task is not None:
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
     worker = app.get(WORKER)
     if worker is not None:
         write_worker_status(app[SETTINGS].data_dir, worker, ready=False)
@@ -119,10 +123,19 @@ async def _begin_start(app: web.Application) -> None:
         await _start_until_reachable(app[GATEWAY], min(2.0, settings.redis_sync_interval_s))
         for after in app[AFTER_START]:
             await after()
-        if worker is not None:
-            write_worker_status(settings.data_dir, worker, ready=True)
 
-    app[STARTING] = asyncio.create_task(start(), name="gateway-start")
+    starting = app[STARTING] = asyncio.create_task(start(), name="gateway-start")
+    if worker is not None:  # its readiness and failing loads, for the other workers and the supervisor
+        gateway = app[GATEWAY]
+
+        def status() -> tuple[bool, dict[str, Any]]:
+            started = starting.done() and not starting.cancelled() and starting.exception() is None
+            failed = {
+                str(f): {"error": s.error, "attempts": s.attempts} for f, s in gateway.loads.failed().items() if s.registered
+            }
+            return started and gateway.ready, failed
+
+        app[REPORTING] = asyncio.create_task(report_worker_status(settings.data_dir, worker, status), name="worker-status")
 
 
 async def _stop_body_pool(app: web.Application) -> None:

@@ -151,12 +151,19 @@ def metadata_to_json(fqrv: FQRV, meta: ServableMetadata) -> dict[str, Any]:
 
 
 async def contract_metadata(request: web.Request) -> web.Response:
-    """``[{"BasicMetaData": ...}]`` for every servable of the contract (empty list if none)."""
+    """``[{"BasicMetaData": ...}]`` for every servable of the contract (empty list if none); a
+    release whose load keeps failing on this process follows, without inputs or outputs and with
+    ``"load": {"state": "failed", "error", "attempts", "retryInS"}``."""
     gateway = request.app[GATEWAY]
-    state = gateway.contract_state(contract_from(request))
+    contract = contract_from(request)
+    state = gateway.contract_state(contract)
     out = []
     for entry in sorted(state.servables.values(), key=lambda e: e.metrics.created_at_ms):
         out.append({"BasicMetaData": metadata_to_json(entry.fqrv, gateway.metadata(entry.fqrv))})
+    for entry, status in gateway.failing_entries(contract):
+        failed = {"fqrv": fqrv_to_json(entry.fqrv), "name": entry.fqrv.release, "server": SERVER_NAME}
+        failed |= {"description": f"not loaded on this process: {status.error}", "inputs": [], "outputs": []}
+        out.append({"BasicMetaData": failed | {"load": status.view()}})
     return json_response(out)
 
 

@@ -87,6 +87,18 @@ SCHEMAS: dict[str, Any] = {
             "description": {"type": "string"},
             "inputs": {"type": "array"},
             "outputs": {"type": "array"},
+            "load": {"$ref": "#/components/schemas/LoadStatus"},
+        },
+    },
+    "LoadStatus": {
+        "type": "object",
+        "description": "A release whose load fails on this process (retried with backoff until it loads or is deleted).",
+        "required": ["state", "attempts"],
+        "properties": {
+            "state": {"type": "string", "enum": ["loading", "failed"]},
+            "attempts": {"type": "integer"},
+            "error": {"type": "string"},
+            "retryInS": {"type": "number", "description": "seconds to the next attempt"},
         },
     },
     "AdminResult": {
@@ -513,7 +525,11 @@ def _paths() -> dict[str, dict[str, Any]]:
             "ready": {"type": "boolean"},
             "draining": {"type": "boolean"},
             "loading": {"type": "array"},
-            "failed": _OBJ,
+            "failed": {"type": "object", "additionalProperties": _ref("LoadStatus")},
+            "workers": {
+                "type": "object",
+                "description": "--workers N: each worker's state (ready, loading, failed with its failing releases, down)",
+            },
         },
     }
     paths["/health/live"] = {
@@ -524,7 +540,7 @@ def _paths() -> dict[str, dict[str, Any]]:
     paths["/health/ready"] = {
         "get": _op(
             "ops",
-            "Readiness (503 while loading, draining, store unreachable at start, JVM dead)",
+            "Readiness (503 while loading, a release failing to load, draining, store unreachable at start, JVM dead)",
             _json(ready),
             extra={"503": _json(ready, "Not ready")},
         )

@@ -294,6 +294,14 @@ class GatewayCollector:
         yield CounterMetricFamily(
             "forestflow_servable_load_failures", "Servable loads that failed", value=gateway.loader.load_failures
         )
+        retried = CounterMetricFamily(
+            "forestflow_release_load_failures",
+            "Failed load attempts of releases this process follows (learnt from the store, restored, the repository's)",
+            labels=["fqrv"],
+        )
+        for fqrv_label, count in list(gateway.loads.failure_counts.items()):
+            retried.add_metric([fqrv_label], count)
+        yield retried
         yield GaugeMetricFamily(
             "forestflow_servables_failed", "Registered servables that failed to load", value=len(gateway.failed)
         )
