@@ -63,6 +63,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     except SettingsError as exc:
         return _fail(str(exc))
+    from forestflow.extras import missing_for_settings
+
+    missing = missing_for_settings(settings)  # a setting whose extra is not installed: one line, before any bind
+    if missing is not None:
+        return _fail(missing)
     from forestflow.datadir_lock import DataDirInUse, DataDirLock
     from forestflow.logs import configure_logging
     from forestflow.ports import PortInUse
