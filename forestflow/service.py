@@ -201,6 +201,8 @@ class Gateway:
             "unhealthy": self.unhealthy(),
             "servables": len(self.registry.loaded),
             "loading": sorted(str(f) for f in self.registry.pending),
+            # fetching (the artifact) or loading, for each load under way (`forestflow deploy --wait`)
+            "loadingPhases": {str(f): phase for f, phase in self.loader.phases.items()},
             "failed": {str(f): r for f, r in self.registry.failed.items()},
             "draining": self.draining,
             "predictionLogRunning": self.prediction_log.running,

@@ -481,6 +481,7 @@ def _paths() -> dict[str, dict[str, Any]]:
             "ready": {"type": "boolean"},
             "draining": {"type": "boolean"},
             "loading": {"type": "array"},
+            "loadingPhases": _OBJ,
             "failed": _OBJ,
         },
     }
