@@ -248,7 +248,8 @@ def cmd_releases(args: argparse.Namespace) -> int:
     settings = {
         _name(s["ServableSettings"]["fqrv"]): s["ServableSettings"] for s in client.call("GET", path + "/servable-settings")
     }
-    releases = [{"release": r, "metrics": metrics[r], "settings": settings.get(r, {})} for r in metrics]
+    oldest_first = sorted(metrics, key=lambda r: int(metrics[r]["createdAtMS"]))
+    releases = [{"release": r, "metrics": metrics[r], "settings": settings.get(r, {})} for r in oldest_first]
     rows = []
     for item in releases:
         m, policy = item["metrics"], item["settings"].get("policySettings", {})
@@ -269,7 +270,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 def _stats_rows(stats: list[dict[str, Any]], before: dict[str, tuple[float, int]], now: float) -> list[tuple[Any, ...]]:
     rows = []
-    for item in stats:
+    for item in sorted(stats, key=lambda item: int(item["ServableMetrics"]["createdAtMS"])):  # oldest first
         m = item["ServableMetrics"]
         release, scores = _name(m["fqrv"]), int(m["scoreCount"])
         perf = m.get("performanceMetrics", {})
