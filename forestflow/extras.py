@@ -21,10 +21,9 @@ from forestflow.errors import CreateServableRequestInvalidError
 
 @dataclass(frozen=True, slots=True)
 class Extra:
-    """One pip extra: what it enables and the top-level modules it installs."""
+    """One pip extra: its name and the top-level modules it installs."""
 
     name: str
-    enables: str
     modules: tuple[str, ...]
 
 
@@ -33,12 +32,12 @@ class Extra:
 EXTRAS: dict[str, Extra] = {
     extra.name: extra
     for extra in (
-        Extra("h2o-jvm", "H2O MOJOs other than GBM and DRF (genmodel in a JVM)", ("jpype", "h2o")),
-        Extra("mlflow", "MLflow model directories", ("yaml",)),
-        Extra("onnx", "the ONNX flavor", ("onnxruntime", "onnx")),
-        Extra("s3", "S3 model sources", ("aiobotocore", "botocore")),
-        Extra("tracing", "OpenTelemetry tracing", ("opentelemetry",)),
-        Extra("uvloop", "event_loop = uvloop", ("uvloop",)),
+        Extra("h2o-jvm", ("jpype", "h2o")),
+        Extra("mlflow", ("yaml",)),
+        Extra("onnx", ("onnxruntime", "onnx")),
+        Extra("s3", ("aiobotocore", "botocore")),
+        Extra("tracing", ("opentelemetry",)),
+        Extra("uvloop", ("uvloop",)),
     )
 }
 
@@ -64,7 +63,7 @@ def installed(module: str) -> bool:
 
 def missing_message(what: str, extra: Extra, module: str) -> str:
     """One line: what cannot be done, which package is missing and the pip command."""
-    return f"{what} needs {module!r}, which is not installed: {pip_command(extra.name)} ({extra.enables})"
+    return f"{what} needs {module!r}, which is not installed: {pip_command(extra.name)}"
 
 
 class MissingExtra(CreateServableRequestInvalidError):
@@ -81,14 +80,6 @@ def needed_for(what: str) -> Iterator[None]:
         if extra is None:
             raise
         raise MissingExtra(missing_message(what, extra, str(exc.name))) from None
-
-
-def require(extra_name: str, what: str) -> None:
-    """Raise :class:`MissingExtra` unless every module of the extra is installed."""
-    extra = EXTRAS[extra_name]
-    for module in extra.modules:
-        if not installed(module):
-            raise MissingExtra(missing_message(what, extra, module))
 
 
 def missing_for_settings(settings: Any) -> str | None:
