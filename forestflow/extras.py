@@ -67,7 +67,12 @@ def missing_message(what: str, extra: Extra, module: str) -> str:
 
 
 class MissingExtra(CreateServableRequestInvalidError):
-    """A servable needs a package that only an extra installs: a 422 naming the pip command."""
+    """A servable needs a package that only an extra installs: a 422 naming the pip command, in ForestFlow's
+    envelope of a serve request it cannot carry out."""
+
+    @property
+    def envelope_key(self) -> str:
+        return "CreateServableRequestInvalidError"
 
 
 @contextmanager

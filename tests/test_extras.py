@@ -116,6 +116,7 @@ def test_the_core_serves_and_names_the_extra_of_what_it_cannot(tmp_path: Path) -
         for extra, response in refused.items():
             assert response.status_code == 422, (extra, response.text)
             assert pip_command(extra) in response.json()["error"], (extra, response.json())
+            assert response.json()["code"] == "CreateServableRequestInvalidError"  # ForestFlow's envelope
         assert attempts(log) == {"onnxruntime", "jpype", "yaml", "aiobotocore"}
         contracts = requests.get(gw.url + "/contracts/list", timeout=10).json()["Contracts"]["contracts"]
         assert sorted(c["project"] for c in contracts) == ["gbm", "py"]  # nothing of the refused ones stayed
