@@ -225,6 +225,8 @@ class Gateway:
             "unhealthy": self.unhealthy(),
             "servables": len(self.registry.loaded),
             "loading": sorted(str(f) for f in self.registry.pending),
+            # fetching (the artifact) or loading, for each load under way (`forestflow deploy --wait`)
+            "loadingPhases": {str(f): phase for f, phase in self.loader.phases.items()},
             # Releases whose loads fail here: the last error, attempts so far, the next one in (s).
             "failed": {str(f): status.view() for f, status in self.loads.failed().items()},
             "draining": self.draining,

@@ -525,6 +525,7 @@ def _paths() -> dict[str, dict[str, Any]]:
             "ready": {"type": "boolean"},
             "draining": {"type": "boolean"},
             "loading": {"type": "array"},
+            "loadingPhases": _OBJ,
             "failed": {"type": "object", "additionalProperties": _ref("LoadStatus")},
             "workers": {
                 "type": "object",

@@ -27,11 +27,11 @@ import structlog
 
 from forestflow.core.ids import FQRV
 from forestflow.core.locator import FileLocator, GitLocator, HttpLocator, Locator, S3Locator, git_tag, parse_locator
+from forestflow.extras import needed_for
 from forestflow.registry.sources import FetchLimits
 from forestflow.registry.sources.git import fetch_git
 from forestflow.registry.sources.http import fetch_http
 from forestflow.registry.sources.local import changed_while_read, check_local, copy_local, digest_local
-from forestflow.registry.sources.s3 import fetch_s3
 from forestflow.settings import Settings
 
 log = structlog.get_logger("forestflow.artifacts")
@@ -152,6 +152,8 @@ class ArtifactCache:
             elif isinstance(locator, GitLocator):
                 await fetch_git(locator.repo_url, git_tag(request.fqrv), staging, self.limits, self.git_ssl_verify)
             else:
+                with needed_for("an S3 model source"):  # aiobotocore comes with the s3 extra
+                    from forestflow.registry.sources.s3 import fetch_s3
                 await fetch_s3(locator, request.files, staging, self.limits)
             digest = await asyncio.to_thread(_digest_tree, staging)
             await asyncio.to_thread(_publish, staging, self.root / digest)

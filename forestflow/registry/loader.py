@@ -16,6 +16,7 @@ import structlog
 
 from forestflow.codecs.ff_settings import MLFLOW
 from forestflow.core.definition import ServableDefinition
+from forestflow.core.ids import FQRV
 from forestflow.core.locator import mlflow_model_dir
 from forestflow.errors import CreateServableRequestInvalidError, GatewayError
 from forestflow.registry.artifacts import ArtifactCache, ArtifactClaim, ArtifactRequest
@@ -37,16 +38,26 @@ class ServableLoader:
         self.artifacts = artifacts
         #: Loads that failed since start (``/metrics``).
         self.load_failures = 0
+        #: What each load under way is doing: ``fetching`` its artifact or ``loading`` it (``/health/ready``).
+        self.phases: dict[FQRV, str] = {}
 
     async def load(self, defn: ServableDefinition, *, restoring: bool = False) -> Loaded:
         """Fetch, create, verify and load; a failure is a GatewayError (422 with the reason).
 
         ``restoring``: the definition was accepted before (restored at start, or learnt from the
         shared store), not deployed now; see :attr:`Servable.restoring`."""
+        self.phases[defn.fqrv] = "fetching" if defn.has_artifact else "loading"
+        try:
+            return await self._fetch_and_load(defn, restoring)
+        finally:
+            self.phases.pop(defn.fqrv, None)
+
+    async def _fetch_and_load(self, defn: ServableDefinition, restoring: bool) -> Loaded:
         claim: ArtifactClaim | None = None
         if defn.has_artifact:
             path = mlflow_model_dir(defn.path) if defn.flavor == MLFLOW else defn.path
             claim = await self.artifacts.fetch(ArtifactRequest(path, defn.fqrv, _needed_files(defn)))
+        self.phases[defn.fqrv] = "loading"
         flavor_settings = defn.flavor_settings
         if defn.flavor == "H2OMojo":  # the gateway's H2O scorer choice (a servable's own "scorer" wins)
             flavor_settings = {"gatewayScorer": self.settings.h2o_scorer, **flavor_settings}

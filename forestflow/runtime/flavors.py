@@ -13,6 +13,7 @@ from typing import Any
 
 from forestflow.core.ids import FQRV
 from forestflow.errors import CreateServableRequestInvalidError
+from forestflow.extras import needed_for
 from forestflow.runtime.base import Servable
 
 FlavorFactory = Callable[[FQRV, Path, dict[str, Any]], Servable]
@@ -36,7 +37,10 @@ def create_servable(flavor: str, fqrv: FQRV, artifact_dir: Path, settings: dict[
         loader = _FLAVORS[flavor]
     except KeyError:
         raise CreateServableRequestInvalidError(f"unknown flavor {flavor!r}; supported: {', '.join(flavor_names())}") from None
-    return loader()(fqrv, artifact_dir, settings)
+    # A flavor's module imports its libraries when it is first used: one an extra installs is a 422 naming it.
+    with needed_for(f"the {flavor} flavor"):
+        factory = loader()
+    return factory(fqrv, artifact_dir, settings)
 
 
 def _python_flavor() -> FlavorFactory:

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from forestflow.errors import CreateServableRequestInvalidError
+from forestflow.extras import pip_command
 
 #: What a user whose gateway lacks Pillow is told to run.
-INSTALL_HINT = "pip install 'forestflow[images]'"
+INSTALL_HINT = pip_command("images")
 #: Formats decoded: the common ones, whose decoders are the most used and fuzzed.
 FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP", "PPM")
 #: Source modes converted to "L" or "RGB" without losing meaning (8 bits per channel, palettes,
