@@ -56,5 +56,12 @@ setup(
             extra_compile_args=WARNINGS + ["-O2", "-ffp-contract=off"],
             libraries=["m"],
         ),
+        # Exact path-dependent TreeSHAP over any tree flavor's node table (runtime/treeshap.py).
+        Extension(
+            "forestflow.runtime._treeshap",
+            ["forestflow/runtime/_treeshap.c"],
+            extra_compile_args=WARNINGS + ["-O2"],
+            libraries=["m"],
+        ),
     ],
 )
