@@ -111,7 +111,10 @@ def test_contributions_add_up_to_the_margin_of_every_tree_fixture(name: str) -> 
     np.testing.assert_allclose(margins, expected, rtol=1e-9, atol=1e-9, err_msg=name)
 
 
-@pytest.mark.parametrize("name", ["iris_gbm_multinomial", "iris_drf_multinomial", "prostate_drf_binomial", "prostate_drf_regression"])
+BRUTE_FORCE = ["iris_gbm_multinomial", "iris_drf_multinomial", "prostate_drf_binomial", "prostate_drf_regression"]
+
+
+@pytest.mark.parametrize("name", BRUTE_FORCE)
 def test_multinomial_and_drf_equal_brute_force_shapley(name: str) -> None:
     servable = load(name)
     rows = [r for r in golden(name) if r["kind"] in ("data", "missing")][::9][:3]
