@@ -54,7 +54,7 @@ def node_covers(model: TreeModel) -> np.ndarray:
         if blob is None:
             raise NotExplainable("a tree of the MOJO has no node weights (trees/*_aux.bin)")
         if len(blob) % _AUX.itemsize:
-            raise NotExplainable(f"a tree's node weights ({len(blob)} bytes) are not a whole number of {_AUX.itemsize}-byte records")
+            raise NotExplainable(f"node weights of {len(blob)} bytes: not a whole number of {_AUX.itemsize}-byte records")
         records = np.frombuffer(blob, dtype=_AUX)
         by_id = {int(nid): i for i, nid in enumerate(records["nid"].tolist())}
         stack = [(root, 0)]
