@@ -133,6 +133,12 @@ class Settings:
     )
     max_body_bytes: int = _doc("largest request body accepted (after decompression)", default=64 * 1024 * 1024)
     max_rows: int = _doc("largest batch (records) accepted", default=100000)
+    explain_max_rows: int = _doc("largest batch (records) one explanation request may hold", default=1000)
+    kernel_shap_max_samples: int = _doc(
+        "most coalitions KernelSHAP evaluates per explained record (a definition's samples above it are refused)",
+        default=4096,
+    )
+    kernel_shap_max_background: int = _doc("most background rows a KernelSHAP explainer may declare", default=1000)
     evaluation_interval_s: float = _doc("contract re-evaluation period (phase-in, validity)", default=5.0)
     metrics_flush_interval_s: float = _doc("how often counters are persisted", default=1.0)
     shutdown_timeout_s: float = _doc("grace period for in-flight requests at shutdown", default=30.0)
@@ -231,6 +237,9 @@ class Settings:
             "request_timeout_ms",
             "max_body_bytes",
             "max_rows",
+            "explain_max_rows",
+            "kernel_shap_max_samples",
+            "kernel_shap_max_background",
             "log_buffer_bytes",
         ):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")

@@ -22,7 +22,7 @@ from forestflow.runtime import _treeshap
 
 def _frozen(array: np.ndarray, dtype: type, name: str) -> np.ndarray:
     """A private, read-only, C-contiguous 1-D copy (C reads it after the check: nobody may change it)."""
-    out = np.array(array, dtype=dtype, order="C", copy=True)
+    out: np.ndarray = np.array(array, dtype=dtype, order="C", copy=True)
     if out.ndim != 1:
         raise ValueError(f"ShapForest.{name} must be 1-D, got shape {out.shape}")
     out.flags.writeable = False

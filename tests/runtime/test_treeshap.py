@@ -136,11 +136,21 @@ def test_decisions_of_the_wrong_shape_are_refused() -> None:
     with pytest.raises(ValueError, match="decisions"):
         contributions(forest, np.zeros((2, 4), dtype=np.uint8))
     with pytest.raises(ValueError, match="shapes"):  # the C side checks shapes too
-        _treeshap.shap(*(forest.left, forest.right, forest.feature, forest.cover, forest.value, forest.roots, forest.group), 1,
-                       forest.depth, np.zeros((2, 3), dtype=np.uint8), np.zeros((3, 1, 2)))
+        _treeshap.shap(
+            *(forest.left, forest.right, forest.feature, forest.cover, forest.value, forest.roots, forest.group),
+            1,
+            forest.depth,
+            np.zeros((2, 3), dtype=np.uint8),
+            np.zeros((3, 1, 2)),
+        )
     with pytest.raises(TypeError):
-        _treeshap.shap(*(forest.left, forest.right, forest.feature, forest.cover, forest.value, forest.roots, forest.group), 1,
-                       forest.depth, np.zeros((2, 3), dtype=np.int64), np.zeros((2, 1, 2)))
+        _treeshap.shap(
+            *(forest.left, forest.right, forest.feature, forest.cover, forest.value, forest.roots, forest.group),
+            1,
+            forest.depth,
+            np.zeros((2, 3), dtype=np.int64),
+            np.zeros((2, 1, 2)),
+        )
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
