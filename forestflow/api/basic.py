@@ -136,8 +136,11 @@ def _prediction_json(fqrv: FQRV, frame: Frame) -> bytes:
 
 
 def _explained_json(fqrv: FQRV, frame: Frame) -> bytes:
-    """``{"Prediction": ..., "Explanation": ...}`` of an explained answer."""
-    explanation: Explanation = frame.parameters[EXPLANATION]
+    """``{"Prediction": ..., "Explanation": ...}`` of an explained answer; a shadow copy's answer
+    (a plain score, encoded for the log) is its Prediction alone, as for ``/score``."""
+    explanation: Explanation | None = frame.parameters.get(EXPLANATION)
+    if explanation is None:
+        return _prediction_json(fqrv, frame)
     return (
         b'{"Prediction":'
         + _prediction_json(fqrv, frame)
