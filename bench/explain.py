@@ -162,7 +162,7 @@ def xgboost_decisions(forest: ShapForest, booster: Any, X: np.ndarray) -> np.nda
 def section_cpu(seconds: float, rounds: int, batch_sizes: list[int]) -> None:
     print("# 1. CPU per explained row (this thread's CPU clock; medians of alternating rounds)")
     print(
-        f"{'model':<22}{'rows':>5}  {'method':<16}{'us/row':>10}{'x ours':>8}   (xgboost: x forestflow-xgb; genmodel: x forestflow)"
+        f"{'model':<22}{'rows':>5}  {'method':<16}{'us/row':>10}{'x ours':>8} (xgboost vs forestflow-xgb, genmodel vs forestflow)"
     )
     rows = data_rows("prostate")
     numeric = np.array([[float(r[c]) for c in ("AGE", "RACE", "DPROS", "DCAPS", "PSA", "VOL", "GLEASON")] for r in rows])
@@ -179,7 +179,7 @@ def section_cpu(seconds: float, rounds: int, batch_sizes: list[int]) -> None:
         for n in batch_sizes:
             frame = frame_of(servable, rows[:n])
             fns: dict[str, Callable[[], Any]] = {
-                "forestflow": lambda frame=frame: contributions(*servable.shap_inputs(frame)),
+                "forestflow": lambda frame=frame, servable=servable: contributions(*servable.shap_inputs(frame)),
                 "genmodel": genmodel_call(servable, frame, path),
                 **xgboost_pair(numeric, labels, trees, depth, numeric[:n]),
             }
