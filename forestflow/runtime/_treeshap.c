@@ -260,22 +260,27 @@ done:
     return error;
 }
 
-PyDoc_STRVAR(check_doc, "check(left, right, feature, cover, value, roots, group, n_features, n_groups) -> depth\n\n"
+PyDoc_STRVAR(check_doc, "check(left, right, feature, cover, value, roots, group, n_features, n_groups, expected) -> depth\n\n"
                         "Raises ValueError unless the node table is a forest shap() can walk: every index in range,\n"
                         "each tree a tree (no node reached twice), covers >= 0, covers and leaf values finite.\n"
-                        "Returns the depth of the deepest tree (a single leaf has depth 0).");
+                        "Returns the depth of the deepest tree (a single leaf has depth 0) and writes each tree's\n"
+                        "expected value (under its covers) into expected (float64, one per tree).");
 
 static PyObject *check(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *objs[A_TABLE];
-    Py_buffer views[A_TABLE];
-    Py_ssize_t n_features, n_groups;
+    PyObject *objs[A_TABLE], *o_expected;
+    Py_buffer views[A_TABLE], expected_v;
+    Py_ssize_t n_features, n_groups, t;
     int got = 0, depth = 0;
     const char *error = NULL;
     Forest f;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnn:check", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &n_features,
-                          &n_groups))
+    if (!PyArg_ParseTuple(args, "OOOOOOOnnO:check", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &n_features,
+                          &n_groups, &o_expected))
         return NULL;
     if (get_table(objs, views, &got) < 0) {
+        release(views, got);
+        return NULL;
+    }
+    if (get_array(o_expected, &expected_v, "expected", 'd', 8, 1, 1) < 0) {
         release(views, got);
         return NULL;
     }
@@ -286,8 +291,9 @@ static PyObject *check(PyObject *Py_UNUSED(self), PyObject *args) {
     f.value = views[A_VALUE].buf;
     f.n_nodes = dim(&views[A_LEFT], 0);
     if (dim(&views[A_RIGHT], 0) != f.n_nodes || dim(&views[A_FEATURE], 0) != f.n_nodes || dim(&views[A_COVER], 0) != f.n_nodes ||
-        dim(&views[A_VALUE], 0) != f.n_nodes || dim(&views[A_GROUP], 0) != dim(&views[A_ROOTS], 0))
-        error = "the node arrays (or roots and group) differ in length";
+        dim(&views[A_VALUE], 0) != f.n_nodes || dim(&views[A_GROUP], 0) != dim(&views[A_ROOTS], 0) ||
+        dim(&expected_v, 0) != dim(&views[A_ROOTS], 0))
+        error = "the node arrays (or roots, group and expected) differ in length";
     else if (f.n_nodes > INT32_MAX - 2)
         error = "too many nodes";
     else if (n_features < 0 || n_groups < 1)
@@ -295,8 +301,11 @@ static PyObject *check(PyObject *Py_UNUSED(self), PyObject *args) {
     else {
         Py_BEGIN_ALLOW_THREADS
         error = check_table(&f, views[A_ROOTS].buf, views[A_GROUP].buf, dim(&views[A_ROOTS], 0), n_features, n_groups, &depth);
+        for (t = 0; error == NULL && t < dim(&views[A_ROOTS], 0); t++) /* only once the table is known sound */
+            ((double *)expected_v.buf)[t] = expected(&f, ((const int32_t *)views[A_ROOTS].buf)[t]);
         Py_END_ALLOW_THREADS
     }
+    PyBuffer_Release(&expected_v);
     release(views, got);
     if (error != NULL) {
         PyErr_Format(PyExc_ValueError, "invalid tree table: %s", error);
@@ -307,7 +316,7 @@ static PyObject *check(PyObject *Py_UNUSED(self), PyObject *args) {
 
 PyDoc_STRVAR(shap_doc, "shap(left, right, feature, cover, value, roots, group, n_features, depth, decisions, out)\n\n"
                        "Adds every tree's TreeSHAP values into out (float64, rows x groups x (features + 1), the\n"
-                       "last slot of each group getting the trees' expected values); decisions is uint8, rows x nodes\n"
+                       "last slot of each group, the bias, left as it is); decisions is uint8, rows x nodes\n"
                        "(nonzero: the row goes right). The table must have passed check() with the same n_features\n"
                        "(depth is what it returned).");
 
@@ -361,11 +370,6 @@ static PyObject *shap(PyObject *Py_UNUSED(self), PyObject *args) {
         const int32_t *roots = views[A_ROOTS].buf, *group = views[A_GROUP].buf;
         const uint8_t *dec = dec_v.buf;
         double *out = out_v.buf;
-        for (t = 0; t < n_trees; t++) { /* the bias: every tree's expected value, once per row */
-            double e = expected(&f, roots[t]);
-            for (r = 0; r < rows; r++)
-                out[(r * groups + group[t]) * width + width - 1] += e;
-        }
         for (r = 0; r < rows; r++)
             for (t = 0; t < n_trees; t++)
                 recurse(&f, dec + r * f.n_nodes, out + (r * groups + group[t]) * width, roots[t], scratch, 0, 1.0, 1.0, -1);

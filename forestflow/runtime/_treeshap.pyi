@@ -12,6 +12,7 @@ def check(
     group: np.ndarray,
     n_features: int,
     n_groups: int,
+    expected: np.ndarray,
     /,
 ) -> int: ...
 def shap(

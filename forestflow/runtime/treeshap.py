@@ -50,6 +50,8 @@ class ShapForest:
     base_margin: np.ndarray  # float64 [n_groups]: the margin constant outside the trees
     #: The deepest tree's depth (set by the check; sizes the C code's scratch path).
     depth: int = field(init=False, repr=False, compare=False, default=0)
+    #: Per group, ``base_margin`` plus its trees' expected values: every row's bias (set by the check).
+    bias: np.ndarray = field(init=False, repr=False, compare=False, default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
         arrays = {
@@ -69,10 +71,21 @@ class ShapForest:
         if len(self.base_margin) != self.n_groups:
             raise ValueError(f"ShapForest.base_margin has {len(self.base_margin)} values for {self.n_groups} groups")
         object.__setattr__(self, "feature_names", [str(n) for n in self.feature_names])
+        expected = np.zeros(len(self.roots))
         depth = _treeshap.check(
-            self.left, self.right, self.feature, self.cover, self.value, self.roots, self.group, self.n_features, self.n_groups
+            self.left,
+            self.right,
+            self.feature,
+            self.cover,
+            self.value,
+            self.roots,
+            self.group,
+            self.n_features,
+            self.n_groups,
+            expected,
         )
         object.__setattr__(self, "depth", int(depth))
+        object.__setattr__(self, "bias", self.base_margin + np.bincount(self.group, weights=expected, minlength=self.n_groups))
 
     @property
     def n_features(self) -> int:
@@ -104,7 +117,7 @@ def contributions(forest: ShapForest, decisions: np.ndarray) -> np.ndarray:
     if decisions.ndim != 2 or decisions.shape[1] != forest.n_nodes:
         raise ValueError(f"decisions must be [rows, {forest.n_nodes}], got shape {decisions.shape}")
     out = np.zeros((decisions.shape[0], forest.n_groups, forest.n_features + 1))
-    out[:, :, -1] = forest.base_margin
+    out[:, :, -1] = forest.bias
     _treeshap.shap(
         forest.left,
         forest.right,
