@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "arrays.h"
+
 /* Node kinds (h2o_tree_reader: LEAF, NUMERIC, BITSET, NA_VS_REST). */
 enum { LEAF = 0, NUMERIC = 1, BITSET = 2, NA_VS_REST = 3 };
 /* Columns of the int32 node table. */
@@ -206,28 +208,6 @@ static void score_rows(const Model *m) {
         }
     }
 }
-
-/* A C-contiguous buffer of ``ndim`` dimensions whose items have this struct format letter and size. */
-static int get_array(PyObject *obj, Py_buffer *view, const char *name, char code, Py_ssize_t itemsize, int ndim, int writable) {
-    const char *fmt;
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
-        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous%s array", name, writable ? " writable" : "");
-        return -1;
-    }
-    fmt = view->format ? view->format : "B";
-    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@' || fmt[0] == '|')
-        fmt++;
-    /* int32 is 'i'; int64 is 'l' on LP64 hosts and 'q' elsewhere. */
-    if (view->itemsize != itemsize || !(fmt[0] == code || (code == 'q' && fmt[0] == 'l')) || fmt[1] != '\0' || view->ndim != ndim) {
-        PyErr_Format(PyExc_TypeError, "%s must be a %d-D array of '%c' items of %zd bytes, got %d-D '%s'", name, ndim, code, itemsize,
-                     view->ndim, view->format ? view->format : "B");
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
-static Py_ssize_t dim(const Py_buffer *v, int i) { return v->shape ? v->shape[i] : v->len / v->itemsize; }
 
 PyDoc_STRVAR(score_doc,
 "score(X, offsets, nodes, values, bits, roots, target, dom_len, params, prior, model_distrib, preds, ties)\n\n"

@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arrays.h"
+
 /* Deepest tree accepted: the recursion and the scratch path grow with depth. */
 #define MAX_DEPTH 512
 
@@ -136,27 +138,6 @@ static double expected(const Forest *f, int32_t j) {
     return fraction(f, f->left[j], j) * expected(f, f->left[j]) + fraction(f, f->right[j], j) * expected(f, f->right[j]);
 }
 
-/* A C-contiguous buffer of `ndim` dimensions whose items have this struct format letter and size. */
-static int get_array(PyObject *obj, Py_buffer *view, const char *name, char code, Py_ssize_t itemsize, int ndim, int writable) {
-    const char *fmt;
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
-        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous%s array", name, writable ? " writable" : "");
-        return -1;
-    }
-    fmt = view->format ? view->format : "B";
-    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@' || fmt[0] == '|')
-        fmt++;
-    if (view->itemsize != itemsize || fmt[0] != code || fmt[1] != '\0' || view->ndim != ndim) {
-        PyErr_Format(PyExc_TypeError, "%s must be a %d-D array of '%c' items of %zd bytes, got %d-D '%s'", name, ndim, code, itemsize,
-                     view->ndim, view->format ? view->format : "B");
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
-static Py_ssize_t dim(const Py_buffer *v, int i) { return v->shape ? v->shape[i] : v->len / v->itemsize; }
-
 /* The node table's arrays, in the order both functions take them. */
 enum { A_LEFT, A_RIGHT, A_FEATURE, A_COVER, A_VALUE, A_ROOTS, A_GROUP, A_TABLE };
 static const struct {
@@ -172,6 +153,22 @@ static int get_table(PyObject *const *objs, Py_buffer *views, int *got) {
         if (get_array(objs[*got], &views[*got], table_spec[*got].name, table_spec[*got].code, table_spec[*got].size, 1, 0) < 0)
             return -1;
     return 0;
+}
+
+/* The forest behind the table's views; an error message when its arrays do not fit one another. */
+static const char *forest_of(const Py_buffer *views, Forest *f) {
+    f->left = views[A_LEFT].buf;
+    f->right = views[A_RIGHT].buf;
+    f->feature = views[A_FEATURE].buf;
+    f->cover = views[A_COVER].buf;
+    f->value = views[A_VALUE].buf;
+    f->n_nodes = dim(&views[A_LEFT], 0);
+    if (dim(&views[A_RIGHT], 0) != f->n_nodes || dim(&views[A_FEATURE], 0) != f->n_nodes || dim(&views[A_COVER], 0) != f->n_nodes ||
+        dim(&views[A_VALUE], 0) != f->n_nodes || dim(&views[A_GROUP], 0) != dim(&views[A_ROOTS], 0))
+        return "the node arrays (or roots and group) differ in length";
+    if (f->n_nodes > INT32_MAX - 2)
+        return "too many nodes";
+    return NULL;
 }
 
 static void release(Py_buffer *views, int got) {
@@ -284,21 +281,12 @@ static PyObject *check(PyObject *Py_UNUSED(self), PyObject *args) {
         release(views, got);
         return NULL;
     }
-    f.left = views[A_LEFT].buf;
-    f.right = views[A_RIGHT].buf;
-    f.feature = views[A_FEATURE].buf;
-    f.cover = views[A_COVER].buf;
-    f.value = views[A_VALUE].buf;
-    f.n_nodes = dim(&views[A_LEFT], 0);
-    if (dim(&views[A_RIGHT], 0) != f.n_nodes || dim(&views[A_FEATURE], 0) != f.n_nodes || dim(&views[A_COVER], 0) != f.n_nodes ||
-        dim(&views[A_VALUE], 0) != f.n_nodes || dim(&views[A_GROUP], 0) != dim(&views[A_ROOTS], 0) ||
-        dim(&expected_v, 0) != dim(&views[A_ROOTS], 0))
-        error = "the node arrays (or roots, group and expected) differ in length";
-    else if (f.n_nodes > INT32_MAX - 2)
-        error = "too many nodes";
-    else if (n_features < 0 || n_groups < 1)
+    error = forest_of(views, &f);
+    if (error == NULL && dim(&expected_v, 0) != dim(&views[A_ROOTS], 0))
+        error = "expected must hold one value per tree";
+    if (error == NULL && (n_features < 0 || n_groups < 1))
         error = "n_features must be >= 0 and n_groups >= 1";
-    else {
+    if (error == NULL) {
         Py_BEGIN_ALLOW_THREADS
         error = check_table(&f, views[A_ROOTS].buf, views[A_GROUP].buf, dim(&views[A_ROOTS], 0), n_features, n_groups, &depth);
         for (t = 0; error == NULL && t < dim(&views[A_ROOTS], 0); t++) /* only once the table is known sound */
@@ -339,19 +327,11 @@ static PyObject *shap(PyObject *Py_UNUSED(self), PyObject *args) {
     if (get_array(o_out, &out_v, "out", 'd', 8, 3, 1) < 0)
         goto done;
     have_out = 1;
-    f.left = views[A_LEFT].buf;
-    f.right = views[A_RIGHT].buf;
-    f.feature = views[A_FEATURE].buf;
-    f.cover = views[A_COVER].buf;
-    f.value = views[A_VALUE].buf;
-    f.n_nodes = dim(&views[A_LEFT], 0);
     n_trees = dim(&views[A_ROOTS], 0);
     rows = dim(&dec_v, 0);
     groups = dim(&out_v, 1);
     width = dim(&out_v, 2);
-    if (dim(&views[A_RIGHT], 0) != f.n_nodes || dim(&views[A_FEATURE], 0) != f.n_nodes || dim(&views[A_COVER], 0) != f.n_nodes ||
-        dim(&views[A_VALUE], 0) != f.n_nodes || dim(&views[A_GROUP], 0) != n_trees || dim(&dec_v, 1) != f.n_nodes ||
-        dim(&out_v, 0) != rows || width != n_features + 1 || groups < 1 || depth < 0 || depth > MAX_DEPTH) {
+    if (forest_of(views, &f) != NULL || dim(&dec_v, 1) != f.n_nodes || dim(&out_v, 0) != rows || width != n_features + 1 || groups < 1 || depth < 0 || depth > MAX_DEPTH) {
         error = "array shapes do not fit one another";
         goto done;
     }
