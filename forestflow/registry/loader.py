@@ -98,7 +98,7 @@ class ServableLoader:
                 f"{self.settings.kernel_shap_max_samples})"
             )
         background = read_background(body["background"], directory, self.settings.kernel_shap_max_background)
-        explainer = KernelExplainer(background, samples)
+        explainer = KernelExplainer(background, samples, self.settings.max_rows)
         try:
             if servable.runs_on_loop:
                 answer = await servable.apredict(background, self.settings.request_timeout_ms / 1000)

@@ -97,11 +97,13 @@ def numeric_outputs(frame: Frame) -> tuple[np.ndarray, list[str]]:
 
 
 class KernelExplainer:
-    """KernelSHAP for one release: its background and how many coalitions to value per row."""
+    """KernelSHAP for one release: its background, how many coalitions to value per row, and the most
+    rows one explanation may have the model score (``max_rows``: the gateway's batch limit)."""
 
-    def __init__(self, background: Frame, samples: int) -> None:
+    def __init__(self, background: Frame, samples: int, max_rows: int = 1_000_000) -> None:
         self.background = background
         self.samples = samples
+        self.max_rows = max_rows
         self.features = list(background.columns)
         #: The model's mean output over the background (every row's bias), set by :meth:`prepare`.
         self.background_mean: np.ndarray | None = None
@@ -121,6 +123,11 @@ class KernelExplainer:
         m = len(masks)
         # Row i's block: its own row once, then m coalitions x b background rows.
         block = 1 + m * b
+        if n * block > self.max_rows:
+            raise InvalidInput(
+                f"explaining {n} records takes {n * block} model rows ({m} coalitions x {b} background rows each), "
+                f"over the limit of {self.max_rows}: send fewer records"
+            )
         keep = np.repeat(masks, b, axis=0)  # [m*b, f]: column j from the explained row?
         columns: dict[str, np.ndarray] = {}
         for j, name in enumerate(self.features):

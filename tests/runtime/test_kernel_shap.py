@@ -104,6 +104,13 @@ def test_a_request_lacking_an_explained_column_is_refused() -> None:
         explainer.design(Frame({"a": np.zeros(1)}))
 
 
+def test_an_explanation_scoring_too_many_rows_is_refused() -> None:
+    explainer = KernelExplainer(Frame({"a": np.zeros(10), "b": np.ones(10)}), 10, max_rows=50)
+    explainer.design(Frame({"a": np.zeros(2), "b": np.zeros(2)}))  # 2 x (1 + 2 x 10) = 42 rows
+    with pytest.raises(InvalidInput, match="takes 63 model rows .* over the limit of 50"):
+        explainer.design(Frame({"a": np.zeros(3), "b": np.zeros(3)}))
+
+
 def test_background_from_csv_and_records(tmp_path: Path) -> None:
     (tmp_path / "bg.csv").write_text("a,kind\n1.5,red\n,blue\n2,\n")
     frame = read_background("bg.csv", tmp_path, 10)
