@@ -20,7 +20,7 @@ from forestflow.core.frame import Frame
 from forestflow.errors import CannotExplain
 from forestflow.runtime.base import Servable
 from forestflow.runtime.kernel_shap import KernelExplainer
-from forestflow.runtime.treeshap import TreeExplainable, contributions
+from forestflow.runtime.treeshap import ShapForest, TreeExplainable, contributions
 
 #: The output frame's parameter that holds the :class:`Explanation`.
 EXPLANATION = "forestflow.explanation"
@@ -80,9 +80,19 @@ def explain_call(servable: Servable, explainer: KernelExplainer | None) -> Calla
 def _explain_trees(servable: Any, frame: Frame) -> Frame:
     out: Frame = servable.predict(frame)
     forest, decisions = servable.shap_inputs(frame)
-    groups = [str(g) for g in range(forest.n_groups)]
-    out.parameters[EXPLANATION] = Explanation("TreeSHAP", contributions(forest, decisions), forest.feature_names, groups)
+    out.parameters[EXPLANATION] = Explanation(
+        "TreeSHAP", contributions(forest, decisions), forest.feature_names, _groups(out, forest)
+    )
     return out
+
+
+def _groups(out: Frame, forest: ShapForest) -> list[str]:
+    """Names of a forest's output groups: the answer's per-class outputs when there is one per group
+    (a classifier's probability columns), else the group indices ("margin" for a single group)."""
+    if forest.n_groups == 1:
+        return ["margin"]
+    numeric = [name for name, column in out.columns.items() if column.ndim == 1 and column.dtype.kind == "f"]
+    return numeric if len(numeric) == forest.n_groups else [str(g) for g in range(forest.n_groups)]
 
 
 def _explain_kernel(servable: Servable, explainer: KernelExplainer, frame: Frame) -> Frame:

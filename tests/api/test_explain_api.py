@@ -83,6 +83,7 @@ async def test_basic_explain_answers_the_prediction_and_contributions(trees: Any
     assert explained["Prediction"] == scored["Prediction"]
     explanation = explained["Explanation"]
     assert explanation["fqrv"]["releaseVersion"] == "r1" and explanation["method"] == "TreeSHAP"
+    assert explanation["groups"] == ["margin"]
     assert explanation["columns"] == [*FEATURES, "BiasTerm"]
     contributions = explanation["contributions"]
     assert len(contributions) == len(rows) and list(contributions[0]) == [*FEATURES, "BiasTerm"]

@@ -17,13 +17,14 @@ from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import CannotExplain
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.explanation import EXPLANATION, Explanation, describe, explain_call
+from forestflow.runtime.h2o_mojo import H2OMojoServable
 from forestflow.runtime.h2o_native import NativeTreeScorer
 from forestflow.runtime.h2o_shap import shap_forest
 from forestflow.runtime.h2o_tree_reader import read_tree_model
 from forestflow.runtime.kernel_shap import KernelExplainer
 from forestflow.runtime.scheduler import Priority, ServableScheduler
 from tests.runtime.shap_oracle import margin
-from tests.runtime.test_h2o_mojo import FIXTURES
+from tests.runtime.test_h2o_mojo import FIXTURES, FQ
 
 W = np.array([2.0, -1.0, 0.5])
 
@@ -102,6 +103,17 @@ async def test_explanations_are_never_scored_on_the_loop() -> None:
         assert threading.get_ident() in model.threads  # a score of the same size is inlined
     finally:
         await scheduler.close()
+
+
+def test_tree_groups_are_named_by_the_classes_they_explain() -> None:
+    servable = H2OMojoServable(FQ, FIXTURES, {"mojoPath": "iris_gbm_multinomial.zip", "scorer": "native"})
+    servable.load()
+    frame = Frame({"Petal.Length": np.array([1.4, 5.1]), "Petal.Width": np.array([0.2, 2.0])})
+    out = explain_call(servable, None)(frame)
+    explanation = out.parameters[EXPLANATION]
+    assert explanation.groups == ["Iris-setosa", "Iris-versicolor", "Iris-virginica"]
+    assert explanation.values.shape == (2, 3, 6) and out["predict"].tolist() == ["Iris-setosa", "Iris-virginica"]
+    assert describe(servable, None) == {"method": "TreeSHAP", "space": "margin"}
 
 
 def test_a_servable_without_trees_or_explainer_cannot_explain() -> None:
