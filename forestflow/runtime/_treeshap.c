@@ -47,31 +47,38 @@ static double fraction(const Forest *f, int32_t child, int32_t parent) {
     return r > 0 ? f->cover[child] / r : 0.5;
 }
 
+/* INV[k] = 1/k: the weights' divisions by small integers become multiplications (the walk's hot loops). */
+static double INV[MAX_DEPTH + 3];
+
 /* EXTEND: add (pi, pz, po) to the path m of length l; permutation weights updated in place. */
 static void extend(Elem *m, int l, double pz, double po, int32_t pi) {
+    double inv = INV[l + 1];
     int i;
     m[l].d = pi;
     m[l].z = pz;
     m[l].o = po;
     m[l].w = l == 0 ? 1.0 : 0.0;
     for (i = l - 1; i >= 0; i--) {
-        m[i + 1].w += po * m[i].w * (double)(i + 1) / (double)(l + 1);
-        m[i].w = pz * m[i].w * (double)(l - i) / (double)(l + 1);
+        m[i + 1].w += po * m[i].w * (double)(i + 1) * inv;
+        m[i].w = pz * m[i].w * (double)(l - i) * inv;
     }
 }
 
 /* UNWIND: remove entry k from the path m of length n (the weights as if it had never been added). */
 static void unwind(Elem *m, int n, int k) {
-    double o = m[k].o, z = m[k].z, next = m[n - 1].w, t;
+    double o = m[k].o, z = m[k].z, next = m[n - 1].w, t, inv_n = INV[n];
     int j;
-    for (j = n - 2; j >= 0; j--) {
-        if (o != 0) {
+    if (o != 0) {
+        double scale = (double)n / o;
+        for (j = n - 2; j >= 0; j--) {
             t = m[j].w;
-            m[j].w = next * (double)n / ((double)(j + 1) * o);
-            next = t - m[j].w * z * (double)(n - 1 - j) / (double)n;
-        } else {
-            m[j].w = m[j].w * (double)n / (z * (double)(n - 1 - j));
+            m[j].w = next * scale * INV[j + 1];
+            next = t - m[j].w * z * (double)(n - 1 - j) * inv_n;
         }
+    } else {
+        double scale = (double)n / z;
+        for (j = n - 2; j >= 0; j--)
+            m[j].w = m[j].w * scale * INV[n - 1 - j];
     }
     for (j = k; j < n - 1; j++) {
         m[j].d = m[j + 1].d;
@@ -82,16 +89,19 @@ static void unwind(Elem *m, int n, int k) {
 
 /* The sum of the weights UNWIND(m, k) would leave, without changing m. */
 static double unwound_sum(const Elem *m, int n, int k) {
-    double o = m[k].o, z = m[k].z, next = m[n - 1].w, total = 0.0, t;
+    double o = m[k].o, z = m[k].z, next = m[n - 1].w, total = 0.0, t, inv_n = INV[n];
     int j;
-    for (j = n - 2; j >= 0; j--) {
-        if (o != 0) {
-            t = next * (double)n / ((double)(j + 1) * o);
+    if (o != 0) {
+        double scale = (double)n / o;
+        for (j = n - 2; j >= 0; j--) {
+            t = next * scale * INV[j + 1];
             total += t;
-            next = m[j].w - t * z * (double)(n - 1 - j) / (double)n;
-        } else {
-            total += m[j].w * (double)n / (z * (double)(n - 1 - j));
+            next = m[j].w - t * z * (double)(n - 1 - j) * inv_n;
         }
+    } else {
+        double scale = (double)n / z;
+        for (j = n - 2; j >= 0; j--)
+            total += m[j].w * scale * INV[n - 1 - j];
     }
     return total;
 }
@@ -380,4 +390,9 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_treeshap", "Exact path-dependent TreeSHAP over a forest's node table, in C.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__treeshap(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__treeshap(void) {
+    int k;
+    for (k = 1; k < MAX_DEPTH + 3; k++)
+        INV[k] = 1.0 / (double)k;
+    return PyModule_Create(&module);
+}
