@@ -153,7 +153,7 @@ def test_decisions_of_the_wrong_shape_are_refused() -> None:
         )
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.integers(1, 8).flatmap(
         lambda n: st.tuples(
