@@ -54,6 +54,7 @@ from forestflow.registry.release_loads import Backoff, LoadStatus, ReleaseLoads
 from forestflow.registry.store import Store
 from forestflow.replica_sync import ReplicaSync
 from forestflow.runtime.base import ServableMetadata
+from forestflow.runtime.explanation import describe, explain_call
 from forestflow.runtime.scheduler import Priority, ShadowDropped
 from forestflow.settings import Settings
 
@@ -364,6 +365,7 @@ class Gateway:
         release: str | None = None,
         wire: Wire | None = None,
         route: Route | None = None,
+        explain: bool = False,
     ) -> InferResult:
         """Score one batch on the contract's routed servable (or ``release`` directly).
 
@@ -373,9 +375,16 @@ class Gateway:
         instead of encoding the request and the answer a second time. A front-end that
         decoded the request against the release that scores passes the ``route`` it took
         (:meth:`route`); otherwise the request is routed here.
+
+        ``explain``: the release that answers also explains its answer (routed, queued, timed and
+        logged exactly as a score; shadow copies are plain scores): the output frame then holds a
+        ``runtime.explanation.Explanation`` in its parameters; CannotExplain (422) if that release
+        can explain neither exactly nor with a declared explainer.
         """
-        if frame.num_rows > self.settings.max_rows:
-            raise InvalidInput(f"batch of {frame.num_rows} records is over the limit of {self.settings.max_rows}")
+        limit = self.settings.explain_max_rows if explain else self.settings.max_rows
+        if frame.num_rows > limit:
+            what = "explanation batch" if explain else "batch"
+            raise InvalidInput(f"{what} of {frame.num_rows} records is over the limit of {limit}")
         if route is None or (route.answered is not None and route.answered not in route.state.servables):
             # Not routed yet, or routed (before the body was read) to a release that has left the
             # contract since (expired, deleted, removed by a follower): routed now.
@@ -395,9 +404,10 @@ class Gateway:
         try:
             if loaded is None:
                 raise ServableNotReady(f"servable {fqrv} is not loaded")
+            work = explain_call(loaded.servable, loaded.explainer) if explain else None
             if tracing.ON:  # the queue wait and the scoring as children of the request's span
                 timing = tracing.QueueThenPredict(str(fqrv), frame.num_rows)
-                submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout, timing.started)
+                submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout, timing.started, work)
                 self._fan_out(state, shadows, context)
                 failed = True
                 try:
@@ -406,7 +416,7 @@ class Gateway:
                 finally:
                     timing.finish(failed)
             else:
-                submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout)
+                submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout, None, work)
                 self._fan_out(state, shadows, context)
                 out = input_report.checked(entry.settings, await submitted)  # strictInputs: a 400
         except GatewayError as error:
@@ -588,6 +598,11 @@ class Gateway:
                 f"servable {fqrv} failed to load on this process ({status.attempts} attempts, retried): {status.error}"
             )
         return self.registry.loaded_servable(fqrv).servable.metadata()
+
+    def explanation(self, fqrv: FQRV) -> dict[str, Any] | None:
+        """How a loaded release explains (``{"method": "TreeSHAP", ...}``), None when it cannot."""
+        loaded = self.registry.loaded_servable(fqrv)
+        return describe(loaded.servable, loaded.explainer)
 
     def active_release(self, contract: Contract) -> FQRV:
         """The servable that represents the contract in metadata calls (the newest routed one)."""

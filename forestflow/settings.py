@@ -149,6 +149,12 @@ class Settings:
         "pipeline step accepts: a larger one is a 400, so a small file cannot decompress into gigabytes",
         default=40_000_000,
     )
+    explain_max_rows: int = _doc("largest batch (records) one explanation request may hold", default=1000)
+    kernel_shap_max_samples: int = _doc(
+        "most coalitions KernelSHAP evaluates per explained record (a definition's samples above it are refused)",
+        default=4096,
+    )
+    kernel_shap_max_background: int = _doc("most background rows a KernelSHAP explainer may declare", default=1000)
     evaluation_interval_s: float = _doc("contract re-evaluation period (phase-in, validity)", default=5.0)
     metrics_flush_interval_s: float = _doc("how often counters are persisted", default=1.0)
     feedback_index_size: int = _doc(
@@ -253,6 +259,9 @@ class Settings:
             "max_body_bytes",
             "max_rows",
             "max_image_pixels",
+            "explain_max_rows",
+            "kernel_shap_max_samples",
+            "kernel_shap_max_background",
             "log_buffer_bytes",
         ):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")

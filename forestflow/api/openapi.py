@@ -48,6 +48,13 @@ SCHEMAS: dict[str, Any] = {
             "flavor": _OBJ,
             "servableSettings": _OBJ,
             "contractSettings": _OBJ,
+            "explainer": {
+                "type": "object",
+                "description": (
+                    "A model-agnostic explainer for /explain, :explain and V2's explain parameter, for models whose trees are "
+                    'not explained exactly: {"KernelShap": {"background": "file.csv" or [records], "samples": 200}}'
+                ),
+            },
         },
     },
     "InferenceRequest": {
@@ -77,6 +84,29 @@ SCHEMAS: dict[str, Any] = {
             }
         },
     },
+    "Explained": {
+        "type": "object",
+        "description": "The Prediction /score answers and, per datum, the contributions by column name (the bias: BiasTerm).",
+        "required": ["Prediction", "Explanation"],
+        "properties": {
+            "Prediction": {"type": "object"},
+            "Explanation": {
+                "type": "object",
+                "required": ["fqrv", "method", "columns", "groups", "contributions"],
+                "properties": {
+                    "fqrv": _FQRV,
+                    "method": {"type": "string", "enum": ["TreeSHAP", "KernelSHAP"]},
+                    "columns": {"type": "array", "items": {"type": "string"}},
+                    "groups": {"type": "array", "items": {"type": "string"}},
+                    "contributions": {
+                        "type": "array",
+                        "description": "per datum {column: value}, or {group: {column: value}} for several outputs or classes",
+                        "items": {"type": "object"},
+                    },
+                },
+            },
+        },
+    },
     "BasicMetaData": {
         "type": "object",
         "required": ["fqrv", "name", "inputs", "outputs"],
@@ -87,6 +117,10 @@ SCHEMAS: dict[str, Any] = {
             "description": {"type": "string"},
             "inputs": {"type": "array"},
             "outputs": {"type": "array"},
+            "explanations": {
+                "type": ["object", "null"],
+                "description": "how the release explains (method TreeSHAP or KernelSHAP), null when it cannot",
+            },
             "load": {"$ref": "#/components/schemas/LoadStatus"},
         },
     },
@@ -112,7 +146,13 @@ SCHEMAS: dict[str, Any] = {
         "required": ["inputs"],
         "properties": {
             "id": {"type": "string"},
-            "parameters": _OBJ,
+            "parameters": {
+                "type": "object",
+                "description": (
+                    '"explain": true adds an output "contributions" ([n, F+1], or [n, groups, F+1]) whose parameters name '
+                    "the columns (the bias last), the groups, the method and the release"
+                ),
+            },
             "inputs": {
                 "type": "array",
                 "items": {
@@ -261,6 +301,17 @@ def _paths() -> dict[str, dict[str, Any]]:
                 example=SCORE_EXAMPLE,
             )
         },
+        c + "/explain": {
+            "post": _op(
+                "BASIC",
+                "Score and explain a batch on the contract's routed release (422 if it cannot explain)",
+                _json(_ref("Explained")),
+                [*_CONTRACT_PARAMS, _P_TIMEOUT],
+                _ref("InferenceRequest"),
+                extra={"502": _ERROR, "503": _ERROR, "504": _ERROR},
+                example=SCORE_EXAMPLE,
+            )
+        },
         c + "/metadata": {
             "get": _op(
                 "BASIC",
@@ -402,6 +453,31 @@ def _paths() -> dict[str, dict[str, Any]]:
                 "V1",
                 "Predict instances",
                 _json({"type": "object", "required": ["predictions"], "properties": {"predictions": {"type": "array"}}}),
+                [_P_MODEL, _P_TIMEOUT],
+                {
+                    "type": "object",
+                    "properties": {"instances": {"type": "array"}, "inputs": {"type": "array"}, "parameters": _OBJ},
+                },
+                error=_V2_ERROR,
+            )
+        },
+        "/v1/models/{model}:explain": {
+            "post": _op(
+                "V1",
+                "Predict and explain instances (KServe's explainer shape; 422 if the release cannot explain)",
+                _json(
+                    {
+                        "type": "object",
+                        "required": ["explanations"],
+                        "properties": {
+                            "predictions": {"type": "array"},
+                            "outputs": _OBJ,
+                            "explanations": {"type": "array", "items": _OBJ},
+                            "release": {"type": "string"},
+                            "method": {"type": "string"},
+                        },
+                    }
+                ),
                 [_P_MODEL, _P_TIMEOUT],
                 {
                     "type": "object",

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 import forestflow
 from forestflow.api.common import MAX_CACHED_CONTRACTS
 from forestflow.codecs.v2 import Layout, decode_inputs, spec_json
@@ -22,6 +24,7 @@ from forestflow.errors import InvalidInput, NoActiveServablesForContract, NotFou
 from forestflow.predlog.record import Wire, WireBody
 from forestflow.runtime.base import ServableMetadata
 from forestflow.runtime.classification import CLASSIFICATION, classify, positive_count, require_classifier
+from forestflow.runtime.explanation import EXPLANATION, Explanation
 from forestflow.runtime.pipeline import RESPONSE_METADATA
 from forestflow.service import Gateway, InferResult, Route
 
@@ -196,7 +199,10 @@ async def infer(
         contract = route.state.contract
     if classification:
         check_can_classify(gateway, route, classification)
-    model_parameters = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS}
+    explain = parameters.get("explain", False)
+    if not isinstance(explain, bool):
+        raise InvalidInput(f"parameters.explain must be true or false, got {explain!r}")
+    model_parameters = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS and k != "explain"}
     frame, layout = decode_inputs(tensors, decoding_specs(gateway, route), model_parameters)
     result = await gateway.infer(
         contract,
@@ -206,11 +212,24 @@ async def infer(
         protocol=protocol,
         timeout_s=timeout_s,
         route=route,
+        explain=explain,
         wire=Wire(wire_request, partial(_with_layout, encode_response, layout))
         if wire_request is not None and encode_response is not None
         else None,
     )
     return result, layout
+
+
+def explanation_tensor(fqrv: FQRV, frame: Frame) -> Tensor | None:
+    """The ``contributions`` output of an explained answer (``[n, F+1]``, or ``[n, groups, F+1]``),
+    its parameters naming the columns (the bias last), the groups, the method and the release."""
+    explanation = frame.parameters.get(EXPLANATION)
+    if not isinstance(explanation, Explanation):
+        return None
+    values = explanation.values
+    array = values[:, 0, :] if values.shape[1] == 1 else values
+    parameters = {"columns": explanation.names, "groups": explanation.groups, "method": explanation.method, "release": str(fqrv)}
+    return Tensor("contributions", "FP64", np.ascontiguousarray(array), parameters)
 
 
 def _with_layout(encode: Callable[[FQRV, Frame, Layout], WireBody], layout: Layout, fqrv: FQRV, frame: Frame) -> WireBody:

@@ -14,6 +14,7 @@ nothing else, and kserve and TrustyAI read it too. Gateway errors map once, by k
 from __future__ import annotations
 
 import contextvars
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -119,6 +120,11 @@ class InferenceService:
             outputs = v2_common.classify_outputs(self.gateway, fqrv, frame, outputs, ks)
             response = self.m["ModelInferResponse"](model_name=request.model_name, model_version=fqrv.release, id=request_id)
             add_raw_tensors(response.outputs, response.raw_output_contents, outputs)
+            contributions = v2_common.explanation_tensor(fqrv, frame)
+            if contributions is not None:  # its names as JSON text: InferParameter holds no lists
+                add_raw_tensors(response.outputs, response.raw_output_contents, [contributions])
+                for key, value in contributions.parameters.items():
+                    set_parameter(response.outputs[-1].parameters[key], value if isinstance(value, str) else json.dumps(value))
             for key, value in v2_common.response_metadata(frame).items():
                 set_parameter(response.parameters[key], value)
             if layout.explicit:

@@ -90,6 +90,9 @@ def encode_response(
     """The response body, and the JSON length when binary outputs follow it."""
     blobs: list[bytes] = []
     doc["outputs"] = [json_entry(t, wanted.get(t.name, {}).get("binary_data", binary_default), blobs) for t in outputs]
+    for entry, tensor in zip(doc["outputs"], outputs):
+        if tensor.parameters:  # an output's own parameters (the contributions' column names)
+            entry["parameters"] = {**tensor.parameters, **entry.get("parameters", {})}
     head = dumps(doc)
     if not blobs:
         return head, None
@@ -259,6 +262,9 @@ async def infer_payload(
         outputs = encode_outputs(frame, layout, [n for n, _ in wanted])
         outputs = v2_common.classify_outputs(gateway, fqrv, frame, outputs, ks)
         v2_common.base64_images(gateway, fqrv, outputs)
+        contributions = v2_common.explanation_tensor(fqrv, frame)
+        if contributions is not None:
+            outputs = [*outputs, contributions]
         reply: dict[str, Any] = {"model_name": name, "model_version": fqrv.release, "id": request_id}
         returned = v2_common.response_metadata(frame)
         if layout.explicit or returned:

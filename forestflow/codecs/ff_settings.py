@@ -370,7 +370,23 @@ def parse_serve_request(body: Any, url_fqrv: FQRV | None = None) -> ServableDefi
         tags=o.str_map("tags"),
         created_at_ms=o.int("createdAtMS", required=False),
         sha256=sha256.lower(),
+        explainer=parse_explainer(o.raw("explainer")) if o.has("explainer") else None,
     )
+
+
+def parse_explainer(value: Any) -> dict[str, Any]:
+    """``{"KernelShap": {"background": "file.csv" or [rows], "samples": n}}``, checked for shape here
+    (the file and the sizes are checked when the release loads)."""
+    _, body = oneof(value, "explainer", ("KernelShap",))
+    background = body.raw("background")
+    if not (isinstance(background, str) and background.strip()) and not (
+        isinstance(background, list) and background and all(isinstance(r, dict) for r in background)
+    ):
+        raise InvalidInput("explainer.KernelShap.background: a CSV file in the servable directory, or a list of records")
+    samples = body.int("samples", required=False, default=200)
+    if samples < 1:
+        raise InvalidInput(f"explainer.KernelShap.samples: must be positive, got {samples}")
+    return {"KernelShap": {"background": background, "samples": samples}}
 
 
 def serve_request_to_json(defn: ServableDefinition) -> dict[str, Any]:
@@ -388,6 +404,8 @@ def serve_request_to_json(defn: ServableDefinition) -> dict[str, Any]:
         out["flavor"] = {defn.flavor: dict(defn.flavor_settings)}
     if defn.sha256:
         out["sha256"] = defn.sha256
+    if defn.explainer is not None:
+        out["explainer"] = defn.explainer
     if defn.contract_settings is not None:
         out["contractSettings"] = contract_settings_to_json(defn.contract_settings)
     return out

@@ -24,6 +24,7 @@ from forestflow.registry.registry import Loaded
 from forestflow.runtime.base import Servable
 from forestflow.runtime.batching import batch_policy
 from forestflow.runtime.flavors import create_servable
+from forestflow.runtime.kernel_shap import KernelExplainer, read_background
 from forestflow.runtime.scheduler import ServableScheduler
 from forestflow.settings import Settings
 
@@ -72,6 +73,7 @@ class ServableLoader:
                 await asyncio.to_thread(_verify_sha256, servable, defn.sha256)
             started = time.perf_counter()
             await self._load(defn, servable)
+            explainer = await self._explainer(defn, servable, directory)
             load_seconds = time.perf_counter() - started
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
@@ -93,7 +95,34 @@ class ServableLoader:
             coalesce_rows=batch_rows,
             batch_wait_us=policy.wait_us,
         )
-        return Loaded(defn, servable, scheduler, claim, load_seconds)
+        return Loaded(defn, servable, scheduler, claim, load_seconds, explainer)
+
+    async def _explainer(self, defn: ServableDefinition, servable: Servable, directory: Path) -> KernelExplainer | None:
+        """The KernelSHAP explainer the definition declares, with its background scored once (422 if it cannot be)."""
+        if defn.explainer is None:
+            return None
+        body = defn.explainer["KernelShap"]
+        samples = int(body["samples"])
+        if samples > self.settings.kernel_shap_max_samples:
+            raise CreateServableRequestInvalidError(
+                f"explainer.KernelShap.samples = {samples} is over the limit (kernel_shap_max_samples = "
+                f"{self.settings.kernel_shap_max_samples})"
+            )
+        background = read_background(body["background"], directory, self.settings.kernel_shap_max_background)
+        explainer = KernelExplainer(background, samples, self.settings.max_rows)
+        try:
+            if servable.runs_on_loop:
+                answer = await servable.apredict(background, self.settings.request_timeout_ms / 1000)
+                await asyncio.to_thread(explainer.prepare, lambda _: answer)
+            else:
+                await asyncio.to_thread(explainer.prepare, servable.predict)
+        except GatewayError as exc:
+            raise CreateServableRequestInvalidError(f"the explainer's background cannot be scored: {exc.message}") from None
+        except Exception as exc:
+            raise CreateServableRequestInvalidError(
+                f"the explainer's background cannot be scored: {type(exc).__name__}: {exc}"
+            ) from None
+        return explainer
 
     async def _load(self, defn: ServableDefinition, servable: Servable) -> None:
         try:

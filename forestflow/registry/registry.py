@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from forestflow.core.contract_state import ContractState, Evaluation, ServableEntry
 from forestflow.core.definition import ServableDefinition
@@ -35,6 +36,8 @@ class Loaded:
     artifact: ArtifactClaim | None = None
     #: How long ``load`` took (``/metrics``).
     load_seconds: float = 0.0
+    #: The model-agnostic explainer its definition declares (a ``runtime.kernel_shap.KernelExplainer``), if any.
+    explainer: Any = None
 
 
 @dataclass(slots=True)

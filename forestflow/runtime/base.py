@@ -51,6 +51,11 @@ class Servable(abc.ABC):
     #: Whether the servable scores on the event loop, as a coroutine (``aload``/``apredict``), not
     #: in a thread: flavors that wait on the network (remote backends) rather than compute.
     runs_on_loop: bool = False
+    #: Whether the servable explains its trees exactly: it then implements
+    #: ``runtime.treeshap.TreeExplainable`` (``shap_inputs``). A flavor may decide at load (an H2O
+    #: MOJO scored natively does; one scored by genmodel does not). Other servables may still be
+    #: explained model-agnostically when their definition declares an ``explainer`` (KernelSHAP).
+    tree_explainable: bool = False
 
     def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
         self.fqrv = fqrv

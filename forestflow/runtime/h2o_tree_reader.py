@@ -152,6 +152,9 @@ class TreeModel:
     binomial_double_trees: bool
     trees: TreeTable
     info: dict[str, str] = field(repr=False, default_factory=dict)
+    #: Each tree's ``trees/tCC_GGG_aux.bin`` (node weights, for explanations), in ``trees.roots`` order;
+    #: None where the MOJO has none.
+    aux: list[bytes | None] = field(repr=False, default_factory=list)
 
     @property
     def response(self) -> str | None:
@@ -240,6 +243,8 @@ def read_tree_model(path: str | Path) -> TreeModel:
                 if name in names:
                     blobs.append((c * groups + g, c, zf.read(name)))
         blobs.sort()  # genmodel's tree order: class-major, then group (its per-class sums follow it)
+        aux_names = [f"trees/t{c:02d}_{key - c * groups:03d}_aux.bin" for key, c, _ in blobs]
+        aux = [zf.read(name) if name in names else None for name in aux_names]
         offset_col = _value(info, "offset_column", None)
         tree_version = 0 if version == 1.0 else (1 if version == 1.1 else 2)
         table = flatten_trees([(0 if n_classes == 1 else 1) + c for _, c, _ in blobs], [b for _, _, b in blobs], tree_version)
@@ -277,6 +282,7 @@ def read_tree_model(path: str | Path) -> TreeModel:
             binomial_double_trees=bdt,
             trees=table,
             info=info,
+            aux=aux,
         )
 
 
