@@ -204,6 +204,8 @@ class Gateway:
             "failed": {str(f): r for f, r in self.registry.failed.items()},
             "draining": self.draining,
             "predictionLogRunning": self.prediction_log.running,
+            # shown, never a reason to leave the balancer: scoring goes on while the log is failing
+            "predictionLog": self.prediction_log.stats.delivery(),
         }
 
     # ---- data plane ---------------------------------------------------------------------------------

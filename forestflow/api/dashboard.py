@@ -90,6 +90,7 @@ async def dashboard(request: web.Request) -> web.Response:
             "predictionLog": {
                 "sink": gateway.prediction_log.sink.name,
                 "connected": stats.connected,
+                **stats.delivery(),
                 "produced": stats.produced,
                 "delivered": stats.delivered,
                 "dropped": stats.dropped,

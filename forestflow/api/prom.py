@@ -308,6 +308,11 @@ class GatewayCollector:
         yield GaugeMetricFamily(
             "forestflow_prediction_log_connected", "1 when the sink is connected", value=1.0 if stats.connected else 0.0
         )
+        yield GaugeMetricFamily(
+            "forestflow_prediction_log_failing",
+            "1 while events cannot be delivered (the reason is in /health/ready's predictionLog)",
+            value=1.0 if stats.failing_reason else 0.0,
+        )
 
     def _health(self, gateway: Any) -> Iterator[Metric]:
         yield GaugeMetricFamily(

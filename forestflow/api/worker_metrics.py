@@ -38,6 +38,7 @@ MERGE: dict[str, str] = {
     "forestflow_servable_load_seconds": "max",
     "forestflow_registry_store_available": "min",
     "forestflow_prediction_log_connected": "min",
+    "forestflow_prediction_log_failing": "max",
     "forestflow_ready": "min",
     "forestflow_draining": "max",
 }
