@@ -50,6 +50,40 @@ async def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) ->
         await asyncio.sleep(0.01)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead and not yet reaped by its new parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+#: Set in the environment for the whole test session (tests/conftest.py): every process the suite
+#: starts inherits it, so what is still running at the end can be told from other users' processes.
+SESSION_MARK = "FF_TEST_SESSION"
+
+
+def leftover_gateways(token: str) -> dict[int, str]:
+    """Gateway processes (``forestflow.cli serve``) still running that carry this session's mark: pid -> command line."""
+    found: dict[int, str] = {}
+    needle = f"{SESSION_MARK}={token}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"forestflow.cli" not in argv or b"serve" not in argv:
+                continue
+            if needle not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if process_alive(int(proc.name)):
+            found[int(proc.name)] = b" ".join(argv).decode(errors="replace").strip()
+    return found
+
+
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket() as sock:
@@ -150,7 +184,10 @@ async def serve_in_process(
 
 class ChildProcess:
     """A server in a child process whose output goes to ``log_path``: stopped, killed and read the same
-    way whatever it is (the gateway here, MLServer in tests/remote_backends.py)."""
+    way whatever it is (the gateway here, MLServer in tests/remote_backends.py).
+
+    Started in a process group of its own (``start_new_session=True``): stopping or killing it ends
+    the whole group, so nothing it started (a supervisor's workers, MLServer's) outlives the test."""
 
     proc: subprocess.Popen[bytes] | None
     log_path: Path
@@ -170,13 +207,23 @@ class ChildProcess:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._kill_group()
         return self.proc.returncode
 
     def kill(self) -> None:
-        """SIGKILL (no graceful shutdown)."""
+        """SIGKILL the process and everything in its process group (no graceful shutdown)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._kill_group()
+
+    def _kill_group(self) -> None:
+        """SIGKILL what is left of the process group the child leads (nothing, normally)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def log(self) -> str:
         """What the process printed so far (last 4 kB)."""
@@ -230,6 +277,7 @@ class GatewayProcess(ChildProcess):
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -18,7 +18,7 @@ import requests
 
 from forestflow.registry.file_store import FileStore
 from forestflow.supervisor import WorkerIdentity
-from tests.support import ROOT, GatewayProcess, python_servable, score_body, serve_in_process
+from tests.support import ROOT, GatewayProcess, process_alive, python_servable, score_body, serve_in_process
 
 SCORE = "/acme/demo/1/score"
 
@@ -169,6 +169,21 @@ def test_a_killed_worker_is_restarted_and_serves_again(tmp_path: Path) -> None:
         assert gw.stop() == 0, gw.log()
 
 
+def test_workers_end_with_a_supervisor_that_was_killed(tmp_path: Path) -> None:
+    gw = start_workers(tmp_path)
+    try:
+        pids = worker_pids(tmp_path / "data")
+        assert len(pids) == 2 and all(_alive(p) for p in pids.values())
+        assert gw.proc is not None
+        os.kill(gw.proc.pid, signal.SIGKILL)  # the supervisor alone, as the OOM killer would
+        gw.proc.wait()
+        wait_until(lambda: not any(_alive(p) for p in pids.values()), 5, "the workers to end with their supervisor")
+        with socket.socket() as sock:  # and nothing keeps the port
+            assert sock.connect_ex(("127.0.0.1", gw.port)) != 0
+    finally:
+        gw.kill()
+
+
 @pytest.mark.slow
 def test_sigterm_answers_in_flight_requests_then_stops_every_worker(tmp_path: Path) -> None:
     gw = start_workers(tmp_path)
@@ -250,11 +265,7 @@ async def test_two_workers_split_traffic_as_one_gateway_does(tmp_path: Path) -> 
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
+    return process_alive(pid)
 
 
 def test_failure_counters_are_the_sum_of_every_workers_counts(tmp_path: Path) -> None:
