@@ -35,7 +35,7 @@ def _servables(gateway: Any, now_ms: int) -> list[dict[str, Any]]:
         total = sum(weights.values())
         releases = []
         for release, entry in sorted(state.servables.items(), key=lambda kv: (kv[1].metrics.created_at_ms, kv[0])):
-            m = entry.metrics
+            m = gateway.stats_metrics(entry)  # counted by every process of this gateway, as /stats
             loaded = gateway.loaded.get(entry.fqrv)
             backend = loaded.servable.backend_state() if loaded is not None else None
             releases.append(
