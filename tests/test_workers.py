@@ -362,11 +362,14 @@ async def test_stats_metrics_and_the_page_agree_after_worker_and_single_process_
         await settle(one, 9)
         await score(one, 1)
         await settle(one, 10)
-    async with serve_in_process(data, worker=WorkerIdentity(0, 2)) as w0:  # then two workers
-        async with serve_in_process(data, worker=WorkerIdentity(1, 2)) as w1:
-            await wait_for(lambda: w1.gateway.loaded, 10, "w1 to load v1")
-            await score(w1, 5)
-            await settle(w0, 15)
-            await settle(w1, 15)
+    # then two workers
+    async with (
+        serve_in_process(data, worker=WorkerIdentity(0, 2)) as w0,
+        serve_in_process(data, worker=WorkerIdentity(1, 2)) as w1,
+    ):
+        await wait_for(lambda: w1.gateway.loaded, 10, "w1 to load v1")
+        await score(w1, 5)
+        await settle(w0, 15)
+        await settle(w1, 15)
     async with serve_in_process(data) as one:
         await settle(one, 15)
