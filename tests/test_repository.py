@@ -209,3 +209,20 @@ async def test_unload_frees_a_model_and_load_brings_back_its_releases_settings_a
         async with gw.session.post(gw.url + "/v2/repository/models/acme.demo.1/load") as r:
             body = await r.json()
             assert r.status == 404 and "no entry" in body["error"] and body["request_id"] == r.headers["X-Request-Id"]
+
+
+async def test_the_repository_example_holds_real_files_and_a_dangling_link_is_named(tmp_path: Path) -> None:
+    copy = tmp_path / "copied"
+    shutil.copytree(ROOT / "config" / "repository", copy, symlinks=True)  # as cp -a or a Docker COPY would
+    mojo = copy / "prostate-gbm" / "prostate_gbm.zip"
+    assert mojo.is_file() and not mojo.is_symlink()
+    async with serve_in_process(tmp_path / "data", repository=str(copy)) as gw:
+        status, index = await v2(gw, "/v2/repository/index")
+        assert [(r["name"], r["state"]) for r in index] == [("samples.repo-prostate.1", "READY")], index
+    mojo.unlink()
+    mojo.symlink_to("../../../servables/prostate-gbm/prostate_gbm.zip")  # what the example used to hold: dangling here
+    async with serve_in_process(tmp_path / "data2", repository=str(copy)) as gw:
+        status, index = await v2(gw, "/v2/repository/index")
+    (row,) = index
+    assert row["state"] == "UNAVAILABLE" and "is a symbolic link to ../../../servables" in row["reason"], row
+    assert "does not exist" in row["reason"] and "artifact_roots" not in row["reason"]
