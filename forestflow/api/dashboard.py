@@ -77,8 +77,8 @@ async def dashboard(request: web.Request) -> web.Response:
     stats = gateway.prediction_log.stats
     metrics = request.app.get(REQUEST_METRICS)
     errors = [
-        {"time": round(t * 1000), "method": m, "path": p, "status": s, "requestId": rid}
-        for t, m, p, s, rid in reversed(metrics.errors if metrics is not None else ())
+        {"time": round(t * 1000), "method": m, "path": p, "status": s, "requestId": rid, "code": code, "message": message}
+        for t, m, p, s, rid, code, message in reversed(metrics.errors if metrics is not None else ())
     ]
     return json_response(
         {
