@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -202,4 +203,58 @@ def test_models_served_elsewhere_section_runs_as_written(tmp_path: Path) -> None
             except subprocess.TimeoutExpired:
                 os.killpg(mlserver.pid, signal.SIGKILL)
                 mlserver.wait()
+        assert gw.stop() == 0
+
+
+@pytest.mark.slow
+def test_quick_start_runs_as_written_and_its_rollout_ends_with_the_new_release_answering(tmp_path: Path) -> None:
+    """The quick start's commands in order against a real gateway (the CLI run from this checkout, the
+    phase-in shortened from 600 to 3 seconds): gbm-v2 is phased in and then answers every request."""
+    blocks = [_commands(b) for b in re.findall(r"```bash\n(.*?)```", section(README, "Quick start"), flags=re.S)]
+    data = tmp_path / "data"
+    gw = GatewayProcess(data, env={"FORESTFLOW_EVALUATION_INTERVAL_S": "0.5"}).start()
+    cli = f"{sys.executable} -m forestflow.cli"
+
+    def run(command: str) -> str:
+        command = command.split("  #")[0].replace("localhost:8090", gw.url.removeprefix("http://"))
+        command = command.replace(".venv/bin/forestflow deploy", f"{cli} deploy --url {gw.url}")
+        command = command.replace(".venv/bin/forestflow contracts", f"{cli} contracts --url {gw.url}")
+        command = command.replace("forestflow-data/", f"{data}/").replace('"phase_in_over_secs": 600', '"phase_in_over_secs": 3')
+        done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (command, done.stderr)
+        return done.stdout
+
+    def answered_by(out: str) -> str:
+        return str(json.loads(out)["Prediction"]["fqrv"]["releaseVersion"])
+
+    try:
+        first, rollout = blocks
+        for command in first:
+            run(command)
+        update, deploy, score, tail, phase_in, stats, *after = rollout
+        assert [c for c in after if not c.startswith("#")] == [score.split("  #")[0].rstrip()]  # it scores again
+        assert "LatestPhaseInPctBasedRouter" in update and '"servablesToKeep": 2' in update
+        for command in (update, deploy):
+            run(command)
+        assert answered_by(run(score)) == "gbm-v1"
+        deadline = time.monotonic() + 10  # the shadow copy is scored, and the log written, off the request path
+        while {json.loads(x)["event"].get("servedRequest", False) for x in run(tail).splitlines()} != {True, False}:
+            assert time.monotonic() < deadline, run(tail)
+            time.sleep(0.1)
+        run(phase_in)
+        deadline = time.monotonic() + 30
+        while True:
+            metrics = {m["ServableMetrics"]["fqrv"]["releaseVersion"]: m["ServableMetrics"] for m in json.loads(run(stats))}
+            if metrics["gbm-v2"]["currentPhaseInPct"] == 100:
+                break
+            assert time.monotonic() < deadline, metrics
+            time.sleep(0.2)
+        answers = [answered_by(run(score)) for _ in range(20)]
+        assert answers == ["gbm-v2"] * 20  # the new release answers everything
+        metrics = {m["ServableMetrics"]["fqrv"]["releaseVersion"]: m["ServableMetrics"] for m in json.loads(run(stats))}
+        assert set(metrics) == {"gbm-v1", "gbm-v2"}  # gbm-v1 kept, idle: a rollback is one policy change away
+        page = requests.get(gw.url + "/ops/dashboard", timeout=10).json()["contracts"][0]
+        assert page["settings"]["router"] == {"LatestPhaseInPctBasedRouter": {}}
+        assert {r["release"]: r["routingSharePct"] for r in page["releases"]} == {"gbm-v1": 0.0, "gbm-v2": 100.0}
+    finally:
         assert gw.stop() == 0

@@ -18,6 +18,7 @@ from forestflow.api.common import GATEWAY
 from forestflow.api.openapi import document
 from forestflow.api.prom import RequestMetrics
 from forestflow.api.responses import json_response
+from forestflow.codecs.ff_settings import contract_settings_to_json
 from forestflow.core.policies import is_valid
 
 REQUEST_METRICS = web.AppKey("request_metrics", RequestMetrics)
@@ -57,7 +58,8 @@ def _servables(gateway: Any, now_ms: int) -> list[dict[str, Any]]:
                     "backend": backend,
                 }
             )
-        contracts.append({"contract": str(contract), "releases": releases})
+        # the router and the expiration policy say how phase-in % turns into routing share
+        contracts.append({"contract": str(contract), "settings": contract_settings_to_json(state.settings), "releases": releases})
     return contracts
 
 
