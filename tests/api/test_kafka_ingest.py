@@ -565,3 +565,51 @@ async def test_a_model_error_gets_a_500_prediction_failed_reply(broker: KafkaBro
     assert int(header(got["raises"], "forestflow-status")) == 500
     assert json.loads(got["raises"].value)["code"] == "PredictionFailed"
     assert int(header(got["fine"], "forestflow-status")) == 200
+
+
+@pytest.mark.slow
+def test_the_kafka_page_runs_as_written_with_the_test_broker(broker: KafkaBroker, tmp_path: Path) -> None:
+    """docs/kafka.md's commands against the test extras' broker (its settings as the page shows them):
+    the exports, serve, then the CLI commands of the second block (kcat aside: not installed here)."""
+    import re
+    import subprocess
+
+    text = (ROOT / "docs" / "kafka.md").read_text()
+    setup, use = (
+        [c.strip() for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+        for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S)[:2]
+    )
+    env: dict[str, str] = {}
+    for line in setup:
+        if line.startswith("export "):
+            for pair in line.split("#")[0].split()[1:]:
+                name, _, value = pair.partition("=")
+                env[name] = value.replace("localhost:9092", broker.bootstrap)
+    assert env["FORESTFLOW_KAFKA_ENABLE_IDEMPOTENCE"] == "false" and "forestflow serve" in setup[-1]
+    gw = GatewayProcess(tmp_path / "data", env=env).start()
+    try:
+        deploy = json.loads((ROOT / "servables" / "prostate-gbm.json").read_text())
+        deploy["path"] = (ROOT / "servables" / "prostate-gbm").as_uri()
+        assert http.post(gw.url + "/servable", json=deploy, timeout=60).status_code == 200
+
+        def run(command: str) -> str:
+            command = command.replace(".venv/bin/forestflow", f"{sys.executable} -m forestflow.cli")
+            done = subprocess.run(
+                ["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=90, env={**os.environ, **env}
+            )
+            assert done.returncode == 0, (command, done.stdout, done.stderr)
+            return done.stdout
+
+        commands = [c for c in use if not c.startswith(("#", "kcat"))]
+        score, replies, tail = commands
+        reply = json.loads(run(score))
+        assert (reply["key"], reply["status"], reply["headers"]["forestflow-fqrv"]) == (
+            "patient-17",
+            200,
+            "samples.prostate.1.gbm-v1",
+        )
+        assert [json.loads(x)["requestId"] for x in run(replies).splitlines()] == [reply["requestId"]]
+        events = [json.loads(x) for x in run(tail).splitlines()]
+        assert events and {e["protocol"] for e in events} == {"kafka"}
+    finally:
+        assert gw.stop() == 0
