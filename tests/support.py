@@ -125,6 +125,28 @@ def python_servable(
     return body
 
 
+def prediction_columns(prediction: dict[str, Any]) -> dict[str, list[Any]]:
+    """The output columns of a BASIC Prediction, one value per field name and row; the fields of a
+    vector output (``top_labels.0``, ``top_labels.1``, ...) gathered back into one list per row."""
+    flat: dict[str, list[Any]] = {}
+    for g, entry in enumerate(prediction["schema"]):
+        for datum in prediction["datum"]:
+            (values,) = [t["data"] for t in datum["tensors"][g].values()]
+            assert len(values) == len(entry["fields"]), (entry["fields"], values)  # one name per value
+            for name, value in zip(entry["fields"], values):
+                flat.setdefault(name, []).append(value)
+    out: dict[str, list[Any]] = {}
+    for name, column in flat.items():
+        base, _, index = name.rpartition(".")
+        if base and index.isdigit() and base not in flat:
+            rows = out.setdefault(base, [[] for _ in column])
+            for row, value in zip(rows, column):
+                row.append(value)
+        else:
+            out[name] = column
+    return out
+
+
 def score_body(xs: list[float], labels: list[str] | None = None, configs: dict[str, str] | None = None) -> dict[str, Any]:
     """A mixed String + Float64 InferenceRequest with one record per value."""
     labels = labels or [f"r{i}" for i in range(len(xs))]
