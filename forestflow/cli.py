@@ -392,8 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     contracts.add_argument("--url", default=DEFAULT_URL, help=url_help)
     contracts.set_defaults(func=cmd_contracts)
 
-    logs = sub.add_parser("logs", help="prediction log tools", description="Prediction log tools.")
-    logs_sub = logs.add_subparsers(dest="logs_command", required=True, metavar="command")
+    logs_sub = _command_group(sub, "logs", "prediction log tools")
     tail = logs_sub.add_parser(
         "tail",
         help="print prediction events as JSON lines (Kafka, or the local file log)",
@@ -405,9 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tail_arguments(tail)
     tail.set_defaults(func=cmd_logs_tail)
 
-    store = sub.add_parser("store", help="registry store tools", description="Registry store tools.")
-    store_sub = store.add_subparsers(dest="store_command", required=True, metavar="command")
-    migrate = store_sub.add_parser(
+    migrate = _command_group(sub, "store", "registry store tools").add_parser(
         "migrate",
         help="copy the registry between the file store and Redis (with the gateway stopped)",
         description="Copy servable definitions, contract settings, counters and unloaded models from the data dir's "
@@ -426,6 +423,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_kafka_arguments(kafka)
     kafka.set_defaults(func=cmd_kafka)
     return parser
+
+
+def _command_group(sub: Any, name: str, help_text: str) -> Any:
+    """``forestflow <name> <command>``: a command whose own subcommands are parsed by the returned object."""
+    group = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+    return group.add_subparsers(dest=f"{name}_command", required=True, metavar="command")
 
 
 def main(argv: list[str] | None = None) -> int:
