@@ -35,6 +35,11 @@ def answer(body: dict[str, object]) -> dict[str, list[object]]:
 
 @pytest.mark.slow
 async def test_the_onnx_example_deploys_scores_and_is_made_by_its_script(tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "flavors.md").read_text()
+    block = page[page.index("## ONNX models") :].split("```bash\n", 1)[1].split("```", 1)[0]
+    deploy, curl = [c.strip() for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+    assert deploy == ".venv/bin/forestflow deploy servables/iris-onnx.json"  # the commands this test runs
+    assert "localhost:8090/samples/iris/1/score" in curl and "-d @servables/iris-score.json" in curl
     score = json.loads((ROOT / "servables" / "iris-score.json").read_text())
     async with serve_in_process(tmp_path / "data") as gw:
         code, out, err = await run("-m", "forestflow.cli", "deploy", "servables/iris-onnx.json", "--url", gw.url)
