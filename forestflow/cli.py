@@ -58,7 +58,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from forestflow.ports import PortInUse
     from forestflow.supervisor import Supervisor, WorkerIdentity, worker_count
 
-    configure_logging(settings.log_level)
+    worker = WorkerIdentity.parse(args.worker, args.listen_fd) if args.worker else None
+    configure_logging(settings.log_level, worker=worker.replica_id if worker is not None else None)
     if settings.kafka_enabled:
         from forestflow.predlog.kafka_sink import KafkaInternalsChanged, check_aiokafka
 
@@ -66,7 +67,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
             check_aiokafka()  # refuse to start rather than deliver events twice
         except KafkaInternalsChanged as exc:
             return _fail(str(exc), code=1)
-    worker = WorkerIdentity.parse(args.worker, args.listen_fd) if args.worker else None
     from forestflow.errors import GatewayError
 
     # The data dir has one owner for the life of this process (the file store rewrites the registry
@@ -80,6 +80,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return _fail(str(exc), code=1)
         except OSError as exc:
             return _fail(f"cannot lock data dir {settings.data_dir}: {exc.strerror or exc}", code=1)
+        from forestflow.registry.migrate import StoreSwitch, check_store_switch
+
+        try:
+            check_store_switch(settings.data_dir, settings.redis_url)
+        except StoreSwitch as exc:
+            lock.release()
+            return _fail(str(exc), code=1)
     try:
         count = worker_count(settings.workers)
         if worker is None and count > 1:
@@ -249,6 +256,29 @@ def cmd_logs_tail(args: argparse.Namespace) -> int:
     return run_tail(args)
 
 
+def cmd_store_migrate(args: argparse.Namespace) -> int:
+    """Copy the registry from the file store to Redis or back (the gateway stopped)."""
+    from forestflow.datadir_lock import DataDirInUse, DataDirLock
+    from forestflow.registry.migrate import StoreSwitch, run_migrate
+    from forestflow.settings import Settings, SettingsError
+
+    try:
+        settings = Settings.load(args.config, overrides={"data_dir": args.data_dir, "redis_url": args.redis_url})
+    except SettingsError as exc:
+        return _fail(str(exc))
+    if not settings.redis_url:
+        return _fail("no Redis to migrate with: give --redis-url (or FORESTFLOW_REDIS_URL)")
+    try:
+        with DataDirLock(settings.data_dir):  # no gateway may serve the data dir meanwhile
+            copied = run_migrate(settings.data_dir, settings.redis_url, args.to)
+    except (DataDirInUse, StoreSwitch) as exc:
+        return _fail(str(exc), code=1)
+    except Exception as exc:  # Redis away, a file that cannot be written: one line
+        return _fail(f"migration failed: {type(exc).__name__}: {' '.join(str(exc).split())}", code=1)
+    print(f"copied {copied} servable(s) to the {args.to} store of {settings.data_dir}")
+    return 0
+
+
 def cmd_kafka(args: argparse.Namespace) -> int:
     """Score through Kafka by hand: produce a request and print its reply, or print replies."""
     from forestflow.kafka_cli import run
@@ -278,8 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_admin_commands(sub)  # deploy, contracts, releases, stats, phase-in, shadow, ... (cli_admin.py)
 
-    logs = sub.add_parser("logs", help="prediction log tools", description="Prediction log tools.")
-    logs_sub = logs.add_subparsers(dest="logs_command", required=True, metavar="command")
+    logs_sub = _command_group(sub, "logs", "prediction log tools")
     tail = logs_sub.add_parser(
         "tail",
         help="print prediction events as JSON lines (Kafka, or the local file log)",
@@ -291,12 +320,31 @@ def build_parser() -> argparse.ArgumentParser:
     add_tail_arguments(tail)
     tail.set_defaults(func=cmd_logs_tail)
 
+    migrate = _command_group(sub, "store", "registry store tools").add_parser(
+        "migrate",
+        help="copy the registry between the file store and Redis (with the gateway stopped)",
+        description="Copy servable definitions, contract settings, counters and unloaded models from the data dir's "
+        "file store to Redis (--to redis; the file is kept as registry.json.migrated) or from Redis to the file store "
+        "(--to file). The target must hold no servable.",
+    )
+    migrate.add_argument("--to", choices=("redis", "file"), required=True, help="where the registry goes")
+    migrate.add_argument("--redis-url", help="the Redis (default: $FORESTFLOW_REDIS_URL, or redis_url in --config)")
+    migrate.add_argument("--data-dir", help="the gateway's data dir (default ./forestflow-data)")
+    migrate.add_argument("--config", help="the gateway's TOML settings file")
+    migrate.set_defaults(func=cmd_store_migrate)
+
     kafka = sub.add_parser("kafka", help="score through Kafka by hand (see kafka_ingest_topics)")
     from forestflow.kafka_cli import add_arguments as add_kafka_arguments
 
     add_kafka_arguments(kafka)
     kafka.set_defaults(func=cmd_kafka)
     return parser
+
+
+def _command_group(sub: Any, name: str, help_text: str) -> Any:
+    """``forestflow <name> <command>``: a command whose own subcommands are parsed by the returned object."""
+    group = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+    return group.add_subparsers(dest=f"{name}_command", required=True, metavar="command")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import MutableMapping
 from typing import Any, BinaryIO
 
 import orjson
@@ -94,13 +95,17 @@ class _SinkLogger:
 
 _sink = LineSink(sys.stderr.buffer)
 _access_enabled = True
+#: ``w<i>`` in a worker of ``serve --workers N``: every line it writes says which worker wrote it.
+_worker: str | None = None
 atexit.register(lambda: _sink.flush())
 
 
-def configure_logging(level: str = "info", stream: BinaryIO | None = None) -> None:
-    """Route structlog (and the stdlib loggers of our dependencies) to JSON lines on ``stream`` (stderr)."""
-    global _sink, _access_enabled
+def configure_logging(level: str = "info", stream: BinaryIO | None = None, worker: str | None = None) -> None:
+    """Route structlog (and the stdlib loggers of our dependencies) to JSON lines on ``stream`` (stderr);
+    a ``worker`` (``w1``) is named in every line."""
+    global _sink, _access_enabled, _worker
     numeric = _LEVELS[level]
+    _worker = worker
     _sink.flush()
     _sink = LineSink(stream if stream is not None else sys.stderr.buffer)
     _access_enabled = numeric <= logging.INFO
@@ -110,6 +115,7 @@ def configure_logging(level: str = "info", stream: BinaryIO | None = None) -> No
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
+            *([_name_worker] if worker else []),
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(serializer=orjson.dumps),
@@ -118,6 +124,11 @@ def configure_logging(level: str = "info", stream: BinaryIO | None = None) -> No
         logger_factory=lambda *args: _SinkLogger(sink),
         cache_logger_on_first_use=True,
     )
+
+
+def _name_worker(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    event["worker"] = _worker
+    return event
 
 
 _second = -1
@@ -166,4 +177,6 @@ def access(
     }
     if trace_id:
         line["trace_id"] = trace_id
+    if _worker:
+        line["worker"] = _worker
     _sink.buffer(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))

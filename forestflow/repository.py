@@ -28,16 +28,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from forestflow.codecs.ff_settings import parse_serve_request, serve_request_to_json
+from forestflow.codecs.ff_settings import (
+    contract_settings_to_json,
+    parse_contract_settings,
+    parse_serve_request,
+    serve_request_to_json,
+)
+from forestflow.codecs.jsonread import Obj
 from forestflow.core.definition import NO_ARTIFACT_FLAVORS, ServableDefinition
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import CreateServableRequestInvalidError, GatewayError, InvalidInput, NotFound, UnknownServable
+from forestflow.registry.store import metrics_from_doc, metrics_to_doc
 from forestflow.runtime.pipeline_definition import STEP_KEYS
 from forestflow.runtime.step_platforms import step_platform
 
@@ -240,6 +247,11 @@ class ModelRepository:
         for contract, state in self.gateway.contracts.items():
             for release in state.servables:
                 rows.setdefault((str(contract), release), self._row(FQRV(contract, release)))
+        for key, parked in (await self.gateway.store.load()).items():
+            if key.startswith("parked/"):
+                for item in parked["servables"]:
+                    fqrv = parse_serve_request(item["definition"]).fqrv
+                    rows.setdefault((str(fqrv.contract), fqrv.release), self._row(fqrv))
         out = sorted(rows.values(), key=lambda r: (r["name"], r["version"]))
         return [r for r in out if r["state"] == "READY"] if ready_only else out
 
@@ -255,15 +267,16 @@ class ModelRepository:
         return row
 
     async def load(self, name: str) -> list[FQRV]:
-        """Deploy every repository entry of a model (contract) not deployed as it is; 404 if the
-        repository has none. A failed deploy answers with its reason (422)."""
+        """Bring a model (contract) back: the releases an unload set aside, with their settings and
+        counters, then every repository entry of it not deployed as it is. 404 when neither has it;
+        a failed deploy answers with its reason (422)."""
         contract = _model_contract(name)
+        deployed = await self._restore_parked(contract)
         entries = [
             e for e in await asyncio.to_thread(self.scan) if e.definition is not None and e.definition.fqrv.contract == contract
         ]
-        if not entries:
-            raise NotFound(f"the model repository has no entry for model {name!r}")
-        deployed = []
+        if not entries and not deployed:
+            raise NotFound(f"the model repository has no entry for model {name!r}, and it was not unloaded")
         for entry in entries:
             assert entry.definition is not None
             try:
@@ -273,25 +286,76 @@ class ModelRepository:
             changed = current is None or _comparable(current) != _comparable(entry.definition)
             if changed and await self._deploy_entry(entry) == "failed":
                 raise CreateServableRequestInvalidError(self.failures[entry.definition.fqrv])
-            deployed.append(entry.definition.fqrv)
+            if entry.definition.fqrv not in deployed:
+                deployed.append(entry.definition.fqrv)
         return deployed
 
     async def unload(self, name: str) -> list[FQRV]:
-        """Remove every release of a model (contract), and stop retrying its entries; 404 if the
-        gateway has none."""
+        """Free every release of a model (contract), and stop retrying its entries; 404 if the gateway
+        has none.
+
+        Triton's unload: the models leave memory and routing, and their definitions, settings and
+        counters are set aside in the store (``parked/<contract>``) for :meth:`load` to bring back
+        (a contract deployed through the admin API as much as a repository entry)."""
         contract = _model_contract(name)
-        retried = [f for f, status in self.gateway.loads.statuses.items() if f.contract == contract and not status.registered]
+        gateway = self.gateway
+        retried = [f for f, status in gateway.loads.statuses.items() if f.contract == contract and not status.registered]
         for fqrv in retried:
-            self.gateway.loads.drop(fqrv)
-        state = self.gateway.contracts.get(contract)
+            gateway.loads.drop(fqrv)
+        state = gateway.contracts.get(contract)
         if state is None:
             if retried:
                 return []
             raise NotFound(f"unknown model {name!r}")
+        entries = sorted(state.servables.values(), key=lambda e: (e.metrics.created_at_ms, e.fqrv.release))
+        parked = {
+            "contractSettings": contract_settings_to_json(state.settings),
+            "servables": [
+                {
+                    "definition": serve_request_to_json(gateway.definition(e.fqrv)),
+                    "metrics": metrics_to_doc(gateway.stats_metrics(e)),
+                }
+                for e in entries
+            ],
+        }
+        await gateway.admin.persist({parked_key(contract): parked})
         removed = []
-        for release in list(state.servables):
-            removed += await self.gateway.admin.delete_servable(FQRV(contract, release))
+        for entry in entries:
+            removed += await gateway.admin.delete_servable(entry.fqrv)
+        log.info("model_unloaded", model=str(contract), releases=[str(f) for f in removed])
         return removed
+
+    async def _restore_parked(self, contract: Contract) -> list[FQRV]:
+        """Deploy again what :meth:`unload` set aside (none: [])."""
+        gateway = self.gateway
+        parked = (await gateway.store.load()).get(parked_key(contract))
+        if not parked:
+            return []
+        admin = gateway.admin
+        settings = parse_contract_settings(Obj(parked["contractSettings"], parked_key(contract)))
+        if contract not in gateway.contracts:
+            await admin.create_contract(contract, settings)
+        restored = []
+        for item in parked["servables"]:
+            defn = replace(parse_serve_request(item["definition"]), contract_settings=None)
+            if defn.fqrv not in gateway.loaded:
+                await admin.create_servable(defn)
+            metrics = metrics_from_doc(item["metrics"], defn.created_at_ms)
+            async with gateway.registry.lock:
+                gateway.registry.entry(defn.fqrv).metrics = metrics
+                gateway.registry.counters_dirty = True
+            restored.append(defn.fqrv)
+        async with gateway.registry.lock:
+            await admin.evaluate(gateway.contracts[contract])
+        await admin.flush_metrics()
+        await admin.persist({parked_key(contract): None})
+        log.info("model_loaded", model=str(contract), releases=[str(f) for f in restored])
+        return restored
+
+
+def parked_key(contract: Contract) -> str:
+    """Key of the store document holding an unloaded model's releases, settings and counters."""
+    return f"parked/{contract}"
 
 
 def _model_contract(name: str) -> Contract:

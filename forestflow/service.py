@@ -232,6 +232,8 @@ class Gateway:
             "failed": {str(f): status.view() for f, status in self.loads.failed().items()},
             "draining": self.draining,
             "predictionLogRunning": self.prediction_log.running,
+            # shown, never a reason to leave the balancer: scoring goes on while the log is failing
+            "predictionLog": self.prediction_log.stats.delivery(),
         }
 
     # ---- data plane ---------------------------------------------------------------------------------

@@ -102,6 +102,10 @@ class Settings:
         "where answers go when a request names no forestflow-reply-topic header (empty = such requests are dropped and counted)",
         default="forestflow.replies",
     )
+    kafka_create_topics: bool = _doc(
+        "create the ingestion and reply topics at start when they are missing (needs the broker's permission)",
+        default=True,
+    )
     kafka_ingest_session_timeout_ms: int = _doc(
         "how long a replica may be silent before the group hands its partitions to the others", default=10000
     )

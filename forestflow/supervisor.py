@@ -123,6 +123,31 @@ def workers_status(data_dir: Path, count: int) -> dict[str, str]:
     return {name: worker["state"] for name, worker in read_workers(data_dir, count).items()}
 
 
+# ---- workers end with their supervisor --------------------------------------------------------------
+#: prctl(2) option: the signal the kernel sends this process when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(parent_pid: int) -> Any:
+    """A ``preexec_fn`` that makes the child get SIGKILL the moment its parent dies (Linux's
+    parent-death signal), so workers never outlive a supervisor that was killed (SIGKILL, the OOM
+    killer) and keep its port; None where prctl is not there. Run between fork and exec: it only
+    calls prctl and compares pids (the supervisor has no threads)."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+    def set_parent_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the supervisor died before the signal was armed
+            os._exit(1)
+
+    return set_parent_death_signal
+
+
 # ---- the supervisor ---------------------------------------------------------------------------------
 @dataclass(slots=True)
 class _Slot:
@@ -224,7 +249,7 @@ class Supervisor:
             sys.executable, "-m", "forestflow.cli", "serve", *self.serve_args,
             "--worker", f"{slot.index}/{self.count}", "--listen-fd", str(listen_fd), "--grpc-port", str(grpc_port),
         ]  # fmt: skip
-        slot.process = subprocess.Popen(command, pass_fds=(listen_fd,))
+        slot.process = subprocess.Popen(command, pass_fds=(listen_fd,), preexec_fn=end_with_parent(os.getpid()))
         slot.started_at = time.monotonic()
         log.info("worker_started", worker=f"w{slot.index}", pid=slot.process.pid)
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.remote_backends import MLServerProcess, train_iris
-from tests.support import GatewayProcess, InProcessGateway, serve_in_process
+from tests.support import SESSION_MARK, GatewayProcess, InProcessGateway, leftover_gateways, serve_in_process
 
 
 @pytest.fixture
@@ -65,3 +68,33 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> d
     import uvloop
 
     return {"uvloop": uvloop.new_event_loop}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Mark this session's processes (xdist workers and every gateway started inherit the mark)."""
+    os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite must leave no gateway process behind: name any that still runs, kill it, and fail."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller checks once all are done
+        return
+    token = os.environ[SESSION_MARK]
+    deadline = time.monotonic() + 3.0  # one that is being stopped right now gets a moment
+    while (left := leftover_gateways(token)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not left:
+        return
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    lines = [f"  pid {pid}: {cmd}" for pid, cmd in sorted(left.items())]
+    message = "\n".join(["LEFT BEHIND: the test session ended with gateway processes still running (now killed):", *lines])
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(message, red=True, bold=True)
+    else:
+        print(message)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

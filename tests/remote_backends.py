@@ -111,6 +111,7 @@ class MLServerProcess(ChildProcess):
             stdout=log,
             stderr=subprocess.STDOUT,
             env={k: v for k, v in os.environ.items() if not k.startswith("MLSERVER_")},
+            start_new_session=True,  # stopped as a group (ChildProcess)
         )
         deadline = time.monotonic() + timeout_s
         with requests.Session() as http:

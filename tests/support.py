@@ -50,6 +50,40 @@ async def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) ->
         await asyncio.sleep(0.01)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead and not yet reaped by its new parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+#: Set in the environment for the whole test session (tests/conftest.py): every process the suite
+#: starts inherits it, so what is still running at the end can be told from other users' processes.
+SESSION_MARK = "FF_TEST_SESSION"
+
+
+def leftover_gateways(token: str) -> dict[int, str]:
+    """Gateway processes (``forestflow.cli serve``) still running that carry this session's mark: pid -> command line."""
+    found: dict[int, str] = {}
+    needle = f"{SESSION_MARK}={token}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"forestflow.cli" not in argv or b"serve" not in argv:
+                continue
+            if needle not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if process_alive(int(proc.name)):
+            found[int(proc.name)] = b" ".join(argv).decode(errors="replace").strip()
+    return found
+
+
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket() as sock:
@@ -89,6 +123,28 @@ def python_servable(
     if contract_settings is not None:
         body["contractSettings"] = contract_settings
     return body
+
+
+def prediction_columns(prediction: dict[str, Any]) -> dict[str, list[Any]]:
+    """The output columns of a BASIC Prediction, one value per field name and row; the fields of a
+    vector output (``top_labels.0``, ``top_labels.1``, ...) gathered back into one list per row."""
+    flat: dict[str, list[Any]] = {}
+    for g, entry in enumerate(prediction["schema"]):
+        for datum in prediction["datum"]:
+            (values,) = [t["data"] for t in datum["tensors"][g].values()]
+            assert len(values) == len(entry["fields"]), (entry["fields"], values)  # one name per value
+            for name, value in zip(entry["fields"], values):
+                flat.setdefault(name, []).append(value)
+    out: dict[str, list[Any]] = {}
+    for name, column in flat.items():
+        base, _, index = name.rpartition(".")
+        if base and index.isdigit() and base not in flat:
+            rows = out.setdefault(base, [[] for _ in column])
+            for row, value in zip(rows, column):
+                row.append(value)
+        else:
+            out[name] = column
+    return out
 
 
 def score_body(xs: list[float], labels: list[str] | None = None, configs: dict[str, str] | None = None) -> dict[str, Any]:
@@ -150,7 +206,10 @@ async def serve_in_process(
 
 class ChildProcess:
     """A server in a child process whose output goes to ``log_path``: stopped, killed and read the same
-    way whatever it is (the gateway here, MLServer in tests/remote_backends.py)."""
+    way whatever it is (the gateway here, MLServer in tests/remote_backends.py).
+
+    Started in a process group of its own (``start_new_session=True``): stopping or killing it ends
+    the whole group, so nothing it started (a supervisor's workers, MLServer's) outlives the test."""
 
     proc: subprocess.Popen[bytes] | None
     log_path: Path
@@ -170,13 +229,23 @@ class ChildProcess:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._kill_group()
         return self.proc.returncode
 
     def kill(self) -> None:
-        """SIGKILL (no graceful shutdown)."""
+        """SIGKILL the process and everything in its process group (no graceful shutdown)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._kill_group()
+
+    def _kill_group(self) -> None:
+        """SIGKILL what is left of the process group the child leads (nothing, normally)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def log(self) -> str:
         """What the process printed so far (last 4 kB)."""
@@ -230,6 +299,7 @@ class GatewayProcess(ChildProcess):
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -273,3 +273,53 @@ def test_models_served_elsewhere_section_runs_as_written(tmp_path: Path) -> None
                 os.killpg(mlserver.pid, signal.SIGKILL)
                 mlserver.wait()
         assert gw.stop() == 0
+
+
+@pytest.mark.slow
+def test_quick_start_runs_as_written_and_its_rollout_ends_with_the_new_release_answering(tmp_path: Path) -> None:
+    """The quick start's rollout in order against a real gateway (the CLI run from this checkout, the
+    phase-in shortened from 10 minutes to 3 seconds): gbm-v2 is phased in and then answers every request."""
+    blocks = [_commands(b) for b in re.findall(r"```bash\n(.*?)```", section(README, "Quick start"), flags=re.S)]
+    data = tmp_path / "data"
+    gw = GatewayProcess(data, env={"FORESTFLOW_EVALUATION_INTERVAL_S": "0.5"}).start()
+
+    def run(line: str, *extra: str) -> str:
+        command = cli_command(line.replace("--over 10m", "--over 3s"), gw.url, *extra).replace("forestflow-data/", f"{data}/")
+        done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (command, done.stderr)
+        return done.stdout
+
+    def answered_by(line: str) -> str:
+        return str(json.loads(run(line, "--json"))["Prediction"]["fqrv"]["releaseVersion"])
+
+    def stats(line: str) -> dict[str, Any]:
+        listed = json.loads(run(line.split(" --watch")[0], "--json"))
+        return {m["ServableMetrics"]["fqrv"]["releaseVersion"]: m["ServableMetrics"] for m in listed}
+
+    try:
+        first, rollout = blocks[:2]
+        for command in first:
+            run(command)
+        settings, deploy, score, tail, phase_in, watch, *after = rollout
+        assert [c for c in after if not c.startswith("#")] == [score.split("  #")[0].rstrip()]  # it scores again
+        assert "--router latest" in settings and "--keep 2" in settings
+        for command in (settings, deploy):
+            run(command)
+        assert answered_by(score) == "gbm-v1"
+        deadline = time.monotonic() + 10  # the shadow copy is scored, and the log written, off the request path
+        while {json.loads(x)["event"].get("servedRequest", False) for x in run(tail).splitlines()} != {True, False}:
+            assert time.monotonic() < deadline, run(tail)
+            time.sleep(0.1)
+        run(phase_in)
+        deadline = time.monotonic() + 30
+        while stats(watch)["gbm-v2"]["currentPhaseInPct"] != 100:
+            assert time.monotonic() < deadline, stats(watch)
+            time.sleep(0.2)
+        answers = [answered_by(score) for _ in range(20)]
+        assert answers == ["gbm-v2"] * 20  # the new release answers everything
+        assert set(stats(watch)) == {"gbm-v1", "gbm-v2"}  # gbm-v1 kept, idle: a rollback is one policy change away
+        page = requests.get(gw.url + "/ops/dashboard", timeout=10).json()["contracts"][0]
+        assert page["settings"]["router"] == {"LatestPhaseInPctBasedRouter": {}}
+        assert {r["release"]: r["routingSharePct"] for r in page["releases"]} == {"gbm-v1": 0.0, "gbm-v2": 100.0}
+    finally:
+        assert gw.stop() == 0

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import H2O_DIR, ROOT, InProcessGateway, serve_in_process
+from tests.support import H2O_DIR, ROOT, InProcessGateway, python_servable, score_body, serve_in_process
 
 GBM_ENTRY = """
 contract = "repo.gbm.1"
@@ -154,3 +154,75 @@ def test_repository_setting_and_flag(tmp_path: Path, repository: Path) -> None:
     assert Settings.load(environ={"FORESTFLOW_REPOSITORY": str(repository)}).repository == str(repository)
     with pytest.raises(SettingsError, match="invalid repository = .*expected an existing directory"):
         Settings.load(environ={}, overrides={"repository": str(tmp_path / "nope")})
+
+
+def counters(stats: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each release's persisted metrics from /stats (not the sliding windows of this process)."""
+    return {
+        m["ServableMetrics"]["fqrv"]["releaseVersion"]: {
+            k: v for k, v in m["ServableMetrics"].items() if k != "performanceMetrics"
+        }
+        for m in stats
+    }
+
+
+async def test_unload_frees_a_model_and_load_brings_back_its_releases_settings_and_counters(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    contract = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 3}}, "router": {"LatestPhaseInPctBasedRouter": {}}}
+    async with serve_in_process(data) as gw:  # no repository: deployed through the admin API
+        for release in ("v1", "v2"):
+            body = python_servable(release=release, contract_settings=contract)
+            async with gw.session.post(gw.url + "/servable", json=body) as r:
+                assert r.status == 200, await r.text()
+        for x in (1.0, 2.0, 3.0):
+            async with gw.session.post(gw.url + "/acme/demo/1/score", json=score_body([x])) as r:
+                assert r.status == 200
+        async with gw.session.get(gw.url + "/acme/demo/1/stats") as r:
+            before = counters(await r.json())
+        async with gw.session.get(gw.url + "/acme/demo/1/contract-settings") as r:
+            settings_before = await r.json()
+        status, body = await v2(gw, "/v2/repository/models/acme.demo.1/unload")
+        assert (status, body) == (200, {})
+        assert gw.gateway.loaded == {}
+        async with gw.session.post(gw.url + "/acme/demo/1/score", json=score_body([1.0])) as r:
+            assert r.status == 404
+        status, index = await v2(gw, "/v2/repository/index")
+        assert [(r["name"], r["version"], r["state"], r["reason"]) for r in index] == [
+            ("acme.demo.1", "v1", "UNAVAILABLE", "unloaded"),
+            ("acme.demo.1", "v2", "UNAVAILABLE", "unloaded"),
+        ]
+    async with serve_in_process(data) as gw:  # what was set aside outlives a restart
+        assert gw.gateway.loaded == {}
+        status, body = await v2(gw, "/v2/repository/models/acme.demo.1/load")
+        assert (status, body) == (200, {})
+        async with gw.session.get(gw.url + "/acme/demo/1/stats") as r:
+            after = counters(await r.json())
+        async with gw.session.get(gw.url + "/acme/demo/1/contract-settings") as r:
+            assert await r.json() == settings_before
+        assert after == before and sum(int(m["scoreCount"]) for m in after.values()) == 3
+        async with gw.session.post(gw.url + "/acme/demo/1/score", json=score_body([1.0])) as r:
+            assert r.status == 200
+        # errors of the repository API carry code and request_id like every other error
+        async with gw.session.post(gw.url + "/v2/repository/models/no.such.1/unload") as r:
+            body = await r.json()
+            assert r.status == 404 and body["code"] == "NotFound" and body["request_id"] == r.headers["X-Request-Id"]
+        async with gw.session.post(gw.url + "/v2/repository/models/acme.demo.1/load") as r:
+            body = await r.json()
+            assert r.status == 404 and "no entry" in body["error"] and body["request_id"] == r.headers["X-Request-Id"]
+
+
+async def test_the_repository_example_holds_real_files_and_a_dangling_link_is_named(tmp_path: Path) -> None:
+    copy = tmp_path / "copied"
+    shutil.copytree(ROOT / "config" / "repository", copy, symlinks=True)  # as cp -a or a Docker COPY would
+    mojo = copy / "prostate-gbm" / "prostate_gbm.zip"
+    assert mojo.is_file() and not mojo.is_symlink()
+    async with serve_in_process(tmp_path / "data", repository=str(copy)) as gw:
+        status, index = await v2(gw, "/v2/repository/index")
+        assert [(r["name"], r["state"]) for r in index] == [("samples.repo-prostate.1", "READY")], index
+    mojo.unlink()
+    mojo.symlink_to("../../../servables/prostate-gbm/prostate_gbm.zip")  # what the example used to hold: dangling here
+    async with serve_in_process(tmp_path / "data2", repository=str(copy)) as gw:
+        status, index = await v2(gw, "/v2/repository/index")
+    (row,) = index
+    assert row["state"] == "UNAVAILABLE" and "is a symbolic link to ../../../servables" in row["reason"], row
+    assert "does not exist" in row["reason"] and "artifact_roots" not in row["reason"]

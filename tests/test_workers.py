@@ -18,7 +18,7 @@ import requests
 
 from forestflow.registry.file_store import FileStore
 from forestflow.supervisor import WorkerIdentity
-from tests.support import ROOT, GatewayProcess, python_servable, score_body, serve_in_process
+from tests.support import ROOT, GatewayProcess, process_alive, python_servable, score_body, serve_in_process, wait_for
 
 SCORE = "/acme/demo/1/score"
 
@@ -169,6 +169,22 @@ def test_a_killed_worker_is_restarted_and_serves_again(tmp_path: Path) -> None:
         assert gw.stop() == 0, gw.log()
 
 
+def test_workers_end_with_a_supervisor_that_was_killed(tmp_path: Path) -> None:
+    gw = start_workers(tmp_path)
+    try:
+        pids = worker_pids(tmp_path / "data")
+        assert len(pids) == 2 and all(_alive(p) for p in pids.values())
+        assert gw.proc is not None
+        os.kill(gw.proc.pid, signal.SIGKILL)  # the supervisor alone, as the OOM killer would
+        gw.proc.wait()
+        wait_until(lambda: not any(_alive(p) for p in pids.values()), 5, "the workers to end with their supervisor")
+        # every line a worker wrote names it
+        lines = [json.loads(x) for x in gw.log_path.read_text().splitlines() if x.startswith("{")]
+        assert {line.get("worker") for line in lines if line.get("event") == "serving" and "workers" not in line} == {"w0", "w1"}
+    finally:
+        gw.kill()
+
+
 @pytest.mark.slow
 def test_sigterm_answers_in_flight_requests_then_stops_every_worker(tmp_path: Path) -> None:
     gw = start_workers(tmp_path)
@@ -250,11 +266,7 @@ async def test_two_workers_split_traffic_as_one_gateway_does(tmp_path: Path) -> 
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
+    return process_alive(pid)
 
 
 def test_failure_counters_are_the_sum_of_every_workers_counts(tmp_path: Path) -> None:
@@ -303,3 +315,62 @@ def test_failure_counters_are_the_sum_of_every_workers_counts(tmp_path: Path) ->
         wait_until(settled, 8, f"both workers' /stats to sum to {expected}")
     finally:
         assert gw.stop() == 0
+
+
+async def test_stats_metrics_and_the_page_agree_after_worker_and_single_process_runs(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    fqrv = "acme.demo.1.v1"
+
+    async def score(gw: Any, n: int) -> None:
+        for i in range(n):
+            async with gw.session.post(gw.url + SCORE, json=score_body([float(i)])) as r:
+                assert r.status == 200
+
+    async def views(gw: Any) -> tuple[int, int, int]:
+        """scoreCount of v1 as /stats, /metrics and the page's JSON show it."""
+        async with gw.session.get(gw.url + "/acme/demo/1/stats") as r:
+            stats = int((await r.json())[0]["ServableMetrics"]["scoreCount"])
+        async with gw.session.get(gw.url + "/metrics") as r:
+            line = next(
+                x for x in (await r.text()).splitlines() if x.startswith(f'forestflow_servable_scores_total{{fqrv="{fqrv}"}}')
+            )
+        async with gw.session.get(gw.url + "/ops/dashboard") as r:
+            page = (await r.json())["contracts"][0]["releases"][0]["scoreCount"]
+        return stats, int(float(line.split()[-1])), page
+
+    async def settle(gw: Any, expected: int) -> None:
+        async def agree() -> bool:
+            return await views(gw) == (expected,) * 3
+
+        try:
+            await wait_for(agree, 10, f"/stats, /metrics and the page at {expected}")
+        except AssertionError:
+            raise AssertionError(f"{await views(gw)} != {expected}") from None
+
+    async with serve_in_process(data, worker=WorkerIdentity(0, 3)) as w0:  # three workers
+        async with w0.session.post(w0.url + "/servable", json=python_servable()) as r:
+            assert r.status == 200
+        async with (
+            serve_in_process(data, worker=WorkerIdentity(1, 3)) as w1,
+            serve_in_process(data, worker=WorkerIdentity(2, 3)) as w2,
+        ):
+            await wait_for(lambda: w1.gateway.loaded and w2.gateway.loaded, 10, "the other workers to load v1")
+            await score(w0, 2)
+            await score(w1, 3)
+            await score(w2, 4)
+            await settle(w0, 9)
+    async with serve_in_process(data) as one:  # then one process
+        await settle(one, 9)
+        await score(one, 1)
+        await settle(one, 10)
+    # then two workers
+    async with (
+        serve_in_process(data, worker=WorkerIdentity(0, 2)) as w0,
+        serve_in_process(data, worker=WorkerIdentity(1, 2)) as w1,
+    ):
+        await wait_for(lambda: w1.gateway.loaded, 10, "w1 to load v1")
+        await score(w1, 5)
+        await settle(w0, 15)
+        await settle(w1, 15)
+    async with serve_in_process(data) as one:
+        await settle(one, 15)

@@ -50,7 +50,8 @@ def make_store(settings: Settings, worker: WorkerIdentity | None = None) -> Stor
 
         return RedisStore(settings.redis_url, settings.redis_sync_interval_s)
     replica = worker.replica_id if worker is not None else "w0"
-    return FileStore(settings.data_dir / "state" / "registry.json", replica, settings.file_sync_interval_s)
+    replicas = worker.count if worker is not None else 1
+    return FileStore(settings.data_dir / "state" / "registry.json", replica, settings.file_sync_interval_s, replicas)
 
 
 def make_gateway(settings: Settings, worker: WorkerIdentity | None = None) -> Gateway:

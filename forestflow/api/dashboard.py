@@ -18,6 +18,7 @@ from forestflow.api.common import GATEWAY
 from forestflow.api.openapi import document
 from forestflow.api.prom import RequestMetrics
 from forestflow.api.responses import json_response
+from forestflow.codecs.ff_settings import contract_settings_to_json
 from forestflow.core.contract_state import ContractState
 from forestflow.core.policies import is_valid
 
@@ -47,7 +48,8 @@ def _servables(gateway: Any, now_ms: int) -> list[dict[str, Any]]:
             releases.append(row)
         for entry, status in gateway.failing_entries(contract):  # not loaded here: no routing
             releases.append(_release_row(gateway, entry) | {"load": status.view()})
-        contracts.append({"contract": str(contract), "releases": releases})
+        # the router and the expiration policy say how phase-in % turns into routing share
+        contracts.append({"contract": str(contract), "settings": contract_settings_to_json(state.settings), "releases": releases})
     return contracts
 
 
@@ -60,8 +62,7 @@ def _share_pct(state: ContractState, release: str, weights: dict[str, int], tota
 
 def _release_row(gateway: Any, entry: Any) -> dict[str, Any]:
     """One release's row of the page, as for a release not loaded here (the caller fills the rest)."""
-    m = entry.metrics
-    shared = gateway.stats_metrics(entry)  # rewards summed over the processes sharing the registry
+    m = gateway.stats_metrics(entry)  # counted by every process of this gateway, as /stats
     return {
         "fqrv": str(entry.fqrv),
         "release": entry.fqrv.release,
@@ -74,9 +75,9 @@ def _release_row(gateway: Any, entry: Any) -> dict[str, Any]:
         "errorCount": m.error_count,
         "shadeErrorCount": m.shade_error_count,
         "performanceMetrics": m.performance_view(),
-        "feedbackCount": shared.feedback_count,
-        "rewardSum": shared.reward_sum,
-        "rewardMean": shared.reward_sum / shared.feedback_count if shared.feedback_count else None,
+        "feedbackCount": m.feedback_count,
+        "rewardSum": m.reward_sum,
+        "rewardMean": m.reward_sum / m.feedback_count if m.feedback_count else None,
         "logLevel": entry.settings.logging.log_level.name,
         "createdAtMs": m.created_at_ms,
         "backend": None,
@@ -99,8 +100,8 @@ async def dashboard(request: web.Request) -> web.Response:
     stats = gateway.prediction_log.stats
     metrics = request.app.get(REQUEST_METRICS)
     errors = [
-        {"time": round(t * 1000), "method": m, "path": p, "status": s, "requestId": rid}
-        for t, m, p, s, rid in reversed(metrics.errors if metrics is not None else ())
+        {"time": round(t * 1000), "method": m, "path": p, "status": s, "requestId": rid, "code": code, "message": message}
+        for t, m, p, s, rid, code, message in reversed(metrics.errors if metrics is not None else ())
     ]
     return json_response(
         {
@@ -112,6 +113,7 @@ async def dashboard(request: web.Request) -> web.Response:
             "predictionLog": {
                 "sink": gateway.prediction_log.sink.name,
                 "connected": stats.connected,
+                **stats.delivery(),
                 "produced": stats.produced,
                 "delivered": stats.delivered,
                 "dropped": stats.dropped,

@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from forestflow import tracing
@@ -38,6 +38,7 @@ from forestflow.api.kafka_replies import ReplyWriter
 from forestflow.api.kafka_state import IngestStats, PartitionState
 from forestflow.core.ids import Contract
 from forestflow.errors import Overloaded
+from forestflow.kafka_checks import IdempotenceRefused, ensure_topics
 from forestflow.service import Gateway
 from forestflow.settings import Settings
 
@@ -78,6 +79,8 @@ class KafkaIngest:
         self.topics = settings.kafka_ingest_topic_list
         self.stats = IngestStats()
         self.connected = False
+        #: Why ingestion cannot run at all (the broker refuses what the settings ask for), else None.
+        self.refused: str | None = None
         self._parts: dict[TopicPartition, PartitionState] = {}
         self._tasks: dict[asyncio.Task[None], PartitionState] = {}
         self._inflight = 0
@@ -109,6 +112,12 @@ class KafkaIngest:
         while not self._stopping.is_set():
             try:
                 await self._connect()
+            except IdempotenceRefused as exc:  # retrying cannot help: say so once, and wait for the stop
+                self.refused = str(exc)
+                log.error("kafka_ingest_refused", error=str(exc))
+                await self._disconnect()
+                await self._stopping.wait()
+                break
             except Exception as exc:  # the broker is away: keep serving HTTP, try again later
                 log.warning("kafka_ingest_connect_failed", error=repr(exc), retry_in_s=delay)
                 await self._disconnect()
@@ -138,6 +147,8 @@ class KafkaIngest:
     async def _connect(self) -> None:
         s = self.settings
         timeout = s.kafka_request_timeout_ms / 1000 + 1
+        if s.kafka_create_topics:
+            await self._create_topics(timeout)
         await self._replies.start()
         session = s.kafka_ingest_session_timeout_ms
         self._consumer = AIOKafkaConsumer(
@@ -154,6 +165,20 @@ class KafkaIngest:
         )
         self._consumer.subscribe(topics=list(self.topics), listener=_Rebalance(self))
         await asyncio.wait_for(self._consumer.start(), timeout)
+
+    async def _create_topics(self, timeout_s: float) -> None:
+        """Create the request topics and the default reply topic when missing (a client that waits
+        for its reply must not wait for a topic that only appears once the gateway has answered)."""
+        s = self.settings
+        try:
+            created = await ensure_topics(s.kafka_bootstrap_servers, [*self.topics, s.kafka_reply_topic], timeout_s)
+        except (KafkaConnectionError, TimeoutError):
+            raise  # the broker is away: retried by the caller
+        except KafkaError as exc:  # e.g. not authorized: the topics must then be made by whoever may
+            log.warning("kafka_topics_not_created", error=repr(exc), topics=[*self.topics, s.kafka_reply_topic])
+            return
+        if created:
+            log.info("kafka_topics_created", topics=created)
 
     async def _disconnect(self) -> None:
         consumer, self._consumer = self._consumer, None
@@ -393,6 +418,7 @@ class KafkaIngest:
         paused_s = self.stats.paused_s_released + sum(p.paused_seconds(now) for p in self._parts.values())
         return {
             "connected": self.connected,
+            "refused": self.refused,
             "group": self.settings.kafka_ingest_group,
             "topics": list(self.topics),
             "consumed": self.stats.consumed,

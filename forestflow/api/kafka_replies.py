@@ -26,6 +26,7 @@ from aiokafka.errors import (
 from forestflow.api.kafka_messages import Reply, Request, error_reply
 from forestflow.api.kafka_state import IngestStats
 from forestflow.errors import PayloadTooLarge
+from forestflow.kafka_checks import check_idempotence
 from forestflow.predlog import cloudevents
 from forestflow.settings import Settings
 
@@ -48,6 +49,8 @@ class ReplyWriter:
     async def start(self) -> None:
         """Connect a producer; raises when the broker cannot be reached in time."""
         s = self.settings
+        if s.kafka_enable_idempotence:
+            await check_idempotence(s.kafka_bootstrap_servers, s.kafka_request_timeout_ms / 1000 + 1)
         self._producer = AIOKafkaProducer(
             bootstrap_servers=s.kafka_bootstrap_servers,
             client_id="forestflow-replies",

@@ -15,7 +15,7 @@ from aiohttp.typedefs import Middleware
 from forestflow import logs, tracing
 from forestflow.api.common import CONTRACT, FQRV_TAG, REQUEST_ID, SCORING_S, SETTINGS
 from forestflow.api.prom import RequestMetrics
-from forestflow.api.responses import error_response
+from forestflow.api.responses import ANSWERED_ERROR, error_response
 from forestflow.errors import GatewayError, InternalError, InvalidInput, MethodNotAllowed, NotFound, PayloadTooLarge
 
 log = structlog.get_logger("forestflow.http")
@@ -55,6 +55,7 @@ def build_middleware(enable_access_log: bool, metrics: RequestMetrics | None = N
         request_id = given if 0 < len(given) <= _MAX_REQUEST_ID and given.isprintable() else new_request_id()
         request[REQUEST_ID] = request_id
         status = 500
+        response: web.StreamResponse | None = None
         span = tracing.ServerSpan(f"{request.method} {request.path}", request.headers, "http") if tracing.ON else None
         try:
             response = await handler(request)
@@ -64,25 +65,26 @@ def build_middleware(enable_access_log: bool, metrics: RequestMetrics | None = N
                 response.headers["traceparent"] = parent
             return response
         except GatewayError as error:
-            status_response = error_response(error, request_id)
-            status = status_response.status
-            return status_response
+            response = error_response(error, request_id)
+            status = response.status
+            return response
         except web.HTTPException as exc:
             if exc.status < 400:
                 status = exc.status
                 raise
-            error_resp = error_response(_http_error(exc, request), request_id)
-            status = error_resp.status
-            return error_resp
+            response = error_response(_http_error(exc, request), request_id)
+            status = response.status
+            return response
         except asyncio.CancelledError:
             status = 499  # the client disconnected; nothing is sent
             raise
         except Exception:
             log.exception("unhandled_error", request_id=request_id, path=request.path)
             status = 500
-            return error_response(
+            response = error_response(
                 InternalError(request.get(FQRV_TAG), "internal error; see the gateway log with this request_id"), request_id
             )
+            return response
         finally:
             # One clock read and one lookup of each request field for the span, metrics and access log.
             elapsed = time.perf_counter() - started
@@ -92,7 +94,10 @@ def build_middleware(enable_access_log: bool, metrics: RequestMetrics | None = N
             if metrics is not None:
                 metrics.record(request.match_info.route.resource, contract, fqrv, status, elapsed, request.get(SCORING_S))
                 if status >= 400:
-                    metrics.errors.append((time.time(), request.method, request.path[:200], status, request_id))
+                    code, message = response.get(ANSWERED_ERROR, (None, None)) if response is not None else (None, None)
+                    metrics.errors.append(
+                        (time.time(), request.method, request.path[:200], status, request_id, code, (message or "")[:300])
+                    )
             if enable_access_log:
                 logs.access(
                     request_id,

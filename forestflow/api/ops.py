@@ -75,6 +75,7 @@ async def metrics(request: web.Request) -> web.Response:
             "predictionLog": {
                 "sink": gateway.prediction_log.sink.name,
                 "connected": log_stats.connected,
+                **log_stats.delivery(),
                 "produced": log_stats.produced,
                 "delivered": log_stats.delivered,
                 "dropped": log_stats.dropped,

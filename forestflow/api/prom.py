@@ -12,15 +12,24 @@ new contract/fqrv pairs are counted under ``"other"``. Refused requests (4xx) ca
 
 from __future__ import annotations
 
+import platform
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+import forestflow
 from forestflow.core.policies import is_valid
 from forestflow.runtime.scheduler import Priority
 
@@ -78,8 +87,8 @@ class RequestMetrics:
         self.requests: dict[tuple[str, str, str, str], int] = {}
         self.server_time: dict[str, Histogram] = {}
         self.scoring_time: dict[str, Histogram] = {}
-        #: The latest failed requests (wall time, method, path, status, request id) for /ui.
-        self.errors: deque[tuple[float, str, str, int, str]] = deque(maxlen=50)
+        #: The latest failed requests (wall time, method, path, status, request id, error code, message) for /ui.
+        self.errors: deque[tuple[float, str, str, int, str, str | None, str]] = deque(maxlen=50)
         #: aiohttp resource -> protocol label, filled by :meth:`classify_routes`.
         self.protocols: dict[Any, str] = {}
 
@@ -332,6 +341,11 @@ class GatewayCollector:
         yield GaugeMetricFamily(
             "forestflow_prediction_log_connected", "1 when the sink is connected", value=1.0 if stats.connected else 0.0
         )
+        yield GaugeMetricFamily(
+            "forestflow_prediction_log_failing",
+            "1 while events cannot be delivered (the reason is in /health/ready's predictionLog)",
+            value=1.0 if stats.failing_reason else 0.0,
+        )
 
     def _health(self, gateway: Any) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -344,10 +358,30 @@ class GatewayCollector:
 
 
 def build_registry(requests: RequestMetrics, gateway: Callable[[], Any]) -> CollectorRegistry:
-    """A registry of this app's own (tests run several gateways in one process)."""
+    """A registry of this app's own (tests run several gateways in one process): the gateway's
+    metrics, the build, and prometheus-client's process (``process_*``), platform (``python_info``)
+    and garbage-collector (``python_gc_*``) collectors."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(GatewayCollector(requests, gateway))
+    registry.register(BuildInfoCollector())
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
     return registry
+
+
+class BuildInfoCollector:
+    """``forestflow_build_info{version, python, implementation} 1``: what this process runs."""
+
+    def collect(self) -> Iterator[Metric]:
+        """The one sample."""
+        info = GaugeMetricFamily(
+            "forestflow_build_info",
+            "The forestflow build this process runs (always 1)",
+            labels=["version", "python", "implementation"],
+        )
+        info.add_metric([forestflow.__version__, platform.python_version(), platform.python_implementation()], 1.0)
+        yield info
 
 
 def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:

@@ -18,6 +18,8 @@ from forestflow.core.policies import ServableSettings
 from forestflow.errors import GatewayError, http_status
 
 JSON = "application/json"
+#: The error a response answers (code, message), for the page's "Recent errors".
+ANSWERED_ERROR = web.ResponseKey("answered_error", tuple)
 
 
 def dumps(payload: Any) -> bytes:
@@ -52,16 +54,24 @@ def error_response(error: GatewayError, request_id: str) -> web.Response:
     status = http_status(error)
     if status == 503:
         headers["Retry-After"] = _retry_after(error)
-    return json_response(error_payload(error, request_id), status=status, headers=headers)
+    response = json_response(error_payload(error, request_id), status=status, headers=headers)
+    response[ANSWERED_ERROR] = (error.code, error.message)
+    return response
 
 
-def v2_error_response(error: GatewayError, request_id: str) -> web.Response:
-    """The KServe V1/V2 error: exactly ``{"error": message}`` (what tritonclient and kserve read)."""
+def v2_error_response(error: GatewayError, request_id: str, *, detailed: bool = False) -> web.Response:
+    """The KServe V1/V2 error: exactly ``{"error": message}`` (what tritonclient and kserve read);
+    ``detailed`` adds ``code`` and ``request_id`` as every other error of the gateway has them."""
     headers = {"X-Request-Id": request_id}
     status = http_status(error)
     if status == 503:
         headers["Retry-After"] = _retry_after(error)
-    return json_response({"error": error.message}, status=status, headers=headers)
+    body: dict[str, Any] = {"error": error.message}
+    if detailed:
+        body.update(code=error.code, request_id=request_id)
+    response = json_response(body, status=status, headers=headers)
+    response[ANSWERED_ERROR] = (error.code, error.message)
+    return response
 
 
 def _retry_after(error: GatewayError) -> str:

@@ -1,10 +1,11 @@
 """Triton's model repository extension over REST, plus ``GET /v2/models``.
 
 ``POST /v2/repository/index`` (body ``{"ready": true}`` optional) lists ``{name, version, state}``
-for every repository entry and servable; ``POST /v2/repository/models/{name}/load`` deploys the
-repository entries of a model (a contract, ``org.project.N``) and ``.../unload`` removes every
-release of it. The three are admin routes (bearer token when one is set); ``GET /v2/models`` lists
-the models the gateway serves. Errors are V2 bodies (``{"error": ...}``). The repository itself is
+for every repository entry, servable and unloaded release; ``.../models/{name}/unload`` frees every
+release of a model (a contract, ``org.project.N``), keeping its definitions, settings and counters,
+and ``.../load`` brings them back and deploys the model's repository entries. The three are admin
+routes (bearer token when one is set); ``GET /v2/models`` lists the models the gateway serves.
+Errors are V2 bodies with ``code`` and ``request_id`` (``{"error", "code", "request_id"}``). The repository itself is
 ``forestflow/repository.py``; a gateway started without one still indexes and unloads what it has.
 """
 
@@ -92,6 +93,6 @@ def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/v2/models", list_models)
     # Token errors are V2 error bodies too: the admin check runs inside v2_errors.
-    r.add_post("/v2/repository/index", v2_errors(admin(index)))
-    r.add_post("/v2/repository/models/{name}/load", v2_errors(admin(load)))
-    r.add_post("/v2/repository/models/{name}/unload", v2_errors(admin(unload)))
+    r.add_post("/v2/repository/index", v2_errors(admin(index), detailed=True))
+    r.add_post("/v2/repository/models/{name}/load", v2_errors(admin(load), detailed=True))
+    r.add_post("/v2/repository/models/{name}/unload", v2_errors(admin(unload), detailed=True))

@@ -37,17 +37,19 @@ MIN_COMPRESS_BYTES = 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def v2_errors(handler: Handler) -> Handler:
-    """Answer gateway errors as V2 error bodies (``{"error": ...}``) instead of ForestFlow envelopes."""
+def v2_errors(handler: Handler, *, detailed: bool = False) -> Handler:
+    """Answer gateway errors as V2 error bodies (``{"error": ...}``) instead of ForestFlow envelopes;
+    ``detailed`` adds ``code`` and ``request_id`` (routes no inference client parses: the repository's)."""
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
         except GatewayError as error:
-            return v2_error_response(error, request_id_of(request))
+            return v2_error_response(error, request_id_of(request), detailed=detailed)
         except web.HTTPRequestEntityTooLarge:
             limit = request.app[SETTINGS].max_body_bytes
-            return v2_error_response(PayloadTooLarge(f"request body over the limit of {limit} bytes"), request_id_of(request))
+            too_large = PayloadTooLarge(f"request body over the limit of {limit} bytes")
+            return v2_error_response(too_large, request_id_of(request), detailed=detailed)
 
     wrapped.__name__ = handler.__name__
     wrapped.__doc__ = handler.__doc__

@@ -39,8 +39,13 @@ MERGE: dict[str, str] = {
     "forestflow_servable_load_seconds": "max",
     "forestflow_registry_store_available": "min",
     "forestflow_prediction_log_connected": "min",
+    "forestflow_prediction_log_failing": "max",
     "forestflow_ready": "min",
     "forestflow_draining": "max",
+    "forestflow_build_info": "own",
+    "python_info": "own",
+    "process_start_time_seconds": "min",
+    "process_max_fds": "own",
 }
 
 _Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -14,7 +14,7 @@ import numpy as np
 
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs import _ffwire
-from forestflow.codecs.schema_datum import FF_DTYPES, TENSOR_KEY, _ff_type
+from forestflow.codecs.schema_datum import FF_DTYPES, TENSOR_KEY, _ff_type, one_name_per_value
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 
@@ -87,7 +87,10 @@ def prediction_bytes(fqrv: FQRV, frame: Frame, field: bytes = b"") -> bytes:
 
 
 def prediction_bytes_after(fqrv_field: bytes, frame: Frame, field: bytes = b"") -> bytes:
-    """:func:`prediction_bytes` with the fqrv field already written (by :func:`prediction_fqrv_field`)."""
+    """:func:`prediction_bytes` with the fqrv field already written (by :func:`prediction_fqrv_field`).
+
+    Vector outputs get one field name per value, as in the JSON body."""
+    frame = one_name_per_value(frame)
     out = _ffwire.message(field, fqrv_field, 0x12, 0x1A, frame.num_rows, frame.columns, None)
     return out if out is not None else _converted(field, fqrv_field, 0x12, 0x1A, frame, None)
 

@@ -349,9 +349,32 @@ def _schema_datum_bytes(frame: Frame) -> tuple[bytes, bytes]:
     return schema, datum
 
 
+def one_name_per_value(frame: Frame) -> Frame:
+    """The frame with every vector column (``k > 1`` values a row) as ``k`` columns ``name.0`` ..
+    ``name.<k-1>`` (row-major for more dimensions): ForestFlow's schema names one field per value,
+    so a Prediction is read without the model's metadata. A frame of 1-D columns is returned as it is."""
+    columns = frame.columns
+    if all(c.ndim == 1 for c in columns.values()):
+        return frame
+    out: dict[str, np.ndarray] = {}
+    for name, col in columns.items():
+        if col.ndim == 1:
+            out[name] = col
+            continue
+        flat = col.reshape(len(col), int(np.prod(col.shape[1:])))  # (not -1: a frame of no rows)
+        if flat.shape[1] <= 1:  # one value a row (or none) is named already: the column keeps its name
+            out[name] = flat[:, 0] if flat.shape[1] == 1 else col
+            continue
+        for j in range(flat.shape[1]):
+            out[f"{name}.{j}"] = np.ascontiguousarray(flat[:, j])
+    return Frame(out, frame.parameters)
+
+
 def prediction_json(fqrv: FQRV, frame: Frame, unknown_inputs: Sequence[str] = (), missing_inputs: Sequence[str] = ()) -> bytes:
-    """The ``Prediction`` body (fqrv, schema, one datum per row, unknown and missing input names if any), without the envelope."""
-    schema, datum = _schema_datum_bytes(frame)
+    """The ``Prediction`` body (fqrv, schema, one datum per row, unknown and missing input names if any), without the envelope.
+
+    Vector outputs get one field name per value (:func:`one_name_per_value`)."""
+    schema, datum = _schema_datum_bytes(one_name_per_value(frame))
     out = b'{"fqrv":' + _fqrv_json(fqrv) + b',"schema":' + schema + b',"datum":' + datum
     if unknown_inputs:
         out += b',"unknownInputs":' + orjson.dumps(list(unknown_inputs))

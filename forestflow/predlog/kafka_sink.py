@@ -31,6 +31,7 @@ from aiokafka.producer.message_accumulator import MessageAccumulator, MessageBat
 from aiokafka.producer.sender import Sender
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from forestflow.kafka_checks import check_idempotence
 from forestflow.predlog.kafka_batch import RecordBatch
 from forestflow.predlog.log import EVENT_OVERHEAD_BYTES, LogEntry
 
@@ -131,8 +132,12 @@ class KafkaSink:
         #: Events the producer refused outright as too large; they can never be delivered, so
         #: they are not handed back (that would retry them forever) but counted here.
         self.rejected = 0
+        #: What went wrong with the last batch that was not confirmed (the prediction log shows it).
+        self.last_error: str | None = None
         self._producer: AIOKafkaProducer | None = None
         self._broken = False
+        #: Whether the broker was seen to grant a producer id (asked once, before the first producer).
+        self._idempotence_checked = False
         #: topic -> (its partitions, key -> partition) while that partition list holds.
         self._partition_of: dict[str, tuple[list[int], dict[bytes, int]]] = {}
         #: The most bytes of one record batch before compression.
@@ -172,8 +177,12 @@ class KafkaSink:
         )
 
     async def start(self) -> None:
-        """Connect a fresh producer (any previous one is discarded); raises if the broker is away."""
+        """Connect a fresh producer (any previous one is discarded); raises if the broker is away,
+        and :class:`~forestflow.kafka_checks.IdempotenceRefused` if it lacks the idempotent producer."""
         await self.close()
+        if self.enable_idempotence and not self._idempotence_checked:
+            await check_idempotence(self.bootstrap_servers, self.request_timeout_ms / 1000 + _MARGIN_S)
+            self._idempotence_checked = True
         producer = self._new_producer()
         try:
             await asyncio.wait_for(producer.start(), self.request_timeout_ms / 1000 + _MARGIN_S)
@@ -233,6 +242,7 @@ class KafkaSink:
                 (fut.exception() for _, fut in pending if fut.done() and not confirmed(fut) and not fut.cancelled()), None
             )
         failed = [e for e in entries if id(e) in unconfirmed or (id(e) not in handed and id(e) not in refused)]
+        self.last_error = repr(error) if error is not None else "not confirmed in time"
         log.warning(
             "prediction_log_kafka_delivery_failed",
             failed=len(failed),

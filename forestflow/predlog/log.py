@@ -86,11 +86,26 @@ class LogStats:
     drain_running: bool = False
     #: Times the drain task died of an unexpected error and was restarted.
     drain_restarts: int = 0
+    #: Why events are not being delivered right now (None while deliveries succeed, or nothing waits).
+    failing_reason: str | None = None
 
     @property
     def dropped(self) -> int:
         """Events that will never be delivered."""
         return self.dropped_overflow + self.dropped_shutdown + self.dropped_rejected + self.encode_errors
+
+    def delivery(self) -> dict[str, object]:
+        """The delivery state for people: ``ok`` or ``failing`` with the reason, and the drops so far.
+
+        It never makes the gateway unready: scoring goes on while the log cannot be delivered
+        (events are buffered, then dropped and counted)."""
+        return {
+            "state": "failing" if self.failing_reason else "ok",
+            "reason": self.failing_reason,
+            "dropped": self.dropped,
+            "droppedOverflow": self.dropped_overflow,
+            "bufferedEvents": self.buffered,
+        }
 
 
 class PredictionLog:
@@ -281,6 +296,14 @@ class PredictionLog:
                     log.info("prediction_log_sink_connected", sink=self.sink.name)
                 except Exception as exc:  # broker absent: keep buffering and retry
                     self.stats.send_failures += 1
+                    self.stats.failing_reason = f"cannot connect: {exc}"
+                    if getattr(exc, "permanent", False):
+                        # Retrying cannot help (e.g. the broker refuses the idempotent producer):
+                        # say it once, keep buffering (then dropping, counted) until shutdown.
+                        self.stats.failing_reason = str(exc)
+                        log.error("prediction_log_sink_refused", sink=self.sink.name, error=str(exc))
+                        await self._closed.wait()
+                        return
                     log.warning("prediction_log_sink_unavailable", sink=self.sink.name, error=str(exc), retry_in_s=backoff)
                     await self._sleep_unless_closing(backoff)
                     backoff = min(backoff * 2, 5.0)
@@ -291,6 +314,7 @@ class PredictionLog:
                 await asyncio.sleep(self.linger_s)
             batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
             self._inflight = batch
+            send_error: str | None = None
             try:
                 failed = await self.sink.send(batch)
             except asyncio.CancelledError:
@@ -300,6 +324,7 @@ class PredictionLog:
                 raise
             except Exception as exc:
                 log.warning("prediction_log_send_failed", sink=self.sink.name, error=str(exc), events=len(batch))
+                send_error = str(exc)
                 failed = batch
             self._inflight = None
             # A sink that refuses an event for good counts it in ``rejected``: dropped, not delivered.
@@ -310,6 +335,8 @@ class PredictionLog:
             self.stats.delivered += delivered
             self.stats.buffered -= delivered + rejected
             self.stats.buffered_bytes -= sum(e.size for e in batch) - sum(e.size for e in failed)
+            reason = send_error or getattr(self.sink, "last_error", None) or "not confirmed"
+            self.stats.failing_reason = f"delivery failed: {reason}" if failed else None
             if failed:
                 self.stats.send_failures += 1
                 self._queue.extendleft(reversed(failed))

@@ -32,6 +32,7 @@ from forestflow.core.ids import FQRV
 from forestflow.registry.store import (
     NO_COUNTS,
     SHARED_METRICS,
+    add_counters,
     counters_doc,
     counters_of,
     merge_shared_metrics,
@@ -56,10 +57,13 @@ class _Contents:
 class FileStore:
     """A :class:`~forestflow.registry.store.Store` in one file, safe for several processes."""
 
-    def __init__(self, path: Path, replica_id: str = "w0", sync_interval_s: float = 0.25) -> None:
+    def __init__(self, path: Path, replica_id: str = "w0", sync_interval_s: float = 0.25, replicas: int = 1) -> None:
         self.path = path
         self.lock_path = path.with_name(f"{path.name}.lock")
         self.replica_id = replica_id
+        #: The replicas of the gateway now running: ``w0`` .. ``w<replicas-1>``.
+        self.replicas = replicas
+        self._retired = False
         self.sync_interval_s = sync_interval_s
         #: The registry version this process has loaded (or written on top of).
         self.version = 0
@@ -72,7 +76,14 @@ class FileStore:
 
     # ---- Store ----------------------------------------------------------------------------------
     async def load(self) -> dict[str, Any]:
-        """Every document; ``metrics/*`` carry this replica's counters, ``routing/*`` its router state."""
+        """Every document; ``metrics/*`` carry this replica's counters, ``routing/*`` its router state.
+
+        The first load of ``w0`` takes over the counters of replicas this gateway no longer runs (an
+        earlier ``--workers N`` with a larger N): added to its own, so every view of the counters
+        (/stats, /metrics, the page) counts them once, whatever ran on this data dir before."""
+        if not self._retired and self.replica_id == "w0":
+            await self.apply({})  # a write under the file lock; _merge folds them
+            self._retired = True
         contents = await asyncio.to_thread(self._read)
         self.version = contents.version
         return self._adopt(contents)
@@ -175,6 +186,8 @@ class FileStore:
         """Apply ``changes`` to ``contents``; whether registry documents changed."""
         docs, counters, routing = contents.documents, contents.counters, contents.routing
         changed = False
+        if not self._retired and self.replica_id == "w0":
+            self._retire_gone_replicas(counters, routing)
         for key, doc in changes.items():
             kind, _, name = key.partition("/")
             if kind == "routing":
@@ -202,6 +215,16 @@ class FileStore:
                 docs[key] = doc
                 changed = True
         return changed
+
+    def _retire_gone_replicas(self, counters: dict[str, list[int]], routing: dict[str, Any]) -> None:
+        """Fold the counters of replicas not running now into this one's; drop their router state."""
+        live = {f"w{i}" for i in range(self.replicas)}
+        for field_name in [f for f in counters if f.rpartition("@")[2] not in live]:
+            fqrv = field_name.rpartition("@")[0]
+            mine = f"{fqrv}@{self.replica_id}"
+            counters[mine] = list(add_counters(add_counters(NO_COUNTS, counters.get(mine, ())), counters.pop(field_name)))
+        for field_name in [f for f in routing if f.rpartition("@")[2] not in live]:
+            del routing[field_name]
 
     # ---- views ------------------------------------------------------------------------------------
     def _adopt(self, contents: _Contents) -> dict[str, Any]:

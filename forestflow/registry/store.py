@@ -115,7 +115,7 @@ def counters_doc(values: Any) -> dict[str, int]:
 NO_COUNTS = (0,) * len(COUNTERS)
 
 
-def _add_counters(a: tuple[int, ...], b: Sequence[Any]) -> tuple[int, ...]:
+def add_counters(a: tuple[int, ...], b: Sequence[Any]) -> tuple[int, ...]:
     """Element-wise sum of two counter tuples (the shorter padded with zeros)."""
     b = [int(v) for v in b]
     return tuple(x + (b[i] if i < len(b) else 0) for i, x in enumerate(a))
@@ -131,7 +131,7 @@ def split_counters(
     for field_name, values in fields:
         fqrv, _, replica = field_name.rpartition("@")
         target = own if replica == replica_id else peers
-        target[fqrv] = _add_counters(target.get(fqrv, NO_COUNTS), values)
+        target[fqrv] = add_counters(target.get(fqrv, NO_COUNTS), values)
     return own, peers
 
 

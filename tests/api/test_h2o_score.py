@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import H2O_DIR, InProcessGateway
+from tests.support import H2O_DIR, InProcessGateway, prediction_columns
 
 INFOS = {p.stem: json.loads(p.read_text()) for p in sorted(H2O_DIR.glob("*.json"))}
 SCORED = sorted(name for name, info in INFOS.items() if info.get("golden"))
@@ -63,19 +63,8 @@ def body(name: str, rows: list[dict[str, str]], typed: bool) -> dict[str, Any]:
 
 
 def columns(prediction: dict[str, Any]) -> dict[str, list[Any]]:
-    """Output columns back out of ForestFlow's grouped datum (a lone field may hold a vector)."""
-    out: dict[str, list[Any]] = {}
-    for g, entry in enumerate(prediction["schema"]):
-        fields = entry["fields"]
-        for datum in prediction["datum"]:
-            (values,) = [t["data"] for t in datum["tensors"][g].values()]
-            if len(fields) == 1 and len(values) != 1:
-                out.setdefault(fields[0], []).append(values)
-            else:
-                assert len(values) == len(fields)
-                for f, v in zip(fields, values):
-                    out.setdefault(f, []).append(v)
-    return out
+    """Output columns back out of ForestFlow's grouped datum (a vector's fields gathered back)."""
+    return prediction_columns(prediction)
 
 
 def check(name: str, got: dict[str, list[Any]], rows: list[dict[str, str]]) -> None:

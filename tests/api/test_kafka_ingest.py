@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import uuid
 from collections import Counter
@@ -21,7 +22,16 @@ from forestflow._proto import forestflow_pb2 as pb
 from forestflow.api.kafka_ingest import KAFKA_INGEST, KafkaIngest
 from tests.kafka_broker import KafkaBroker, running_broker
 from tests.predlog import read_topic
-from tests.support import ROOT, GatewayProcess, InProcessGateway, python_servable, score_body, serve_in_process, wait_for
+from tests.support import (
+    ROOT,
+    GatewayProcess,
+    InProcessGateway,
+    free_port,
+    python_servable,
+    score_body,
+    serve_in_process,
+    wait_for,
+)
 
 CONTRACT = [("forestflow-contract", b"acme/demo/1")]
 
@@ -363,9 +373,16 @@ async def test_a_gateway_killed_mid_stream_and_restarted_answers_every_request(
     second.stop()
 
 
-async def run_cli(*args: str) -> tuple[int, str, str]:
+async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "forestflow.cli", *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        sys.executable,
+        "-m",
+        "forestflow.cli",
+        *args,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode or 0, out.decode(), err.decode()
@@ -427,6 +444,38 @@ async def test_kafka_score_and_replies_commands(broker: KafkaBroker, tmp_path: P
     assert code == 0, err
     lines = [json.loads(x) for x in out.splitlines()]
     assert [(x["key"], x["status"]) for x in lines] == [("mine", 200)]
+
+
+async def test_kafka_cli_reads_the_settings_of_serve_and_waits_for_no_topic(broker: KafkaBroker, tmp_path: Path) -> None:
+    requests, replies, group = names("fresh")  # no topic made beforehand: the gateway creates them
+    body = tmp_path / "score.json"
+    body.write_text(json.dumps(score_body([4.0], ["fresh"])))
+    env = {
+        "FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "FORESTFLOW_KAFKA_INGEST_TOPICS": requests,
+        "FORESTFLOW_KAFKA_REPLY_TOPIC": replies,
+        "FORESTFLOW_KAFKA_ENABLE_IDEMPOTENCE": "false",
+    }
+    async with serve_in_process(tmp_path / "d", **ingest_settings(broker, requests, replies, group)) as gw:
+        await deploy(gw, python_servable())
+        await wait_for(lambda: ingest(gw).connected, 20, "the ingestion connected")
+        code, out, err = await run_cli("kafka", "score", str(body), "--contract", "acme/demo/1", "--timeout", "20", env=env)
+        assert code == 0, err
+        assert json.loads(out)["body"]["Prediction"]["datum"][0]["tensors"][0]["Float64"]["data"] == [8.0]
+        # a topic no gateway consumes: said at once, in one line
+        code, out, err = await run_cli(
+            "kafka", "score", str(body), "--contract", "acme/demo/1", "--topic", "nobody.reads", env=env
+        )
+        assert code == 2 and out == "" and err.count("\n") == 1 and "nobody.reads does not exist" in err, err
+    # a reply topic nobody has written to yet is made, not waited for
+    code, out, err = await run_cli("kafka", "replies", "--topic", f"{replies}.new", "--idle-timeout", "1", env=env)
+    assert (code, out) == (0, ""), err
+    # no broker there: one line, no traceback
+    absent = {**env, "FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"}
+    for command in (["score", str(body), "--contract", "acme/demo/1"], ["replies"]):
+        code, out, err = await run_cli("kafka", *command, env=absent)
+        assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith("forestflow: error: Kafka at 127.0.0.1:"), err
 
 
 @pytest.mark.slow
@@ -516,3 +565,51 @@ async def test_a_model_error_gets_a_500_prediction_failed_reply(broker: KafkaBro
     assert int(header(got["raises"], "forestflow-status")) == 500
     assert json.loads(got["raises"].value)["code"] == "PredictionFailed"
     assert int(header(got["fine"], "forestflow-status")) == 200
+
+
+@pytest.mark.slow
+def test_the_kafka_page_runs_as_written_with_the_test_broker(broker: KafkaBroker, tmp_path: Path) -> None:
+    """docs/kafka.md's commands against the test extras' broker (its settings as the page shows them):
+    the exports, serve, then the CLI commands of the second block (kcat aside: not installed here)."""
+    import re
+    import subprocess
+
+    text = (ROOT / "docs" / "kafka.md").read_text()
+    setup, use = (
+        [c.strip() for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+        for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S)[:2]
+    )
+    env: dict[str, str] = {}
+    for line in setup:
+        if line.startswith("export "):
+            for pair in line.split("#")[0].split()[1:]:
+                name, _, value = pair.partition("=")
+                env[name] = value.replace("localhost:9092", broker.bootstrap)
+    assert env["FORESTFLOW_KAFKA_ENABLE_IDEMPOTENCE"] == "false" and "forestflow serve" in setup[-1]
+    gw = GatewayProcess(tmp_path / "data", env=env).start()
+    try:
+        deploy = json.loads((ROOT / "servables" / "prostate-gbm.json").read_text())
+        deploy["path"] = (ROOT / "servables" / "prostate-gbm").as_uri()
+        assert http.post(gw.url + "/servable", json=deploy, timeout=60).status_code == 200
+
+        def run(command: str) -> str:
+            command = command.replace(".venv/bin/forestflow", f"{sys.executable} -m forestflow.cli")
+            done = subprocess.run(
+                ["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=90, env={**os.environ, **env}
+            )
+            assert done.returncode == 0, (command, done.stdout, done.stderr)
+            return done.stdout
+
+        commands = [c for c in use if not c.startswith(("#", "kcat"))]
+        score, replies, tail = commands
+        reply = json.loads(run(score))
+        assert (reply["key"], reply["status"], reply["headers"]["forestflow-fqrv"]) == (
+            "patient-17",
+            200,
+            "samples.prostate.1.gbm-v1",
+        )
+        assert [json.loads(x)["requestId"] for x in run(replies).splitlines()] == [reply["requestId"]]
+        events = [json.loads(x) for x in run(tail).splitlines()]
+        assert events and {e["protocol"] for e in events} == {"kafka"}
+    finally:
+        assert gw.stop() == 0

@@ -10,7 +10,6 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.api.test_h2o_score import columns as lone_columns
 from tests.pipeline_support import (
     PROSTATE,
     h2o_step,
@@ -20,7 +19,7 @@ from tests.pipeline_support import (
     servable_request,
     toml,
 )
-from tests.support import H2O_DIR, ROOT, InProcessGateway, wait_for
+from tests.support import H2O_DIR, ROOT, InProcessGateway, prediction_columns, wait_for
 
 EXAMPLE = ROOT / "servables" / "prostate-pipeline"
 GBM = "prostate_gbm_binomial.zip"
@@ -46,25 +45,13 @@ def string_body(
 
 
 def columns(prediction: dict[str, Any], widths: dict[str, int] | None = None) -> dict[str, list[Any]]:
-    """Output columns of a Prediction; a vector column's values (``widths[name]`` per row) sit in its
-    typed group's datum between the other fields' values, as ForestFlow's format lays them out."""
-    widths = widths or {}
-    if not widths:
-        return lone_columns(prediction)
-    out: dict[str, list[Any]] = {}
-    for g, entry in enumerate(prediction["schema"]):
-        for datum in prediction["datum"]:
-            (values,) = [t["data"] for t in datum["tensors"][g].values()]
-            at = 0
-            for field in entry["fields"]:
-                width = widths.get(field)
-                if width is None:
-                    out.setdefault(field, []).append(values[at])
-                    at += 1
-                else:
-                    out.setdefault(field, []).append(values[at : at + width])
-                    at += width
-            assert at == len(values)
+    """Output columns of a Prediction: one field name per value (a vector's ``name.0``, ``name.1``, ...
+    gathered back into a list per row, ``widths[name]`` long, or one value's lone column)."""
+    out = prediction_columns(prediction)
+    for name, width in (widths or {}).items():
+        if width == 1 and name in out and not isinstance(out[name][0], list):
+            out[name] = [[v] for v in out[name]]  # a vector of one value a row keeps its plain name
+        assert all(len(row) == width for row in out.get(name, [])), (name, out.get(name))
     return out
 
 
@@ -100,6 +87,9 @@ async def test_example_pipeline_equals_the_manual_composition_of_its_steps_on_ev
     status, piped = await post(gw, "/pipe/prostate/1/score", string_body(rows, PROSTATE, rename={c: c.lower() for c in PROSTATE}))
     assert status == 200, piped
     got = columns(piped["Prediction"], EXAMPLE_WIDTHS)
+    # one field name per value: a vector output's values are fields top_labels.0, top_labels.1, ...
+    names = [f for group in piped["Prediction"]["schema"] for f in group["fields"]]
+    assert {"top_labels.0", "top_labels.1", "probabilities.0", "probabilities.1"} <= set(names) and "top_labels" not in names
     # The manual composition: the map's renames and value map by hand, the bare GBM, the classifier by hand.
     mapped = [{**r, "RACE": {"white": "1", "black": "2", "other": "0"}.get(r["RACE"], r["RACE"])} for r in rows]
     status, bare = await post(gw, "/bare/gbm/1/score", string_body(mapped, PROSTATE))

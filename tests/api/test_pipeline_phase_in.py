@@ -36,7 +36,9 @@ def request(i: int) -> dict[str, Any]:
 
 
 def fields(event_or_prediction: dict[str, Any]) -> list[str]:
-    return sorted(f for group in event_or_prediction["schema"] for f in group["fields"])
+    """The output names, a vector's ``name.0``, ``name.1``, ... counted once as ``name``."""
+    names = (f for group in event_or_prediction["schema"] for f in group["fields"])
+    return sorted({n.rpartition(".")[0] if "." in n and n.rpartition(".")[2].isdigit() else n for n in names})
 
 
 async def test_pipeline_release_shadows_then_phases_in_against_a_single_model(tmp_path: Path) -> None:

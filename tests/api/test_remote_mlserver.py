@@ -80,8 +80,8 @@ def score_body(rows: list[list[float]], reqid: str = "r") -> dict[str, Any]:
 
 
 def score_values(prediction: dict[str, Any]) -> list[list[float]]:
-    """Each record's predict_proba from a BASIC answer (or a logged prediction)."""
-    assert prediction["schema"] == [{"type": "Float64", "fields": ["predict_proba"]}], prediction
+    """Each record's predict_proba from a BASIC answer (or a logged prediction): one field per class."""
+    assert prediction["schema"] == [{"type": "Float64", "fields": [f"predict_proba.{k}" for k in range(3)]}], prediction
     return [record["tensors"][0]["Float64"]["data"] for record in prediction["datum"]]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.api.v2_support import ensure_client_python, run_families, v2_gateway
-from tests.support import H2O_DIR, python_servable
+from tests.support import H2O_DIR, prediction_columns, python_servable
 
 MODEL = "acme.demo.1"
 X = [1.5, 2.0, -3.25]
@@ -108,14 +108,7 @@ def h2o_rows(count: int = 8) -> list[dict[str, str]]:
 
 def score_predictions(body: dict[str, Any]) -> dict[str, list[Any]]:
     """Columns of a BASIC /score answer: schema entries name the fields of each datum's tensors."""
-    prediction = body["Prediction"]
-    columns: dict[str, list[Any]] = {}
-    for datum in prediction["datum"]:
-        for entry, tensor in zip(prediction["schema"], datum["tensors"]):
-            (values,) = [v["data"] for v in tensor.values()]
-            for field, value in zip(entry["fields"], values):
-                columns.setdefault(field, []).append(value)
-    return columns
+    return prediction_columns(body["Prediction"])
 
 
 def seen_columns(seen: dict[str, Any]) -> dict[str, list[Any]]:

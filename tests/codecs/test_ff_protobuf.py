@@ -9,7 +9,7 @@ import pytest
 
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs.ff_protobuf import inference_request_bytes, prediction_bytes, read_varint, varint
-from forestflow.codecs.schema_datum import TENSOR_KEY, type_groups
+from forestflow.codecs.schema_datum import TENSOR_KEY, one_name_per_value, type_groups
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 
@@ -38,7 +38,8 @@ def _fill_proto_datums(frame: Frame, schema: Any, datums: Any) -> None:
 
 
 def prediction_to_proto(fqrv: FQRV, frame: Frame) -> pb.Prediction:
-    """A Prediction built through the protobuf API."""
+    """A Prediction built through the protobuf API (one field name per value of a vector output)."""
+    frame = one_name_per_value(frame)
     message = pb.Prediction()
     message.fqrv.contract.organization = fqrv.contract.organization
     message.fqrv.contract.project = fqrv.contract.project

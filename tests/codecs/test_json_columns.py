@@ -20,7 +20,7 @@ from forestflow.api.basic import _frame_from_json
 from forestflow.api.common import parse_json
 from forestflow.codecs import _ffjson
 from forestflow.codecs.ff_settings import fqrv_to_json
-from forestflow.codecs.schema_datum import frame_from_json, frame_from_json_body, prediction_json
+from forestflow.codecs.schema_datum import frame_from_json, frame_from_json_body, one_name_per_value, prediction_json
 from forestflow.codecs.v1 import frame_from_instances
 from forestflow.codecs.v2_request import loads, parse_inputs
 from forestflow.core.frame import Frame, TensorSpec
@@ -387,7 +387,7 @@ def _answer_frames() -> list[Frame]:
 
 def test_prediction_json_is_byte_for_byte_orjson_of_the_per_row_construction() -> None:
     for frame in _answer_frames():
-        schema, datum = oracle_schema_datum(frame)
+        schema, datum = oracle_schema_datum(one_name_per_value(frame))
         expected = {"fqrv": fqrv_to_json(FQ), "schema": schema, "datum": datum}
         assert prediction_json(FQ, frame) == orjson.dumps(expected, option=orjson.OPT_SERIALIZE_NUMPY), frame
 

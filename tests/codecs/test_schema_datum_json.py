@@ -10,7 +10,14 @@ import numpy as np
 import orjson
 import pytest
 
-from forestflow.codecs.schema_datum import TENSOR_KEY, frame_from_json, prediction_json, request_json, type_groups
+from forestflow.codecs.schema_datum import (
+    TENSOR_KEY,
+    frame_from_json,
+    one_name_per_value,
+    prediction_json,
+    request_json,
+    type_groups,
+)
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 
@@ -90,7 +97,7 @@ FRAMES = {
 @pytest.mark.parametrize("name", FRAMES)
 def test_prediction_json_equals_the_per_row_construction(name: str) -> None:
     frame = FRAMES[name]
-    schema, datum = oracle_schema_datum(frame)
+    schema, datum = oracle_schema_datum(one_name_per_value(frame))  # a vector's values are fields v.0, v.1, ...
     expected = {
         "fqrv": {"contract": {"organization": "org", "project": "proj", "contractNumber": 3}, "releaseVersion": "r1"},
         "schema": schema,
@@ -106,6 +113,15 @@ def test_request_json_equals_the_per_row_construction(name: str) -> None:
     schema, datum = oracle_schema_datum(frame)
     assert orjson.loads(request_json(frame, {"reqid": "7"})) == {"schema": schema, "datum": datum, "configs": {"reqid": "7"}}
     assert "configs" not in orjson.loads(request_json(frame, {}))
+
+
+def test_a_prediction_names_each_value_of_a_vector_output() -> None:
+    frame = Frame(
+        {"label": np.array(["a", "b"], dtype=object), "top_labels": np.array([["a", "c", "b"], ["b", "a", "c"]], dtype=object)}
+    )
+    prediction = orjson.loads(prediction_json(FQ, frame))
+    assert prediction["schema"] == [{"type": "String", "fields": ["label", "top_labels.0", "top_labels.1", "top_labels.2"]}]
+    assert [d["tensors"][0]["String"]["data"] for d in prediction["datum"]] == [["a", "a", "c", "b"], ["b", "b", "a", "c"]]
 
 
 def test_a_logged_request_parses_back_to_the_same_frame() -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import platform
 from typing import Any
 
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import forestflow
 from tests.api.test_v2_grpc import raw_request, v2  # noqa: F401 (v2 is a fixture)
 from tests.support import InProcessGateway, python_servable, score_body
 
@@ -78,6 +80,29 @@ async def test_metrics_count_requests_latency_servables_and_log(gw: InProcessGat
     assert value(parsed, "forestflow_prediction_log_dropped_total", reason="overflow") == 0
     assert value(parsed, "forestflow_registry_store_available") == 1
     assert value(parsed, "forestflow_ready") == 1
+    # prometheus-client's process, platform and GC collectors, and the build
+    assert value(parsed, "process_resident_memory_bytes") > 0 and value(parsed, "process_cpu_seconds_total") > 0
+    assert any(
+        name == "python_info" and dict(labels)["implementation"] == platform.python_implementation() for name, labels in parsed
+    )
+    assert any(name == "python_gc_collections_total" for name, _ in parsed)
+    build = [labels for name, labels in parsed if name == "forestflow_build_info"]
+    assert [dict(labels)["version"] for labels in build] == [forestflow.__version__]
+    assert value(parsed, "forestflow_build_info", **dict(build[0])) == 1
+
+
+async def test_recent_errors_on_the_page_carry_the_error_code_and_message(gw: InProcessGateway) -> None:
+    async with gw.session.post(gw.url + "/nobody/x/1/score", json=score_body([1.0])) as r:
+        assert r.status == 404
+        request_id = r.headers["X-Request-Id"]
+    async with gw.session.post(gw.url + "/v2/models/nobody.x.1/infer", json={"inputs": []}) as r:
+        assert r.status == 404  # a V2 body has no code: the page still has it
+    async with gw.session.get(gw.url + "/ops/dashboard") as r:
+        errors = (await r.json())["errors"]
+    v2_error, basic = errors[0], errors[1]  # newest first
+    assert (basic["requestId"], basic["status"], basic["code"]) == (request_id, 404, "UnknownContract")
+    assert "nobody" in basic["message"]
+    assert v2_error["code"] == "UnknownContract" and "nobody" in v2_error["message"]
 
 
 async def test_deadline_and_failed_load_are_counted(gw: InProcessGateway) -> None:

@@ -93,10 +93,16 @@ def test_ui_shows_contracts_and_its_chart_follows_a_phase_in(tmp_path: Path, gat
         assert requests.post(gw.url + "/servable", json=second, timeout=60).status_code == 200
         wait.until(lambda d: shares(d, "acme.demo.1").get("acme.demo.1.v2", 0) >= 0.4)
         assert "v2" in text_of(driver, section)
+        # the contract's router and expiration, and what phase-in % and routing share mean under it
+        assert "router FairPhaseInPctBasedRouter, expiration KeepLatest 2" in text_of(driver, section + " .policy")
+        assert "two releases at 100% split the traffic evenly" in text_of(driver, section + " .meaning")
         assert text_of(driver, "#status") == "ready"
         requests.post(gw.url + "/nobody/here/1/score", json={}, timeout=10)
         wait.until(lambda d: "/nobody/here/1/score" in text_of(d, "#errors"))
-        assert "produced" in text_of(driver, "#log")
+        errors = text_of(driver, "#errors")
+        assert "UnknownContract" in errors and "nobody" in errors.split("UnknownContract", 1)[1]  # code and message
+        log_box = text_of(driver, "#log")
+        assert "produced" in log_box and "delivery\nok" in log_box
         assert chart_points(driver, "acme.demo.1") >= 2
         driver.save_screenshot(str(tmp_path / "ui.png"))
         assert (tmp_path / "ui.png").stat().st_size > 10_000

@@ -6,16 +6,18 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from forestflow._proto import forestflow_pb2 as pb
 from tests.kafka_broker import KafkaBroker, running_broker
 from tests.predlog import read_topic, wait_for
-from tests.support import ROOT, python_servable, score_body, serve_in_process
+from tests.support import ROOT, GatewayProcess, python_servable, score_body, serve_in_process
 
 TOPIC = "e2e.predictions"
 
@@ -141,3 +143,41 @@ def test_logs_tail_cli_prints_json_lines(broker: KafkaBroker, tmp_path: Path) ->
     assert len(lines) == 1
     assert lines[0]["key"] == "c1/101"
     assert lines[0]["inferenceRequest"]["configs"] == {"customer": "c1", "order": "101"}
+
+
+def test_a_broker_refusing_the_idempotent_producer_is_named_once_and_shown_while_ready(
+    broker: KafkaBroker, tmp_path: Path, gateway_process: type[GatewayProcess]
+) -> None:
+    # The settings a newcomer starts with: idempotence on (the default), a broker without it (tansu).
+    env = {
+        "FORESTFLOW_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "FORESTFLOW_KAFKA_REQUEST_TIMEOUT_MS": "2000",
+        "FORESTFLOW_LOG_BUFFER_BYTES": "2048",  # a few events: the rest are dropped, and counted
+    }
+    gw = gateway_process(tmp_path / "d", env=env).start()
+    assert requests.post(gw.url + "/servable", json=python_servable(log_level="FULL"), timeout=30).status_code == 200
+    for i in range(40):
+        assert requests.post(gw.url + "/acme/demo/1/score", json=score_body([float(i)]), timeout=10).status_code == 200
+
+    def delivery() -> dict[str, object]:
+        return requests.get(gw.url + "/health/ready", timeout=5).json()["predictionLog"]
+
+    deadline = time.monotonic() + 20
+    while delivery()["state"] != "failing" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Retries would come after 0.5, 1 and 2 s: a window that holds several of them sees none.
+    time.sleep(3.0)
+    ready = requests.get(gw.url + "/health/ready", timeout=5)
+    assert ready.status_code == 200, ready.text  # still in its balancer: scoring goes on
+    state = ready.json()["predictionLog"]
+    assert state["state"] == "failing" and "FORESTFLOW_KAFKA_ENABLE_IDEMPOTENCE=false" in str(state["reason"])
+    assert int(state["dropped"]) > 0 and state["dropped"] == state["droppedOverflow"]
+    metrics = requests.get(gw.url + "/metrics", timeout=5).text
+    assert "forestflow_prediction_log_failing 1.0" in metrics
+    assert f'forestflow_prediction_log_dropped_total{{reason="overflow"}} {float(state["dropped"])}' in metrics
+    dashboard = requests.get(gw.url + "/ops/dashboard", timeout=5).json()["predictionLog"]
+    assert dashboard["state"] == "failing" and dashboard["reason"] == state["reason"]
+    lines = [x for x in gw.log_path.read_text().splitlines() if '"forestflow.access"' not in x]
+    assert len([x for x in lines if "ENABLE_IDEMPOTENCE" in x]) == 1, lines
+    assert not [x for x in lines if "InitProducerId" in x and "ENABLE_IDEMPOTENCE" not in x], lines
+    assert requests.get(gw.url + "/metrics/json", timeout=5).json()["predictionLog"]["sendFailures"] == 1

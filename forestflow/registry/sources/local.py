@@ -41,6 +41,11 @@ def check_local(
         raise changed_while_read(uri, exc) from None
     total = 0
     for file in files:
+        if file.is_symlink() and not file.exists():  # before the roots: where it points is not the problem
+            raise CreateServableRequestInvalidError(
+                f"path {uri!r}: {file} is a symbolic link to {os.readlink(file)}, which does not exist "
+                "(a copy of the directory that left the link's target behind?); put the file itself there"
+            )
         if file.is_symlink() and not _inside(file.resolve(), roots):
             raise CreateServableRequestInvalidError(
                 f"path {uri!r}: {file} links outside the directories file:// deploys may read (artifact_roots)"
