@@ -112,7 +112,8 @@ def test_admin_commands_against_a_live_gateway(tmp_path: Path) -> None:
 
         meta = ok("metadata", "acme/demo/1/v1", *url)
         assert "x" in meta.split() and "double" in meta.split() and "Float64" in meta
-        assert "has no POST /acme/demo/1/explain route" in refused("explain", basic, "--contract", "acme/demo/1", *url)
+        # /explain answers, with the reason a release that has no trees and declares no explainer cannot explain
+        assert "422 CannotExplain" in refused("explain", basic, "--contract", "acme/demo/1", *url)
         assert "404 UnknownContract" in refused("stats", "acme/nope/1", *url)
         assert "is not a release" in refused("undeploy", "acme/demo/1", *url)
 
