@@ -61,6 +61,12 @@ def _onnx_flavor() -> FlavorFactory:
     return OnnxServable
 
 
+def _xgboost_flavor() -> FlavorFactory:
+    from forestflow.runtime.trees.servable import XGBoostServable
+
+    return XGBoostServable
+
+
 def _mlflow_flavor() -> FlavorFactory:
     from forestflow.runtime.mlflow_model import create_mlflow_servable
 
@@ -113,6 +119,7 @@ def _image_encode_step() -> FlavorFactory:
 register_flavor("Python", _python_flavor)
 register_flavor("H2OMojo", _h2o_flavor)
 register_flavor("ONNX", _onnx_flavor)
+register_flavor("XGBoost", _xgboost_flavor)
 register_flavor("Pipeline", _pipeline_flavor)
 register_flavor("Map", _map_step)
 register_flavor("Classifier", _classifier_step)
