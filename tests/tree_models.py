@@ -124,3 +124,53 @@ def xgb_dart(directory: Path) -> TreeCase:
 
 
 XGBOOST_CASES = [xgb_binary, xgb_regression, xgb_multiclass, xgb_poisson, xgb_dart]
+
+
+# ---- LightGBM ---------------------------------------------------------------------------------
+def _lgb(directory: Path, name: str, params: dict[str, Any], label: Callable[[np.ndarray], np.ndarray]) -> TreeCase:
+    import lightgbm as lgb
+
+    frame, score = training_frame()
+    params = {
+        "verbose": -1,
+        "num_leaves": 8,
+        "min_data_in_leaf": 5,
+        "min_data_per_group": 5,
+        "cat_smooth": 1,
+        "seed": 0,
+        **params,
+    }
+    booster = lgb.train(params, lgb.Dataset(frame, label(score)), num_boost_round=10)
+    file = f"{name}.txt"
+    booster.save_model(str(directory / file))
+    columns, rows = request_rows()
+    got = booster.predict(rows)
+    objective = params["objective"]
+    if objective == "multiclass":
+        expected = _classifier(got, [str(k) for k in range(params["num_class"])])
+    elif objective == "binary":
+        expected = _classifier(got, ["0", "1"])
+    else:
+        expected = _regressor(got)
+    return TreeCase(name, "LightGBM", file, columns, expected)
+
+
+def lgb_binary(directory: Path) -> TreeCase:
+    return _lgb(directory, "lgb_binary", {"objective": "binary"}, lambda s: (s > 0.2).astype(int))
+
+
+def lgb_regression_zero(directory: Path) -> TreeCase:
+    """Regression whose numeric nodes use the "zero" missing type (1e-40 is missing there)."""
+    return _lgb(directory, "lgb_regression", {"objective": "regression", "zero_as_missing": True}, lambda s: s)
+
+
+def lgb_multiclass(directory: Path) -> TreeCase:
+    return _lgb(directory, "lgb_multiclass", {"objective": "multiclass", "num_class": 3}, lambda s: np.digitize(s, [-0.3, 0.6]))
+
+
+def lgb_rf(directory: Path) -> TreeCase:
+    params = {"objective": "binary", "boosting": "rf", "bagging_fraction": 0.7, "bagging_freq": 1, "use_missing": False}
+    return _lgb(directory, "lgb_rf", params, lambda s: (s > 0.2).astype(int))
+
+
+LIGHTGBM_CASES = [lgb_binary, lgb_regression_zero, lgb_multiclass, lgb_rf]

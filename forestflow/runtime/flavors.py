@@ -67,6 +67,12 @@ def _xgboost_flavor() -> FlavorFactory:
     return XGBoostServable
 
 
+def _lightgbm_flavor() -> FlavorFactory:
+    from forestflow.runtime.trees.servable import LightGBMServable
+
+    return LightGBMServable
+
+
 def _mlflow_flavor() -> FlavorFactory:
     from forestflow.runtime.mlflow_model import create_mlflow_servable
 
@@ -120,6 +126,7 @@ register_flavor("Python", _python_flavor)
 register_flavor("H2OMojo", _h2o_flavor)
 register_flavor("ONNX", _onnx_flavor)
 register_flavor("XGBoost", _xgboost_flavor)
+register_flavor("LightGBM", _lightgbm_flavor)
 register_flavor("Pipeline", _pipeline_flavor)
 register_flavor("Map", _map_step)
 register_flavor("Classifier", _classifier_step)

@@ -52,4 +52,5 @@ register_platform("image_decode", StepPlatform("ImageDecode", None, takes_ports=
 register_platform("image_encode", StepPlatform("ImageEncode", None, takes_ports=True))
 register_platform("onnx", StepPlatform("ONNX", "modelPath"))
 register_platform("xgboost", StepPlatform("XGBoost", "modelPath"))
+register_platform("lightgbm", StepPlatform("LightGBM", "modelPath"))
 register_platform("remote_v2", StepPlatform("RemoteV2", None))

@@ -22,7 +22,7 @@ from tests.tree_models import TreeCase
 
 pytestmark = pytest.mark.filterwarnings("ignore:numElems is deprecated:DeprecationWarning")
 M = messages()
-CASES = tree_models.XGBOOST_CASES
+CASES = tree_models.XGBOOST_CASES + tree_models.LIGHTGBM_CASES
 
 
 @pytest.fixture(scope="module")

@@ -173,3 +173,15 @@ class XGBoostServable(TreeServable):
         from forestflow.runtime.trees import xgboost_reader
 
         return xgboost_reader.read_file(path)
+
+
+class LightGBMServable(TreeServable):
+    """A LightGBM text model (``flavor: {"LightGBM": {"modelPath": "model.txt"}}``)."""
+
+    flavor = "LightGBM"
+    platform = "lightgbm"
+
+    def read(self, path: Path) -> TreeModel:
+        from forestflow.runtime.trees import lightgbm_reader
+
+        return lightgbm_reader.read_file(path)
