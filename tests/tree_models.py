@@ -174,3 +174,84 @@ def lgb_rf(directory: Path) -> TreeCase:
 
 
 LIGHTGBM_CASES = [lgb_binary, lgb_regression_zero, lgb_multiclass, lgb_rf]
+
+
+# ---- scikit-learn -----------------------------------------------------------------------------
+def _sk(directory: Path, name: str, make: Callable[[], Any], classifier: bool, nan_ok: bool = True) -> TreeCase:
+    import joblib
+
+    frame, score = training_frame(categorical=False)
+    if not nan_ok:
+        frame = frame.fillna(0.3)
+    y = np.digitize(score, [-0.3, 0.6]) if classifier else score
+    if classifier and "binary" in name:
+        y = np.where(score > 0.2, "yes", "no")
+    est = make().fit(frame, y)
+    file = f"{name}.joblib"
+    joblib.dump(est, directory / file)
+    columns, rows = request_rows(categorical=False)
+    if not nan_ok:
+        columns = {k: [0.3 if v is None else v for v in vs] for k, vs in columns.items()}
+        rows = rows.fillna(0.3)
+    if classifier:
+        expected = _classifier(est.predict_proba(rows), [str(c) for c in est.classes_])
+        assert expected["predict"] == [str(v) for v in est.predict(rows)]
+    else:
+        expected = _regressor(est.predict(rows))
+    return TreeCase(name, "SKLearn", file, columns, expected)
+
+
+def sk_rf_classifier(directory: Path) -> TreeCase:
+    from sklearn.ensemble import RandomForestClassifier
+
+    return _sk(directory, "sk_rf_multiclass", lambda: RandomForestClassifier(12, max_depth=5, random_state=0), True)
+
+
+def sk_et_regressor(directory: Path) -> TreeCase:
+    from sklearn.ensemble import ExtraTreesRegressor
+
+    return _sk(directory, "sk_et_regressor", lambda: ExtraTreesRegressor(12, max_depth=5, random_state=0), False)
+
+
+def sk_gb_binary(directory: Path) -> TreeCase:
+    from sklearn.ensemble import GradientBoostingClassifier
+
+    make = lambda: GradientBoostingClassifier(n_estimators=15, max_depth=3, random_state=0)  # noqa: E731
+    return _sk(directory, "sk_gb_binary", make, True, nan_ok=False)
+
+
+def sk_gb_regressor(directory: Path) -> TreeCase:
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    make = lambda: GradientBoostingRegressor(n_estimators=15, max_depth=3, random_state=0)  # noqa: E731
+    return _sk(directory, "sk_gb_regressor", make, False, nan_ok=False)
+
+
+def sk_hgb_multiclass(directory: Path) -> TreeCase:
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    return _sk(directory, "sk_hgb_multiclass", lambda: HistGradientBoostingClassifier(max_iter=15, random_state=0), True)
+
+
+def sk_hgb_regressor(directory: Path) -> TreeCase:
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    return _sk(directory, "sk_hgb_regressor", lambda: HistGradientBoostingRegressor(max_iter=15, random_state=0), False)
+
+
+def sk_logistic(directory: Path) -> TreeCase:
+    """Not a tree ensemble: scored by its own predict_proba."""
+    from sklearn.linear_model import LogisticRegression
+
+    return _sk(directory, "sk_logistic_binary", LogisticRegression, True, nan_ok=False)
+
+
+SKLEARN_CASES = [
+    sk_rf_classifier,
+    sk_et_regressor,
+    sk_gb_binary,
+    sk_gb_regressor,
+    sk_hgb_multiclass,
+    sk_hgb_regressor,
+    sk_logistic,
+]

@@ -73,6 +73,12 @@ def _lightgbm_flavor() -> FlavorFactory:
     return LightGBMServable
 
 
+def _sklearn_flavor() -> FlavorFactory:
+    from forestflow.runtime.trees.servable import SKLearnServable
+
+    return SKLearnServable
+
+
 def _mlflow_flavor() -> FlavorFactory:
     from forestflow.runtime.mlflow_model import create_mlflow_servable
 
@@ -127,6 +133,7 @@ register_flavor("H2OMojo", _h2o_flavor)
 register_flavor("ONNX", _onnx_flavor)
 register_flavor("XGBoost", _xgboost_flavor)
 register_flavor("LightGBM", _lightgbm_flavor)
+register_flavor("SKLearn", _sklearn_flavor)  # unpickles: gated by allow_python like the Python flavor
 register_flavor("Pipeline", _pipeline_flavor)
 register_flavor("Map", _map_step)
 register_flavor("Classifier", _classifier_step)

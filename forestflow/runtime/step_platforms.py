@@ -53,4 +53,5 @@ register_platform("image_encode", StepPlatform("ImageEncode", None, takes_ports=
 register_platform("onnx", StepPlatform("ONNX", "modelPath"))
 register_platform("xgboost", StepPlatform("XGBoost", "modelPath"))
 register_platform("lightgbm", StepPlatform("LightGBM", "modelPath"))
+register_platform("sklearn", StepPlatform("SKLearn", "modelPath", gate="allow_python"))
 register_platform("remote_v2", StepPlatform("RemoteV2", None))

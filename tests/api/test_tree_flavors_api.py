@@ -22,7 +22,7 @@ from tests.tree_models import TreeCase
 
 pytestmark = pytest.mark.filterwarnings("ignore:numElems is deprecated:DeprecationWarning")
 M = messages()
-CASES = tree_models.XGBOOST_CASES + tree_models.LIGHTGBM_CASES
+CASES = tree_models.XGBOOST_CASES + tree_models.LIGHTGBM_CASES + tree_models.SKLEARN_CASES
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def gp_tensors(case: TreeCase) -> tuple[list[np.ndarray], list[str]]:
 
 async def test_answers_equal_the_libraries_through_every_protocol(tmp_path: Path, cases: tuple[Path, list[TreeCase]]) -> None:
     directory, models = cases
-    async with v2_gateway(tmp_path / "data") as gw:
+    async with v2_gateway(tmp_path / "data", allow_python=True) as gw:  # SKLearn unpickles
         for case in models:
             await gw.deploy(definition(directory, case))
         async with grpc.aio.insecure_channel(gw.grpc_target) as channel:

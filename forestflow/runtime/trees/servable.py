@@ -21,7 +21,7 @@ from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.batching import BATCH_SETTINGS
 from forestflow.runtime.trees.forest import ModelFileError
 from forestflow.runtime.trees.inputs import InputMap
-from forestflow.runtime.trees.model import TreeModel
+from forestflow.runtime.trees.model import Feature, TreeModel
 from forestflow.runtime.trees.shap_forest import ShapForest, shap_forest, tiled_decisions
 
 _SETTINGS = ("modelPath", *BATCH_SETTINGS)
@@ -77,11 +77,18 @@ class TreeServable(Servable):
         started = time.perf_counter()
         try:
             model = self.read(path)
+        except _Delegate as exc:
+            self._install_estimator(shown, str(exc))
+            return
         except ModelFileError as exc:
             raise CreateServableRequestInvalidError(f"{self.flavor} model {shown!r}: {exc}") from None
         except OSError as exc:
             raise CreateServableRequestInvalidError(f"{self.flavor} model {shown!r} cannot be read: {exc.strerror}") from None
         self._install(model, shown, time.perf_counter() - started)
+
+    def _install_estimator(self, shown: str, why: str) -> None:
+        """Serve a model the tree engine does not score with its own code (only SKLearn can)."""
+        raise CreateServableRequestInvalidError(f"{self.flavor} model {shown!r} cannot be scored natively: {why}")
 
     def _install(self, model: TreeModel, shown: str, seconds: float) -> None:
         self.model = model
@@ -89,7 +96,7 @@ class TreeServable(Servable):
         self._classes = None if model.classes is None else np.array(model.classes, dtype=object)
         model.forest.score(self._inputs.dummy(64))  # touches every table once
         facts = {**model.facts, "modelPath": shown, "scorer": "native", "loadSeconds": round(seconds, 3)}
-        self._meta = self._build_metadata(facts)
+        self._meta = self._build_metadata(model.features, facts)
         self.ready = True
 
     def unload(self) -> None:
@@ -132,10 +139,9 @@ class TreeServable(Servable):
             raise ServableNotReady(f"servable {self.fqrv} is not loaded")
         return self._meta
 
-    def _build_metadata(self, facts: dict[str, Any]) -> ServableMetadata:
-        assert self.model is not None
+    def _build_metadata(self, features: list[Feature], facts: dict[str, Any]) -> ServableMetadata:
         inputs = []
-        for f in self.model.features:
+        for f in features:
             if f.categories is not None:
                 inputs.append(TensorSpec(f.name, "BYTES", (-1,), "categorical", f.categories))
             elif f.categorical:
@@ -185,3 +191,97 @@ class LightGBMServable(TreeServable):
         from forestflow.runtime.trees import lightgbm_reader
 
         return lightgbm_reader.read_file(path)
+
+
+class SKLearnServable(TreeServable):
+    """A pickled scikit-learn estimator (``flavor: {"SKLearn": {"modelPath": "model.joblib"}}``).
+
+    Unpickling runs code, so the flavor is off unless the gateway allows the Python flavor.
+    RandomForest, ExtraTrees, GradientBoosting and (numeric) HistGradientBoosting classifiers and
+    regressors are scored by the tree engine; any other estimator by its own ``predict_proba``
+    (classifiers) or ``predict``.
+    """
+
+    flavor = "SKLearn"
+    platform = "sklearn"
+
+    def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
+        super().__init__(fqrv, artifact_dir, settings)
+        self._estimator: Any = None
+
+    def load(self) -> None:
+        gate = getattr(self.gateway_settings, "allow_python", None)
+        if gate is False:
+            raise CreateServableRequestInvalidError(
+                "the SKLearn flavor is disabled on this gateway (unpickling a model runs code); "
+                "start it with FORESTFLOW_ALLOW_PYTHON=1 to allow it"
+            )
+        super().load()
+
+    def read(self, path: Path) -> TreeModel:
+        from forestflow.runtime.trees import sklearn_reader
+
+        estimator = _unpickle(path)
+        try:
+            return sklearn_reader.read_estimator(estimator)
+        except sklearn_reader.NotNative as exc:
+            self._estimator = estimator
+            raise _Delegate(str(exc)) from None
+
+    def _install_estimator(self, shown: str, why: str) -> None:
+        from forestflow.runtime.trees.sklearn_reader import features_of
+
+        est = self._estimator
+        features = features_of(est)
+        self._inputs = InputMap(features)
+        classes = getattr(est, "classes_", None) if hasattr(est, "predict_proba") else None
+        self._classes = None if classes is None else np.array([str(c) for c in classes], dtype=object)
+        self.inline_max_rows = 0  # arbitrary estimator code: scored on a thread
+        facts = {"library": "scikit-learn", "estimator": type(est).__name__, "modelPath": shown, "scorer": "estimator"}
+        facts["nativeUnavailable"] = why
+        self._meta = self._build_metadata(features, facts)
+        self.predict(Frame({f.name: np.zeros(1) for f in features}))
+        self.ready = True
+
+    def predict(self, frame: Frame) -> Frame:
+        """The tree engine's answer, or the estimator's own for one it does not score natively."""
+        if self._estimator is None:
+            return super().predict(frame)
+        inputs = self._inputs
+        if inputs is None:
+            raise ServableNotReady(f"servable {self.fqrv} is not loaded")
+        X, unknown, missing = inputs.matrix(frame)
+        est = self._estimator
+        if getattr(est, "feature_names_in_", None) is not None:  # fitted on a DataFrame: give it one
+            try:
+                import pandas as pd
+            except ImportError:
+                pass
+            else:
+                X = pd.DataFrame(X, columns=inputs.names)
+        out = est.predict_proba(X) if self._classes is not None else np.asarray(est.predict(X), dtype=np.float64).reshape(-1, 1)
+        return Frame(self._outputs(np.asarray(out, dtype=np.float64)), {"unknown_inputs": unknown, "missing_inputs": missing})
+
+    def shap_inputs(self, frame: Frame) -> tuple[ShapForest, np.ndarray]:
+        if self._estimator is not None:
+            raise NotImplementedError(f"{type(self._estimator).__name__} is scored by its own code: no tree explanations")
+        return super().shap_inputs(frame)
+
+    def unload(self) -> None:
+        self._estimator = None
+        super().unload()
+
+
+class _Delegate(Exception):
+    """The estimator is scored by its own methods (the reason is the message)."""
+
+
+def _unpickle(path: Path) -> Any:
+    import joblib
+
+    try:
+        return joblib.load(path)
+    except (ModuleNotFoundError, ImportError) as exc:
+        raise ModelFileError(f"cannot be unpickled here: {exc}") from None
+    except Exception as exc:  # a corrupt, truncated or foreign pickle
+        raise ModelFileError(f"not a readable pickle: {type(exc).__name__}: {exc}") from None
