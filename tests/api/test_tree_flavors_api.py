@@ -114,6 +114,7 @@ def gp_tensors(case: TreeCase) -> tuple[list[np.ndarray], list[str]]:
     return tensors, names
 
 
+@pytest.mark.slow  # sixteen models trained and deployed
 async def test_answers_equal_the_libraries_through_every_protocol(tmp_path: Path, cases: tuple[Path, list[TreeCase]]) -> None:
     directory, models = cases
     async with v2_gateway(tmp_path / "data", allow_python=True) as gw:  # SKLearn unpickles
@@ -145,3 +146,114 @@ async def test_answers_equal_the_libraries_through_every_protocol(tmp_path: Path
                 tensors, names = gp_tensors(case)
                 _, *outputs = await execute_multi(f"{gw.url}/trees/{case.name}/1/gp", tensors, names)
                 check(case, dict(zip(case.expected, outputs)), "GraphPipe")
+
+
+def mlflow_models(root: Path, cases: dict[str, TreeCase], directory: Path) -> dict[str, Path]:
+    """MLflow model directories written by the real mlflow package (xgboost, lightgbm, sklearn
+    flavors), a python_function-only one and a custom python_function one."""
+    import lightgbm as lgb
+    import mlflow.lightgbm
+    import mlflow.sklearn
+    import mlflow.xgboost
+    import xgboost as xgb
+    import yaml
+    from joblib import load
+
+    models: dict[str, Path] = {}
+    booster = xgb.Booster(model_file=str(directory / cases["xgb_binary"].file))
+    mlflow.xgboost.save_model(booster, str(root / "xgb"), model_format="json")
+    models["xgb_binary"] = root / "xgb"
+    mlflow.lightgbm.save_model(lgb.Booster(model_file=str(directory / cases["lgb_multiclass"].file)), str(root / "lgb"))
+    models["lgb_multiclass"] = root / "lgb"
+    estimator = load(directory / cases["sk_gb_binary"].file)
+    mlflow.sklearn.save_model(estimator, str(root / "sk"), serialization_format="cloudpickle")
+    models["sk_gb_binary"] = root / "sk"
+    # Only python_function left: served from its loader module and data.
+    mlflow.xgboost.save_model(booster, str(root / "pyfunc"), model_format="ubj")
+    doc = yaml.safe_load((root / "pyfunc" / "MLmodel").read_text())
+    del doc["flavors"]["xgboost"]
+    (root / "pyfunc" / "MLmodel").write_text(yaml.safe_dump(doc))
+    models["pyfunc_xgb_binary"] = root / "pyfunc"
+    custom = root / "custom"
+    custom.mkdir()
+    (custom / "MLmodel").write_text(yaml.safe_dump({"flavors": {"python_function": {"loader_module": "my_team.model"}}}))
+    models["custom"] = custom
+    return models
+
+
+@pytest.mark.slow  # the mlflow package takes seconds to import and write the directories
+async def test_mlflow_models_are_served_natively_without_mlflow(tmp_path: Path, cases: tuple[Path, list[TreeCase]]) -> None:
+    directory, models = cases
+    by_name = {c.name: c for c in models}
+    root = tmp_path / "models"
+    root.mkdir()
+    dirs = mlflow_models(root, by_name, directory)
+    async with v2_gateway(tmp_path / "data", allow_python=True, artifact_roots=str(root)) as gw:
+        for label, path in dirs.items():
+            case = by_name[label.removeprefix("pyfunc_")] if label != "custom" else by_name["xgb_binary"]
+            body = definition(path, case)
+            del body["flavor"]
+            body["fqrv"]["contract"]["project"] = label
+            status, reply, _ = await gw.post_json("/servable", body)
+            if label == "custom":
+                assert status == 422 and "'my_team.model'" in reply["error"], reply
+                continue
+            assert status == 200, (label, reply)
+            status, reply, _ = await gw.post_json(f"/v2/models/trees.{label}.1/infer", {"inputs": v2_inputs(case)})
+            assert status == 200, (label, reply)
+            check(case, {o["name"]: o["data"] for o in reply["outputs"]}, f"MLflow {label}")
+            status, reply, _ = await gw.post_json(f"/trees/{label}/1/score", score_body(case))
+            check(case, score_predictions(reply), f"MLflow {label} /score")
+
+
+async def test_bad_model_files_are_422_and_bad_inputs_400(tmp_path: Path) -> None:
+    directory = tmp_path / "models"
+    directory.mkdir()
+    by_name = {c.name: c for c in (tree_models.xgb_binary(directory), tree_models.lgb_binary(directory))}
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    xgb_text = (directory / by_name["xgb_binary"].file).read_text()
+    lgb_text = (directory / by_name["lgb_binary"].file).read_text()
+    (bad / "truncated.json").write_text(xgb_text[: len(xgb_text) // 2])
+    import xgboost as xgb
+
+    xgb.Booster(model_file=str(directory / by_name["xgb_binary"].file)).save_model(str(directory / "binary.ubj"))
+    (bad / "truncated.ubj").write_bytes((directory / "binary.ubj").read_bytes()[:500])
+    (bad / "rank.json").write_text(xgb_text.replace('"binary:logistic"', '"rank:pairwise"'))
+    (bad / "cycle.json").write_text(xgb_text.replace('"left_children":[1,', '"left_children":[0,', 1))
+    (bad / "truncated.txt").write_text(lgb_text[: len(lgb_text) // 2])
+    (bad / "linear.txt").write_text(lgb_text.replace("is_linear=0", "is_linear=1", 1))
+    (bad / "lambdarank.txt").write_text(lgb_text.replace("objective=binary sigmoid:1", "objective=lambdarank"))
+    (bad / "garbage.joblib").write_bytes(b"\x80\x04not a pickle")
+    refused = {
+        ("XGBoost", "truncated.json"): "not valid JSON",
+        ("XGBoost", "truncated.ubj"): "truncated",
+        ("XGBoost", "rank.json"): "learner.objective.name: 'rank:pairwise' is not scored",
+        ("XGBoost", "cycle.json"): "trees[0]: node 0 is reached twice",
+        ("LightGBM", "truncated.txt"): "no 'end of trees' line",
+        ("LightGBM", "linear.txt"): "Tree=0.is_linear: linear trees are not scored",
+        ("LightGBM", "lambdarank.txt"): "objective: 'lambdarank' is not scored",
+        ("SKLearn", "garbage.joblib"): "not a readable pickle",
+    }
+    case = by_name["xgb_binary"]
+    async with v2_gateway(tmp_path / "data", allow_python=False) as gw:
+        for (flavor, file), why in refused.items():
+            body = definition(bad, case, file, flavor)
+            status, reply, _ = await gw.post_json("/servable", body)
+            if flavor == "SKLearn":  # off unless the Python flavor is allowed
+                assert status == 422 and "SKLearn flavor is disabled" in reply["error"], reply
+                continue
+            assert status == 422, (file, reply)
+            assert reply["error"].startswith(f"{flavor} model {file!r}: ") and why in reply["error"], reply
+
+        await gw.deploy(definition(directory, case))
+        rows = {"inputs": [{"name": "a", "shape": [1], "datatype": "BYTES", "data": ["abc"]}]}
+        status, reply, _ = await gw.post_json(f"/v2/models/{model_name(case)}/infer", rows)
+        assert status == 400 and reply["error"] == "input 'a': 'abc' is not a number; the model takes a number for 'a'", reply
+        matrix = {"inputs": [{"name": "X", "shape": [1, 2], "datatype": "FP64", "data": [1.0, 2.0]}]}
+        status, reply, _ = await gw.post_json(f"/v2/models/{model_name(case)}/infer", matrix)
+        assert status == 400 and reply["error"].startswith("input 'X': the np layout needs shape [N, 3]"), reply
+        good = {"inputs": [{"name": "X", "shape": [1, 3], "datatype": "BYTES", "data": ["0.5", "1.0", "red"]}]}
+        status, reply, _ = await gw.post_json(f"/v2/models/{model_name(case)}/infer", good)
+        assert status == 200, reply
+        assert [o["data"][0] for o in reply["outputs"]][1:] == [case.expected["0"][0], case.expected["1"][0]]
