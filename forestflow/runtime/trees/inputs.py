@@ -57,6 +57,8 @@ class InputMap:
             ((name, arr),) = frame.columns.items()
             if name not in self.index and arr.ndim == 2 and arr.shape[1] != 1:
                 return self._tensor(name, arr), [], []
+        if n == 1:  # one row: plain Python per value beats numpy per column
+            return self._row(frame)
         X = np.full((n, width), NA)
         unknown: list[str] = []
         for name, arr in frame.columns.items():
@@ -69,6 +71,20 @@ class InputMap:
             X[:, j] = numbers(values, name) if column is None else column.codes(values, NA)
         missing = [f for f in self.names if f not in frame.columns]
         return X, unknown, missing
+
+    def _row(self, frame: Frame) -> tuple[np.ndarray, list[str], list[str]]:
+        row = [NA] * len(self.features)
+        unknown: list[str] = []
+        for name, arr in frame.columns.items():
+            j = self.index.get(name)
+            if j is None:
+                unknown.append(name)
+                continue
+            value = one_per_row(name, arr)[0]
+            column = self.columns[j]
+            row[j] = _number(value, name) if column is None else column.code_of(value, NA)
+        missing = [f for f in self.names if f not in frame.columns] if len(frame.columns) - len(unknown) < len(row) else []
+        return np.array([row], dtype=np.float64), unknown, missing
 
     def _tensor(self, name: str, arr: np.ndarray) -> np.ndarray:
         width = len(self.features)

@@ -117,10 +117,17 @@ class TreeServable(Servable):
         classes = self._classes
         if classes is None:
             return {"predict": np.ascontiguousarray(out[:, 0])}
-        probs = np.column_stack([1.0 - out[:, 0], out[:, 0]]) if out.shape[1] == 1 else out
-        columns = {"predict": classes[np.argmax(probs, axis=1)] if len(probs) else np.empty(0, dtype=object)}
-        for k, label in enumerate(classes.tolist()):
-            columns[label] = np.ascontiguousarray(probs[:, k])
+        if out.shape[1] == 1:  # binary: the forest gives the second class's probability
+            p1 = out[:, 0]
+            p0 = 1.0 - p1
+            probs = [p0, p1]
+            best = (p1 > p0).astype(np.intp)  # argmax: the first class on a tie
+        else:
+            probs = [np.ascontiguousarray(out[:, k]) for k in range(out.shape[1])]
+            best = np.argmax(out, axis=1)
+        columns = {"predict": classes[best]}
+        for label, p in zip(classes.tolist(), probs):
+            columns[label] = p
         return columns
 
     def shap_inputs(self, frame: Frame) -> tuple[ShapForest, np.ndarray]:
