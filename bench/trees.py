@@ -93,8 +93,8 @@ def in_process(directory: Path, trees: int, depth: int, seconds: float) -> None:
         for rows in BATCHES:
             X = rng.normal(size=(rows, N_FEATURES))
             frame = Frame({n: np.ascontiguousarray(X[:, j]) for j, n in enumerate(names)})
-            ours = rows_per_second(lambda: servable.predict(frame), rows, seconds)
-            theirs = rows_per_second(lambda: library(X), rows, seconds)
+            ours = rows_per_second(lambda s=servable, f=frame: s.predict(f), rows, seconds)  # defaults bind this loop's values
+            theirs = rows_per_second(lambda p=library, m=X: p(m), rows, seconds)
             target = 2.0 if rows == 1 else 1.0 if rows == 1000 else None
             verdict = "" if target is None else f">= {target:.0f}x {'HOLDS' if ours / theirs >= target else 'MISSED'}"
             print(f"{flavor:9} {rows:>5} {ours:>12.0f} {theirs:>12.0f} {ours / theirs:>7.2f}  {verdict}", flush=True)
