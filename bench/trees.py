@@ -191,15 +191,19 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=1.5)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--cells", nargs="+", default=["process", "gateway", "memory"], choices=["process", "gateway", "memory"])
     args = parser.parse_args()
     trees, depth, seconds, rounds = (100, 6, args.seconds, args.rounds) if not args.smoke else (5, 3, 0.1, 1)
     work = Path(tempfile.mkdtemp(prefix="ff-trees-"))
     models = work / "models"  # deployed from: the gateways' data dirs must not be inside it
     models.mkdir()
     print(f"# logs and models: {work}", flush=True)
-    in_process(models, trees, depth, seconds)
-    gateway_cpu(work, models, rounds, seconds if not args.smoke else 0.5, args.concurrency)
-    memory(work, models, trees, depth)
+    if "process" in args.cells:
+        in_process(models, trees, depth, seconds)
+    if "gateway" in args.cells:
+        gateway_cpu(work, models, rounds, seconds if not args.smoke else 0.5, args.concurrency)
+    if "memory" in args.cells:
+        memory(work, models, trees, depth)
     return 0
 
 

@@ -29,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arrays.h"
+
 /* Columns of the int32 node table. */
 enum { N_FEATURE, N_LEFT, N_RIGHT, N_FLAGS, N_CAT_START, N_CAT_WORDS, N_WIDTH };
 /* Node flags. */
@@ -86,12 +88,34 @@ static int goes_right(const Forest *f, const int32_t *nd, Py_ssize_t node, const
     }
 }
 
-static Py_ssize_t leaf_of(const Forest *f, Py_ssize_t node, const double *x) {
+/* The leaf a row reaches from ``node``: plain numeric nodes (NaN missing) decided inline, the rest
+ * by goes_right(); inlined once per comparison so the common case has no switch per node. */
+static inline __attribute__((always_inline)) Py_ssize_t walk(const Forest *f, Py_ssize_t node, const double *x, int compare) {
     for (;;) {
         const int32_t *nd = f->nodes + node * N_WIDTH;
+        int right;
+        double v;
         if (nd[N_LEFT] < 0)
             return node;
-        node = goes_right(f, nd, node, x) ? nd[N_RIGHT] : nd[N_LEFT];
+        v = x[nd[N_FEATURE]];
+        if ((nd[N_FLAGS] & ~F_DEFAULT_LEFT) == 0 && !isnan(v)) {
+            double t = f->thresholds[node]; /* XGBoost's thresholds are float32 values: exact as doubles */
+            right = compare == CMP_LE ? !(v <= t) : compare == CMP_LT_F32 ? !((double)(float)v < t) : !((double)(float)v <= t);
+        } else {
+            right = goes_right(f, nd, node, x);
+        }
+        node = right ? nd[N_RIGHT] : nd[N_LEFT];
+    }
+}
+
+static Py_ssize_t leaf_of(const Forest *f, Py_ssize_t node, const double *x) {
+    switch (f->compare) {
+    case CMP_LT_F32:
+        return walk(f, node, x, CMP_LT_F32);
+    case CMP_LE_X_F32:
+        return walk(f, node, x, CMP_LE_X_F32);
+    default:
+        return walk(f, node, x, CMP_LE);
     }
 }
 
@@ -144,74 +168,63 @@ typedef struct {
     Py_ssize_t n_groups;
 } ScoreJob;
 
+/* Rows are scored in blocks: every tree walked for the block's rows before the next tree, so a
+ * tree's nodes stay in cache; each row still sums its trees in tree order (the libraries' order). */
+enum { BLOCK = 64 };
+
 static void score_rows(const ScoreJob *job) {
     const Forest *f = &job->f;
     int f32 = job->params[P_FLOAT32_SUM] != 0, weighted = job->params[P_WEIGHTED] != 0, link = (int)job->params[P_LINK];
     double scale = job->params[P_SCALE], divisor = job->params[P_DIVISOR];
-    Py_ssize_t g = job->n_groups, w = f->leaf_width, i, t, k;
-    float acc32[64];
-    for (i = 0; i < f->n_rows; i++) {
-        const double *x = f->X + i * f->n_features;
-        double *p = job->out + i * g;
-        if (f32 && g <= 64) {
-            for (k = 0; k < g; k++)
-                acc32[k] = (float)job->base[k];
-            for (t = 0; t < f->n_trees; t++) {
-                Py_ssize_t leaf = leaf_of(f, f->roots[t], x);
-                float v = (float)f->leaves[leaf * w];
-                if (weighted) { /* DART (XGBoost's Dart::InplacePredict): (base + leaf - base) * weight */
-                    float b = (float)job->base[f->groups[t]], shifted = b + v, d = (shifted - b) * (float)f->weights[t];
-                    acc32[f->groups[t]] += d;
-                } else
-                    acc32[f->groups[t]] += v;
-            }
-            for (k = 0; k < g; k++)
-                p[k] = acc32[k];
-        } else {
-            for (k = 0; k < g; k++)
-                p[k] = job->base[k];
-            for (t = 0; t < f->n_trees; t++) {
-                Py_ssize_t leaf = leaf_of(f, f->roots[t], x);
-                const double *v = f->leaves + leaf * w;
-                double *o = p + f->groups[t];
-                if (w == 1)
-                    o[0] += weighted ? f->weights[t] * v[0] : v[0];
+    Py_ssize_t g = job->n_groups, w = f->leaf_width, start, end, i, t, k;
+    float acc32[BLOCK * 64]; /* n_groups <= 64, checked by score() */
+    for (start = 0; start < f->n_rows; start = end) {
+        end = start + BLOCK < f->n_rows ? start + BLOCK : f->n_rows;
+        for (i = start; i < end; i++)
+            for (k = 0; k < g; k++) {
+                if (f32)
+                    acc32[(i - start) * g + k] = (float)job->base[k];
                 else
-                    for (k = 0; k < w; k++)
-                        o[k] += v[k];
+                    job->out[i * g + k] = job->base[k];
+            }
+        for (t = 0; t < f->n_trees; t++) {
+            int32_t root = f->roots[t], group = f->groups[t];
+            for (i = start; i < end; i++) {
+                Py_ssize_t leaf = leaf_of(f, root, f->X + i * f->n_features);
+                if (f32) {
+                    float v = (float)f->leaves[leaf * w], *a = acc32 + (i - start) * g + group;
+                    if (weighted) { /* DART (XGBoost's Dart::InplacePredict): (base + leaf - base) * weight */
+                        float b = (float)job->base[group], shifted = b + v, d = (shifted - b) * (float)f->weights[t];
+                        *a += d;
+                    } else {
+                        *a += v;
+                    }
+                } else {
+                    const double *v = f->leaves + leaf * w;
+                    double *o = job->out + i * g + group;
+                    if (w == 1)
+                        o[0] += weighted ? f->weights[t] * v[0] : v[0];
+                    else
+                        for (k = 0; k < w; k++)
+                            o[k] += v[k];
+                }
             }
         }
-        if (divisor != 1.0)
-            for (k = 0; k < g; k++)
-                p[k] /= divisor;
-        if (scale != 1.0)
-            for (k = 0; k < g; k++)
-                p[k] *= scale;
-        link_row(link, p, g, f32);
+        for (i = start; i < end; i++) {
+            double *p = job->out + i * g;
+            if (f32)
+                for (k = 0; k < g; k++)
+                    p[k] = acc32[(i - start) * g + k];
+            if (divisor != 1.0)
+                for (k = 0; k < g; k++)
+                    p[k] /= divisor;
+            if (scale != 1.0)
+                for (k = 0; k < g; k++)
+                    p[k] *= scale;
+            link_row(link, p, g, f32);
+        }
     }
 }
-
-/* A C-contiguous buffer of ``ndim`` dimensions whose items have this struct format letter and size. */
-static int get_array(PyObject *obj, Py_buffer *view, const char *name, char code, Py_ssize_t itemsize, int ndim, int writable) {
-    const char *fmt;
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
-        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous%s array", name, writable ? " writable" : "");
-        return -1;
-    }
-    fmt = view->format ? view->format : "B";
-    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@' || fmt[0] == '|')
-        fmt++;
-    /* uint32 is 'I', or 'L' where long is 32 bits. */
-    if (view->itemsize != itemsize || !(fmt[0] == code || (code == 'I' && fmt[0] == 'L')) || fmt[1] != '\0' || view->ndim != ndim) {
-        PyErr_Format(PyExc_TypeError, "%s must be a %d-D array of '%c' items of %zd bytes, got %d-D '%s'", name, ndim, code, itemsize,
-                     view->ndim, view->format ? view->format : "B");
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
-static Py_ssize_t dim(const Py_buffer *v, int i) { return v->shape ? v->shape[i] : v->len / v->itemsize; }
 
 /* The model's tables, in this order in every call. */
 enum { T_NODES, T_THRESHOLDS, T_LEAVES, T_CATS, T_ROOTS, T_GROUPS, T_WEIGHTS, T_COUNT };
