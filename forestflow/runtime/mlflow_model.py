@@ -67,18 +67,18 @@ def create_mlflow_servable(fqrv: FQRV, artifact_dir: Path, settings: dict[str, A
         if name in SUPPORTED:
             return _servable(str(name), fqrv, artifact_dir, props if isinstance(props, dict) else {})
     pyfunc = flavors.get("python_function")
-    if isinstance(pyfunc, dict):
-        loader = pyfunc.get("loader_module")
-        if loader not in LOADER_MODULES:
-            raise CreateServableRequestInvalidError(
-                f"MLmodel: a python_function model whose loader_module is {loader!r} needs the mlflow package and "
-                f"the model's own environment; served natively: {', '.join(SUPPORTED)} "
-                f"(python_function with loader_module {', '.join(LOADER_MODULES)})"
-            )
+    loader = pyfunc.get("loader_module") if isinstance(pyfunc, dict) else None
+    if isinstance(pyfunc, dict) and loader in LOADER_MODULES:
         data = pyfunc.get("model_path") or pyfunc.get("data")
         return _servable(LOADER_MODULES[loader], fqrv, artifact_dir, {"data": data, "pickled_model": data})
+    why = (
+        f" (its python_function's loader_module {loader!r} needs the mlflow package and the model's own environment; "
+        f"served natively: loader_module {', '.join(LOADER_MODULES)})"
+        if isinstance(pyfunc, dict)
+        else ""
+    )
     raise CreateServableRequestInvalidError(
-        f"MLmodel: no supported flavor; the model has {', '.join(map(str, flavors))}; supported: {', '.join(SUPPORTED)}"
+        f"MLmodel: no supported flavor; the model has {', '.join(map(str, flavors))}; supported: {', '.join(SUPPORTED)}{why}"
     )
 
 
