@@ -19,33 +19,13 @@ from forestflow.core.ids import FQRV
 from forestflow.errors import CreateServableRequestInvalidError, ServableNotReady
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.batching import BATCH_SETTINGS
+from forestflow.runtime.model_file import model_path
 from forestflow.runtime.trees.forest import ModelFileError
 from forestflow.runtime.trees.inputs import InputMap
 from forestflow.runtime.trees.model import Feature, TreeModel
 from forestflow.runtime.trees.shap_forest import ShapForest, shap_forest, tiled_decisions
 
 _SETTINGS = ("modelPath", *BATCH_SETTINGS)
-
-
-def artifact_file(servable: Servable, flavor: str) -> tuple[Path, str]:
-    """The file ``modelPath`` names inside the servable's directory, and the name to show."""
-    unknown = sorted(set(servable.settings) - set(_SETTINGS))
-    if unknown:
-        raise CreateServableRequestInvalidError(
-            f"flavor.{flavor}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(_SETTINGS)}"
-        )
-    raw = servable.settings.get("modelPath")
-    if not isinstance(raw, str) or not raw.strip():
-        raise CreateServableRequestInvalidError(
-            f'the {flavor} flavor needs "modelPath": the model file inside the servable directory'
-        )
-    base = Path(servable.artifact_dir).resolve()
-    path = (base / raw).resolve()
-    if Path(raw).is_absolute() or not path.is_relative_to(base):
-        raise CreateServableRequestInvalidError(f"flavor.{flavor}.modelPath {raw!r} must stay inside the servable directory")
-    if not path.is_file():
-        raise CreateServableRequestInvalidError(f"{flavor} model {raw!r} not found in the servable directory")
-    return path, raw
 
 
 class TreeServable(Servable):
@@ -73,7 +53,7 @@ class TreeServable(Servable):
 
     def load(self) -> None:
         """Read and check the model file, warm the kernel, build the metadata."""
-        path, shown = artifact_file(self, self.flavor)
+        path, shown = model_path(self, self.flavor, _SETTINGS)
         started = time.perf_counter()
         try:
             model = self.read(path)
