@@ -72,7 +72,7 @@ setup(
         Extension(
             "forestflow.runtime._forest",
             ["forestflow/runtime/_forest.c"],
-            depends=[BUFFER_ARGS_H],
+            depends=[ARRAYS_H],
             extra_compile_args=WARNINGS + ["-O2", "-ffp-contract=off"],
             libraries=["m"],
         ),

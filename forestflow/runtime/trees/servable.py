@@ -23,7 +23,8 @@ from forestflow.runtime.model_file import model_path
 from forestflow.runtime.trees.forest import ModelFileError
 from forestflow.runtime.trees.inputs import InputMap
 from forestflow.runtime.trees.model import Feature, TreeModel
-from forestflow.runtime.trees.shap_forest import ShapForest, shap_forest, tiled_decisions
+from forestflow.runtime.trees.shap_forest import shap_forest, tiled_decisions
+from forestflow.runtime.treeshap import ShapForest
 
 _SETTINGS = ("modelPath", *BATCH_SETTINGS)
 
@@ -39,6 +40,8 @@ class TreeServable(Servable):
     inline_max_rows = 128
     reads_parameters = False
     batchable = True
+    #: Exact TreeSHAP over the scored trees (``shap_inputs``).
+    tree_explainable = True
 
     def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
         super().__init__(fqrv, artifact_dir, settings)
@@ -224,6 +227,7 @@ class SKLearnServable(TreeServable):
         classes = getattr(est, "classes_", None) if hasattr(est, "predict_proba") else None
         self._classes = None if classes is None else np.array([str(c) for c in classes], dtype=object)
         self.inline_max_rows = 0  # arbitrary estimator code: scored on a thread
+        self.tree_explainable = False  # no trees of ours to explain
         facts = {"library": "scikit-learn", "estimator": type(est).__name__, "modelPath": shown, "scorer": "estimator"}
         facts["nativeUnavailable"] = why
         self._meta = self._build_metadata(features, facts)

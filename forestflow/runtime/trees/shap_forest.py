@@ -1,29 +1,11 @@
-"""The forest exact TreeSHAP reads (the explain branch's ``runtime/treeshap.ShapForest``, copied
-field for field per TREE_INTERFACE.md until the two branches are merged)."""
+"""The forest exact TreeSHAP reads (``runtime.treeshap.ShapForest``), made from a scoring Forest."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
 from forestflow.runtime.trees.forest import FEATURE, LEFT, RIGHT, Forest
-
-
-@dataclass(frozen=True)
-class ShapForest:
-    """What exact TreeSHAP reads: one node table for all trees of a model."""
-
-    left: np.ndarray  # int32 [n_nodes]: left child, -1 at a leaf
-    right: np.ndarray  # int32 [n_nodes]: right child, -1 at a leaf
-    feature: np.ndarray  # int32 [n_nodes]: original input column of the split, -1 at a leaf
-    cover: np.ndarray  # float64 [n_nodes]: training weight reaching the node
-    value: np.ndarray  # float64 [n_nodes]: at leaves, what the leaf adds to its group's margin (tree weight applied)
-    roots: np.ndarray  # int32 [n_trees]
-    group: np.ndarray  # int32 [n_trees]: the output group each tree adds to
-    n_groups: int
-    feature_names: list[str]
-    base_margin: np.ndarray  # float64 [n_groups]
+from forestflow.runtime.treeshap import ShapForest
 
 
 def shap_forest(forest: Forest, feature_names: list[str]) -> ShapForest:
