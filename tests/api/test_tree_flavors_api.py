@@ -257,3 +257,22 @@ async def test_bad_model_files_are_422_and_bad_inputs_400(tmp_path: Path) -> Non
         status, reply, _ = await gw.post_json(f"/v2/models/{model_name(case)}/infer", good)
         assert status == 200, reply
         assert [o["data"][0] for o in reply["outputs"]][1:] == [case.expected["0"][0], case.expected["1"][0]]
+
+
+async def test_xgboost_explanations_equal_pred_contribs(tmp_path: Path) -> None:
+    import xgboost as xgb
+
+    directory = tmp_path / "models"
+    directory.mkdir()
+    case = tree_models.xgb_binary(directory)
+    _, rows = tree_models.request_rows()
+    booster = xgb.Booster(model_file=str(directory / case.file))
+    want = booster.predict(xgb.DMatrix(rows, enable_categorical=True), pred_contribs=True)
+    async with v2_gateway(tmp_path / "data") as gw:
+        await gw.deploy(definition(directory, case))
+        status, reply, _ = await gw.post_json(f"/trees/{case.name}/1/explain", score_body(case))
+    assert status == 200, reply
+    explanation = reply["Explanation"]
+    assert explanation["method"] == "TreeSHAP" and explanation["columns"] == ["a", "b", "color", "BiasTerm"]
+    got = [[row[c] for c in explanation["columns"]] for row in explanation["contributions"]]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # xgboost sums in float32
