@@ -67,5 +67,14 @@ setup(
             extra_compile_args=WARNINGS + ["-O2"],
             libraries=["m"],
         ),
+        # The tree engine of the XGBoost, LightGBM and scikit-learn flavors (runtime/trees/forest.py):
+        # plain IEEE arithmetic too, so sums and links equal the libraries' own.
+        Extension(
+            "forestflow.runtime._forest",
+            ["forestflow/runtime/_forest.c"],
+            depends=[ARRAYS_H],
+            extra_compile_args=WARNINGS + ["-O2", "-ffp-contract=off"],
+            libraries=["m"],
+        ),
     ],
 )

@@ -60,10 +60,10 @@ class Administration:
         """Fetch, load and register a servable; answers only once it is ready."""
         registry = self.registry
         fqrv = defn.fqrv
-        if defn.flavor == "Python" and not self.settings.allow_python:
+        if defn.flavor in ("Python", "SKLearn") and not self.settings.allow_python:
             raise CreateServableRequestInvalidError(
-                "the Python flavor is disabled on this gateway (it runs code named by the request); "
-                "start it with FORESTFLOW_ALLOW_PYTHON=1 to allow it"
+                f"the {defn.flavor} flavor is disabled on this gateway (it runs code named by the request"
+                f"{': unpickling' if defn.flavor == 'SKLearn' else ''}); start it with FORESTFLOW_ALLOW_PYTHON=1 to allow it"
             )
         async with registry.lock:
             if registry.is_held(fqrv):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -84,3 +85,20 @@ def test_explain_bench_smoke_prints_every_method_and_the_latencies() -> None:
     assert all(float(r[3]) > 0 for r in rows), result.stdout
     (latency,) = [line for line in result.stdout.splitlines() if "/explain p50" in line]
     assert "ratio" in latency, result.stdout
+
+
+@pytest.mark.slow
+def test_trees_bench_smoke_prints_every_cell() -> None:
+    result = subprocess.run([sys.executable, "bench/trees.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    in_process = [line.split() for line in lines if line.startswith(("XGBoost ", "LightGBM ", "SKLearn ")) and "MiB" not in line]
+    rates = [r for r in in_process if len(r) >= 5 and r[1].isdigit()]
+    assert sorted({(r[0], int(r[1])) for r in rates}) == sorted(
+        (f, n) for f in ("LightGBM", "SKLearn", "XGBoost") for n in (1, 10, 100, 1000)
+    ), result.stdout
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rates), result.stdout
+    gateway = [line for line in lines if "CPU/request xgboost" in line]
+    assert len(gateway) == 4 and all(line.endswith("errors 0") for line in gateway), result.stdout
+    rss = [line.split()[0] for line in lines if re.match(r"(empty|XGBoost|LightGBM|SKLearn) +\d+\.\d+( |$)", line)]
+    assert rss == ["empty", "XGBoost", "LightGBM", "SKLearn"], result.stdout

@@ -17,6 +17,7 @@ SOURCES = [
     "forestflow/predlog/_kafka_records.c",
     "forestflow/runtime/_h2o_trees.c",
     "forestflow/runtime/_treeshap.c",
+    "forestflow/runtime/_forest.c",
 ]
 
 

@@ -42,7 +42,7 @@ from forestflow.core.policies import (
 )
 from forestflow.errors import InvalidInput
 
-FLAVORS = ("H2OMojo", "Python", "ONNX", "Pipeline", "RemoteV2")
+FLAVORS = ("H2OMojo", "Python", "ONNX", "XGBoost", "LightGBM", "SKLearn", "Pipeline", "RemoteV2")
 #: The internal flavor of an MLFlowServeRequest: the model's MLmodel file picks the real one at load.
 MLFLOW = "MLflow"
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")

@@ -1,6 +1,6 @@
 /*
  * Numpy arrays read through the buffer protocol (no numpy headers), for the runtime's C extensions
- * (_h2o_trees.c, _treeshap.c): an array is taken only when it is C-contiguous and has the expected
+ * (_h2o_trees.c, _treeshap.c, _forest.c): an array is taken only when it is C-contiguous and has the expected
  * item type, item size and number of dimensions.
  */
 #ifndef FORESTFLOW_RUNTIME_ARRAYS_H

@@ -61,6 +61,24 @@ def _onnx_flavor() -> FlavorFactory:
     return OnnxServable
 
 
+def _xgboost_flavor() -> FlavorFactory:
+    from forestflow.runtime.trees.servable import XGBoostServable
+
+    return XGBoostServable
+
+
+def _lightgbm_flavor() -> FlavorFactory:
+    from forestflow.runtime.trees.servable import LightGBMServable
+
+    return LightGBMServable
+
+
+def _sklearn_flavor() -> FlavorFactory:
+    from forestflow.runtime.trees.servable import SKLearnServable
+
+    return SKLearnServable
+
+
 def _mlflow_flavor() -> FlavorFactory:
     from forestflow.runtime.mlflow_model import create_mlflow_servable
 
@@ -113,6 +131,9 @@ def _image_encode_step() -> FlavorFactory:
 register_flavor("Python", _python_flavor)
 register_flavor("H2OMojo", _h2o_flavor)
 register_flavor("ONNX", _onnx_flavor)
+register_flavor("XGBoost", _xgboost_flavor)
+register_flavor("LightGBM", _lightgbm_flavor)
+register_flavor("SKLearn", _sklearn_flavor)  # unpickles: gated by allow_python like the Python flavor
 register_flavor("Pipeline", _pipeline_flavor)
 register_flavor("Map", _map_step)
 register_flavor("Classifier", _classifier_step)

@@ -139,7 +139,7 @@ def numbers(arr: np.ndarray) -> np.ndarray | list[float]:
     return [_number(v) for v in arr.tolist()]
 
 
-def _one_per_row(name: str, arr: np.ndarray) -> np.ndarray:
+def one_per_row(name: str, arr: np.ndarray) -> np.ndarray:
     if arr.ndim == 2 and arr.shape[1] == 1:
         return arr[:, 0]
     if arr.ndim != 1:
@@ -170,13 +170,13 @@ def build_matrix(
         j = index.get(name)
         if j is not None:
             col = columns[j]
-            values = _one_per_row(name, arr)
+            values = one_per_row(name, arr)
             if single:
                 X[j] = col.code_of(values[0], unseen) if col.domain is not None else _number(values[0])
             else:
                 X[:, j] = col.codes(values, unseen) if col.domain is not None else numbers(values)
         elif name == offset:
-            offsets = np.array(numbers(_one_per_row(name, arr)), dtype=np.float64)
+            offsets = np.array(numbers(one_per_row(name, arr)), dtype=np.float64)
             offsets[np.isnan(offsets)] = 0.0
         else:
             unknown.append(name)

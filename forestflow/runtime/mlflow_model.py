@@ -1,11 +1,19 @@
 """MLflow models (ForestFlow's MLFlowServeRequest): the ``MLmodel`` file picks the flavor that loads.
 
 The artifact is the model's directory. Its ``MLmodel`` YAML lists ``flavors``; the first one this
-gateway supports wins. Supported: ``h2o_mojo`` (ForestFlow's): ``data`` names a sub-directory whose
-``h2o.yaml`` gives ``model_file``, the MOJO loaded by the H2O flavor. MLflow's own ``h2o`` flavor
-(a binary model that needs a running H2O cluster) and ``python_function`` (which needs the mlflow
-package and the model's environment) are not supported: such a model is refused with a 422 that
-names the flavors it has.
+gateway serves natively wins, without the mlflow package:
+
+- ``h2o_mojo`` (ForestFlow's): ``data`` names a sub-directory whose ``h2o.yaml`` gives
+  ``model_file``, the MOJO loaded by the H2O flavor;
+- ``xgboost`` (``data``: the saved booster, JSON or UBJSON) -> the XGBoost flavor;
+- ``lightgbm`` (``data``: a Booster's text model -> the LightGBM flavor; a pickled
+  LGBMClassifier/Regressor -> the SKLearn flavor, gated like it);
+- ``sklearn`` (``pickled_model``) -> the SKLearn flavor (unpickling: gated by ``allow_python``);
+- ``onnx`` (``data``) -> the ONNX flavor.
+
+A model with only ``python_function`` is served when its ``loader_module`` is one of those
+flavors' modules (``mlflow.xgboost``...), from its ``data``/``model_path``; any other loader module
+(custom Python models need mlflow and the model's environment) is a 422 that names it.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ from forestflow.core.ids import FQRV
 from forestflow.errors import CreateServableRequestInvalidError
 from forestflow.runtime.base import Servable
 
-SUPPORTED = ("h2o_mojo",)
+SUPPORTED = ("h2o_mojo", "xgboost", "lightgbm", "sklearn", "onnx")
+#: python_function loader modules and the flavor whose reading they stand for.
+LOADER_MODULES = {f"mlflow.{name}": name for name in ("xgboost", "lightgbm", "sklearn", "onnx")}
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
@@ -54,11 +64,52 @@ def create_mlflow_servable(fqrv: FQRV, artifact_dir: Path, settings: dict[str, A
     if not isinstance(flavors, dict) or not flavors:
         raise CreateServableRequestInvalidError("MLmodel: no flavors")
     for name, props in flavors.items():
-        if name == "h2o_mojo":
-            return _h2o_mojo(fqrv, artifact_dir, props if isinstance(props, dict) else {})
-    raise CreateServableRequestInvalidError(
-        f"MLmodel: no supported flavor; the model has {', '.join(map(str, flavors))}; supported: {', '.join(SUPPORTED)}"
+        if name in SUPPORTED:
+            return _servable(str(name), fqrv, artifact_dir, props if isinstance(props, dict) else {})
+    pyfunc = flavors.get("python_function")
+    loader = pyfunc.get("loader_module") if isinstance(pyfunc, dict) else None
+    if isinstance(pyfunc, dict) and loader in LOADER_MODULES:
+        data = pyfunc.get("model_path") or pyfunc.get("data")
+        return _servable(LOADER_MODULES[loader], fqrv, artifact_dir, {"data": data, "pickled_model": data})
+    why = (
+        f" (its python_function's loader_module {loader!r} needs the mlflow package and the model's own environment; "
+        f"served natively: loader_module {', '.join(LOADER_MODULES)})"
+        if isinstance(pyfunc, dict)
+        else ""
     )
+    raise CreateServableRequestInvalidError(
+        f"MLmodel: no supported flavor; the model has {', '.join(map(str, flavors))}; supported: {', '.join(SUPPORTED)}{why}"
+    )
+
+
+def _servable(name: str, fqrv: FQRV, artifact_dir: Path, props: dict[str, Any]) -> Servable:
+    if name == "h2o_mojo":
+        return _h2o_mojo(fqrv, artifact_dir, props)
+    from forestflow.runtime.flavors import create_servable
+
+    pickled = name == "sklearn" or Path(str(props.get("data", ""))).suffix in (".pkl", ".pickle", ".joblib", ".skops")
+    if pickled and (props.get("serialization_format") == "skops" or str(props.get("data", "")).endswith(".skops")):
+        raise CreateServableRequestInvalidError(
+            f"MLmodel flavors.{name}: serialization_format skops is not read here; log the model with "
+            "serialization_format='cloudpickle' (or 'pickle')"
+        )
+    key = "pickled_model" if name == "sklearn" else "data"
+    raw = props.get(key)
+    if not isinstance(raw, str) or not raw:
+        raise CreateServableRequestInvalidError(f"MLmodel flavors.{name}.{key}: required (the model file)")
+    model = _inside(raw, f"MLmodel flavors.{name}.{key}")
+    flavor = {"xgboost": "XGBoost", "lightgbm": "LightGBM", "sklearn": "SKLearn", "onnx": "ONNX"}[name]
+    if name == "lightgbm" and Path(model).suffix in (".pkl", ".pickle", ".joblib"):
+        flavor = "SKLearn"  # an LGBMClassifier/Regressor pickled by mlflow: its own predict, gated
+    path = artifact_dir / model
+    if path.is_dir():  # some flavors name a directory holding the one model file
+        files = sorted(p.name for p in path.iterdir() if p.is_file())
+        if len(files) != 1:
+            raise CreateServableRequestInvalidError(
+                f"MLmodel flavors.{name}.{key}: {model!r} is a directory of {len(files)} files"
+            )
+        model = str(Path(model) / files[0])
+    return create_servable(flavor, fqrv, artifact_dir, {"modelPath": model})
 
 
 def _h2o_mojo(fqrv: FQRV, artifact_dir: Path, props: dict[str, Any]) -> Servable:

@@ -35,6 +35,7 @@ from forestflow.errors import CreateServableRequestInvalidError, InvalidInput, P
 from forestflow.runtime import inline_probe
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.batching import BATCH_SETTINGS
+from forestflow.runtime.model_file import model_path
 from forestflow.runtime.onnx_graph import GraphInfo, ZipMapOutput, read_graph
 from forestflow.runtime.onnx_io import InputPlan, build_feeds, dims, element_type
 
@@ -108,23 +109,7 @@ class OnnxServable(Servable):
 
     def _model_path(self) -> Path:
         """The model file named by ``modelPath`` (unknown settings are refused first: a typo is no default)."""
-        unknown = sorted(set(self.settings) - set(_SETTINGS))
-        if unknown:
-            raise CreateServableRequestInvalidError(
-                f"flavor.ONNX: unknown setting(s) {', '.join(unknown)}; known: {', '.join(_SETTINGS)}"
-            )
-        raw = self.settings.get("modelPath")
-        if not isinstance(raw, str) or not raw.strip():
-            raise CreateServableRequestInvalidError(
-                'the ONNX flavor needs "modelPath": the .onnx file inside the servable directory'
-            )
-        base = Path(self.artifact_dir).resolve()
-        path = (base / raw).resolve()
-        if Path(raw).is_absolute() or not path.is_relative_to(base):
-            raise CreateServableRequestInvalidError(f"flavor.ONNX.modelPath {raw!r} must stay inside the servable directory")
-        if not path.is_file():
-            raise CreateServableRequestInvalidError(f"ONNX model {raw!r} not found in the servable directory")
-        return path
+        return model_path(self, "ONNX", _SETTINGS, "the .onnx file")[0]
 
     def _session_options(self) -> ort.SessionOptions:
         options = ort.SessionOptions()

@@ -59,7 +59,8 @@ async def test_mlflow_model_without_a_supported_flavor_is_422_naming_its_flavors
     async with serve_in_process(tmp_path / "data", artifact_roots=str(tmp_path / "models")) as gw:
         status, payload = await deploy(gw, mlflow_request(model.as_uri()))
         assert status == 422, payload
-        assert "the model has python_function, h2o; supported: h2o_mojo" in error_text(payload)
+        assert "the model has python_function, h2o; supported: h2o_mojo, xgboost, lightgbm, sklearn, onnx" in error_text(payload)
+        assert "loader_module 'mlflow.h2o' needs the mlflow package" in error_text(payload)
         status, payload = await deploy(gw, mlflow_request((tmp_path / "models").as_uri()))
         assert status == 422, payload
         assert "no MLmodel file" in error_text(payload)

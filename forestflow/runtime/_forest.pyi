@@ -1,0 +1,43 @@
+"""Types of the C extension forestflow/runtime/_forest.c (its docstrings say what each call does)."""
+
+import numpy as np
+
+def check(
+    nodes: np.ndarray,
+    thresholds: np.ndarray,
+    leaves: np.ndarray,
+    cats: np.ndarray,
+    roots: np.ndarray,
+    groups: np.ndarray,
+    weights: np.ndarray,
+    n_features: int,
+    n_groups: int,
+    /,
+) -> None: ...
+def score(
+    X: np.ndarray,
+    nodes: np.ndarray,
+    thresholds: np.ndarray,
+    leaves: np.ndarray,
+    cats: np.ndarray,
+    roots: np.ndarray,
+    groups: np.ndarray,
+    weights: np.ndarray,
+    params: np.ndarray,
+    base: np.ndarray,
+    out: np.ndarray,
+    /,
+) -> None: ...
+def decisions(
+    X: np.ndarray,
+    nodes: np.ndarray,
+    thresholds: np.ndarray,
+    leaves: np.ndarray,
+    cats: np.ndarray,
+    roots: np.ndarray,
+    groups: np.ndarray,
+    weights: np.ndarray,
+    params: np.ndarray,
+    out: np.ndarray,
+    /,
+) -> None: ...
