@@ -37,6 +37,7 @@ EXTRAS: dict[str, Extra] = {
         Extra("mlflow", ("yaml",)),
         Extra("onnx", ("onnxruntime", "onnx")),
         Extra("s3", ("aiobotocore", "botocore")),
+        Extra("sklearn", ("sklearn", "joblib")),
         Extra("tracing", ("opentelemetry",)),
         Extra("uvloop", ("uvloop",)),
     )

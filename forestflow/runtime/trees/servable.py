@@ -17,6 +17,7 @@ import numpy as np
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.core.ids import FQRV
 from forestflow.errors import CreateServableRequestInvalidError, ServableNotReady
+from forestflow.extras import needed_for
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.batching import BATCH_SETTINGS
 from forestflow.runtime.model_file import model_path
@@ -268,7 +269,9 @@ class _Delegate(Exception):
 
 
 def _unpickle(path: Path) -> Any:
-    import joblib
+    with needed_for("an SKLearn model"):  # the estimators' classes are scikit-learn's; joblib comes with it
+        import joblib
+        import sklearn  # noqa: F401
 
     try:
         return joblib.load(path)
