@@ -276,3 +276,27 @@ async def test_xgboost_explanations_equal_pred_contribs(tmp_path: Path) -> None:
     assert explanation["method"] == "TreeSHAP" and explanation["columns"] == ["a", "b", "color", "BiasTerm"]
     got = [[row[c] for c in explanation["columns"]] for row in explanation["contributions"]]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # xgboost sums in float32
+
+
+@pytest.mark.parametrize("build", [tree_models.lgb_binary, tree_models.lgb_regression_zero, tree_models.lgb_multiclass])
+async def test_lightgbm_explanations_equal_pred_contrib(tmp_path: Path, build: Any) -> None:
+    """V2 `"explain": true` on a LightGBM release answers what `Booster.predict(pred_contrib=True)` answers,
+    per class for a multiclass model (LightGBM lays the classes out side by side, F + 1 values each)."""
+    import lightgbm as lgb
+
+    directory = tmp_path / "models"
+    directory.mkdir()
+    case = build(directory)
+    _, rows = tree_models.request_rows()
+    flat = lgb.Booster(model_file=str(directory / case.file)).predict(rows, pred_contrib=True)
+    features = len(case.columns)
+    want = flat.reshape(case.rows, -1, features + 1)
+    async with v2_gateway(tmp_path / "data") as gw:
+        await gw.deploy(definition(directory, case))
+        body = {"inputs": v2_inputs(case), "parameters": {"explain": True}}
+        status, reply, _ = await gw.post_json(f"/v2/models/{model_name(case)}/infer", body)
+    assert status == 200, reply
+    (out,) = [o for o in reply["outputs"] if o["name"] == "contributions"]
+    got = np.asarray(out["data"], dtype=np.float64).reshape(out["shape"])
+    assert got.shape[0] == case.rows and got.shape[-1] == features + 1, out["shape"]
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-9, atol=1e-12)  # both in float64
