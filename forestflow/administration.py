@@ -67,8 +67,9 @@ class Administration:
             )
         async with registry.lock:
             if registry.is_held(fqrv):
-                existing_loaded = registry.loaded.get(fqrv)
-                raise ServableAlreadyExistsError(fqrv, existing_loaded.definition.settings if existing_loaded else None)
+                holding = registry.loaded.get(fqrv)
+                held = holding.definition if holding is not None else registry.cold.get(fqrv)
+                raise ServableAlreadyExistsError(fqrv, held.settings if held is not None else None)
             existing = registry.contracts.get(fqrv.contract)
             if existing is not None and defn.contract_settings is not None and existing.settings != defn.contract_settings:
                 raise ContractValidationError(
@@ -120,7 +121,7 @@ class Administration:
         registry = self.registry
         async with registry.lock:
             registry.entry(fqrv)
-            new = change(registry.loaded[fqrv].definition)
+            new = change(registry.definition(fqrv))
             await self.persist({servable_key(fqrv): serve_request_to_json(new)})
             registry.update_definition(new)
             await self.evaluate(registry.contracts[fqrv.contract])

@@ -27,6 +27,7 @@ from forestflow.errors import GatewayError, StoreUnavailable
 from forestflow.registry.loader import ServableLoader
 from forestflow.registry.registry import Loaded, Registry
 from forestflow.registry.release_loads import ReleaseLoads
+from forestflow.registry.residency import Residency
 from forestflow.registry.store import (
     MICROS,
     Store,
@@ -45,7 +46,13 @@ class ReplicaSync:
     """Follows the store: reconciles the registry with the store's documents."""
 
     def __init__(
-        self, registry: Registry, store: Store, loader: ServableLoader, admin: Administration, loads: ReleaseLoads
+        self,
+        registry: Registry,
+        store: Store,
+        loader: ServableLoader,
+        admin: Administration,
+        loads: ReleaseLoads,
+        residency: Residency | None = None,
     ) -> None:
         self.registry = registry
         self.store = store
@@ -54,6 +61,8 @@ class ReplicaSync:
         self.admin = admin
         #: Loads of the servables learnt from the store (attempted until they succeed).
         self.loads = loads
+        #: With lazy loading: releases learnt from the store join their contract cold (not loaded).
+        self.residency = residency
         #: The store's documents as last reconciled (routing state and metrics are read from it).
         self._snapshot: dict[str, Any] = {}
         #: Contracts keeping releases the store deleted until their new releases are loaded here.
@@ -120,14 +129,22 @@ class ReplicaSync:
         incoming: set[Contract] = set()
         for fqrv, expected in wanted.items():
             held = registry.loaded.get(fqrv)
-            if held is None or not _same_artifact(held.definition, expected):
-                incoming.add(fqrv.contract)
+            if self.residency is None and (held is None or not _same_artifact(held.definition, expected)):
+                incoming.add(fqrv.contract)  # with lazy loading a new release routes at once (cold)
         self._deferred = set()
         registry.kept = set()
         unload: list[Loaded] = []
         for contract, state in list(registry.contracts.items()):
             for release, entry in list(state.servables.items()):
                 target, loaded = wanted.get(entry.fqrv), registry.loaded.get(entry.fqrv)
+                cold = registry.cold.get(entry.fqrv)
+                if target is not None and cold is not None and _same_artifact(cold, target):
+                    if cold != target:
+                        registry.update_definition(target)
+                        touched.add(contract)
+                    if _adopt_shared_metrics(entry.metrics, docs.get(metrics_key(entry.fqrv))):
+                        touched.add(contract)
+                    continue
                 if target is not None and loaded is not None and _same_artifact(loaded.definition, target):
                     if loaded.definition != target:
                         registry.update_definition(target)
@@ -158,8 +175,15 @@ class ReplicaSync:
                 loads.drop(fqrv)  # deleted from the store: an attempt under way is discarded
         started = []
         for fqrv, defn in wanted.items():
-            if fqrv in registry.loaded or (fqrv in registry.pending and fqrv not in loads.statuses):
+            if fqrv in registry.loaded or fqrv in registry.cold or (fqrv in registry.pending and fqrv not in loads.statuses):
                 continue  # held, or being deployed through this process right now
+            if self.residency is not None:  # routed at once, loaded on first use or in the background
+                if fqrv.contract not in registry.contracts:
+                    self._new_contract_state(fqrv.contract, defn.contract_settings or ContractSettings())
+                registry.add_cold(defn, metrics_from_doc(docs.get(metrics_key(fqrv)), defn.created_at_ms))
+                touched.add(fqrv.contract)
+                self.residency.cold_added()
+                continue
             if fqrv not in loads.statuses:
                 started.append(fqrv)
                 if fqrv.contract not in registry.contracts:
