@@ -84,3 +84,14 @@ def test_explain_bench_smoke_prints_every_method_and_the_latencies() -> None:
     assert all(float(r[3]) > 0 for r in rows), result.stdout
     (latency,) = [line for line in result.stdout.splitlines() if "/explain p50" in line]
     assert "ratio" in latency, result.stdout
+
+
+@pytest.mark.slow
+def test_scale_bench_smoke_prints_its_figures() -> None:
+    result = subprocess.run([sys.executable, "bench/scale.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    starts = ("start to ready", "cold requests", "RSS MiB", "warm c4", "deploy through")
+    assert all(any(line.startswith(s) for line in lines) for s in starts), result.stdout
+    (warm,) = [line for line in lines if line.startswith("warm c4")]
+    assert warm.count(" 0 errors)") == 2, result.stdout  # both gateways answered every request
