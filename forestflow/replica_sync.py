@@ -20,7 +20,7 @@ from forestflow.administration import Administration
 from forestflow.codecs.ff_settings import parse_contract_settings, parse_serve_request
 from forestflow.codecs.jsonread import Obj
 from forestflow.core.contract_state import ContractState, ServableEntry
-from forestflow.core.definition import ServableDefinition
+from forestflow.core.definition import ServableDefinition, same_artifact
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import ContractSettings, ServableMetrics
 from forestflow.errors import GatewayError, StoreUnavailable
@@ -129,7 +129,7 @@ class ReplicaSync:
         incoming: set[Contract] = set()
         for fqrv, expected in wanted.items():
             held = registry.loaded.get(fqrv)
-            if self.residency is None and (held is None or not _same_artifact(held.definition, expected)):
+            if self.residency is None and (held is None or not same_artifact(held.definition, expected)):
                 incoming.add(fqrv.contract)  # with lazy loading a new release routes at once (cold)
         self._deferred = set()
         registry.kept = set()
@@ -138,14 +138,14 @@ class ReplicaSync:
             for release, entry in list(state.servables.items()):
                 target, loaded = wanted.get(entry.fqrv), registry.loaded.get(entry.fqrv)
                 cold = registry.cold.get(entry.fqrv)
-                if target is not None and cold is not None and _same_artifact(cold, target):
+                if target is not None and cold is not None and same_artifact(cold, target):
                     if cold != target:
                         registry.update_definition(target)
                         touched.add(contract)
                     if _adopt_shared_metrics(entry.metrics, docs.get(metrics_key(entry.fqrv))):
                         touched.add(contract)
                     continue
-                if target is not None and loaded is not None and _same_artifact(loaded.definition, target):
+                if target is not None and loaded is not None and same_artifact(loaded.definition, target):
                     if loaded.definition != target:
                         registry.update_definition(target)
                         touched.add(contract)
@@ -221,7 +221,7 @@ class ReplicaSync:
             if current is None or self.closed or fqrv in self.registry.loaded:
                 await self.loader.unload(loaded)  # deleted (or loaded by other means) meanwhile
                 return True
-            if current != defn and not _same_artifact(current, defn):
+            if current != defn and not same_artifact(current, defn):
                 await self.loader.unload(loaded)
                 return False
             self.loads.drop(fqrv)
@@ -255,10 +255,6 @@ class ReplicaSync:
             reward_sum=m.reward_sum + reward / MICROS,
             reward_squares=m.reward_squares + squares / MICROS,
         )
-
-
-def _same_artifact(a: ServableDefinition, b: ServableDefinition) -> bool:
-    return a.path == b.path and a.flavor == b.flavor and a.flavor_settings == b.flavor_settings
 
 
 def _adopt_shared_metrics(m: ServableMetrics, doc: dict[str, Any] | None) -> bool:

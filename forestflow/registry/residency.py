@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from forestflow.core.definition import ServableDefinition
+from forestflow.core.definition import ServableDefinition, same_artifact
 from forestflow.core.histogram import Histogram
 from forestflow.core.ids import FQRV
 from forestflow.errors import DeadlineExceeded, GatewayError, ServableNotReady, UnknownServable
@@ -128,7 +128,8 @@ class Residency:
     async def _load(self, defn: ServableDefinition) -> Loaded:
         loaded = await self.loader.load(defn, restoring=True)
         fqrv = defn.fqrv
-        if self.closed or fqrv not in self.registry.cold:  # deleted (or loaded by other means) meanwhile
+        wanted = self.registry.cold.get(fqrv)
+        if self.closed or wanted is None or not same_artifact(wanted, defn):  # deleted, loaded or redeployed meanwhile
             await self.loader.unload(loaded)
             held = self.registry.loaded.get(fqrv)
             if held is None:

@@ -194,3 +194,27 @@ def test_redis_replicas_each_apply_their_own_budget_and_summed_counters_stay_rig
 
     asyncio.run(wait_for(summed, 30, "summed counters"))
     assert a.stop() == 0 and b.stop() == 0
+
+
+@pytest.mark.slow
+def test_workers_each_apply_their_own_budget_and_summed_counters_stay_right(
+    tmp_path: Path, gateway_process: type[GatewayProcess]
+) -> None:
+    model = gbm_dir(tmp_path / "model", pad_bytes=300_000)
+    data = tmp_path / "data"
+    seed_file_store(data, [release(model, n) for n in range(6)])
+    gw = gateway_process(data, env={"FORESTFLOW_MODEL_MEMORY_BUDGET_MB": "1"}, args=["--workers", "2"]).start(timeout_s=120)
+    for _ in range(3):
+        for n in range(6):
+            assert score(gw.url, n).status_code == 200
+    # /metrics sums the workers: each keeps within its own budget once its evictions are done.
+    asyncio.run(wait_for(lambda: metric(gw.url, "forestflow_release_resident_bytes") <= 2 * 1024 * 1024, 30, "evictions"))
+
+    def summed() -> bool:  # every worker's counters flushed: 3 answers per release in total
+        return all(
+            int(requests.get(f"{gw.url}/acme/scale/{n}/stats", timeout=5).json()[0]["ServableMetrics"]["scoreCount"]) == 3
+            for n in range(6)
+        )
+
+    asyncio.run(wait_for(summed, 30, "summed counters"))
+    assert gw.stop() == 0
