@@ -53,6 +53,8 @@ class Residency:
         #: Loads of cold releases under way (one per release, shared by every request waiting).
         self._loading: dict[FQRV, asyncio.Task[Loaded]] = {}
         self._evicting = False
+        #: Requests waiting for a release to load, per release (it is not evicted meanwhile).
+        self._waiting: dict[FQRV, int] = {}
         self._warm_wake = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
@@ -100,18 +102,27 @@ class Residency:
             raise ServableNotReady(
                 f"servable {fqrv} failed to load on this process ({status.attempts} attempts, retried): {status.error}"
             )
-        task = self.load(fqrv)
-        if task is None:
-            raise ServableNotReady(f"servable {fqrv} is not loaded")
         started = time.perf_counter()
+        # Not evicted while requests wait for it: they submit as soon as it is loaded.
+        self._waiting[fqrv] = self._waiting.get(fqrv, 0) + 1
         try:
-            return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+            while (loaded := self.registry.loaded.get(fqrv)) is None:
+                task = self.load(fqrv)
+                if task is None:
+                    raise ServableNotReady(f"servable {fqrv} is not loaded")
+                remaining = timeout_s - (time.perf_counter() - started)
+                await asyncio.wait_for(asyncio.shield(task), max(remaining, 0.0))
+            return loaded
         except TimeoutError:
             raise DeadlineExceeded(f"servable {fqrv} did not load within the request's deadline ({timeout_s:g} s)") from None
         except GatewayError as error:
             raise ServableNotReady(f"servable {fqrv} failed to load on this process (retried): {error.message}") from None
         finally:
             self.cold_waits.observe(time.perf_counter() - started)
+            if self._waiting[fqrv] == 1:
+                del self._waiting[fqrv]
+            else:
+                self._waiting[fqrv] -= 1
 
     def load(self, fqrv: FQRV) -> asyncio.Task[Loaded] | None:
         """Start loading a cold release (or join the load under way); None when it is not cold."""
@@ -179,7 +190,7 @@ class Residency:
                     del self.recent[gone]
                 newest = next(reversed(self.recent), None)
                 victim = next(
-                    (f for f in self.recent if f != newest and registry.loaded[f].scheduler.idle()),
+                    (f for f in self.recent if f != newest and f not in self._waiting and registry.loaded[f].scheduler.idle()),
                     None,
                 )
                 if victim is None:
@@ -187,7 +198,7 @@ class Residency:
                     return  # everything else is busy: evicted once it is idle (the next load retries)
                 async with registry.lock:
                     held = registry.loaded.get(victim)
-                    if held is None or not held.scheduler.idle():
+                    if held is None or victim in self._waiting or not held.scheduler.idle():
                         continue
                     registry.evict(victim)
                 del self.recent[victim]

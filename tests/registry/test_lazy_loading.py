@@ -206,7 +206,8 @@ def test_workers_each_apply_their_own_budget_and_summed_counters_stay_right(
     gw = gateway_process(data, env={"FORESTFLOW_MODEL_MEMORY_BUDGET_MB": "1"}, args=["--workers", "2"]).start(timeout_s=120)
     for _ in range(3):
         for n in range(6):
-            assert score(gw.url, n).status_code == 200
+            r = score(gw.url, n)
+            assert r.status_code == 200, r.text
     # /metrics sums the workers: each keeps within its own budget once its evictions are done.
     asyncio.run(wait_for(lambda: metric(gw.url, "forestflow_release_resident_bytes") <= 2 * 1024 * 1024, 30, "evictions"))
 
