@@ -59,8 +59,6 @@ class Administration:
         self.clock = clock
         #: Releases of the store this process is still loading (or retrying): deletable here too.
         self.loads = loads
-        #: The metrics and routing documents as last flushed (a flush writes only those that moved).
-        self._flushed: dict[str, Any] = {}
 
     # ---- servables --------------------------------------------------------------------------------
     async def create_servable(self, defn: ServableDefinition) -> FQRV:
@@ -240,25 +238,25 @@ class Administration:
         if not (registry.counters_dirty or force):
             return
         registry.counters_dirty = False
-        docs: dict[str, Any] = {}
-        for contract, state in registry.contracts.items():
+        dirty, registry.dirty = registry.dirty, set()
+        changes: dict[str, Any] = {}
+        for contract in list(registry.contracts) if force else dirty:
+            state = registry.contracts.get(contract)
+            if state is None:
+                continue
             for entry in state.servables.values():
                 if entry.fqrv not in registry.kept:  # deleted in the store: not written back
-                    docs[metrics_key(entry.fqrv)] = metrics_to_doc(entry.metrics)
+                    changes[metrics_key(entry.fqrv)] = metrics_to_doc(entry.metrics)
             if state.servables:
-                docs[routing_key(contract)] = state.routing_state()
-        # Only what moved since the last flush (unless forced): with 10,000 releases a flush must
-        # not rewrite every document because one counter moved.
-        flushed = self._flushed
-        changes = docs if force else {k: d for k, d in docs.items() if flushed.get(k) != d}
+                changes[routing_key(contract)] = state.routing_state()
         if not changes:
             return
         try:
             await self.store.apply(changes)
         except Exception:
             registry.counters_dirty = True
+            registry.dirty |= dirty
             raise
-        self._flushed = docs
 
     async def persist(self, changes: dict[str, Any]) -> None:
         """Write documents to the store; any failure of the store is StoreUnavailable (503)."""

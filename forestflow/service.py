@@ -431,6 +431,7 @@ class Gateway:
         entry = state.servables[answered]
         entry.metrics.score_count += 1
         self.registry.counters_dirty = True
+        self.registry.dirty.add(contract)
         fqrv = entry.fqrv
         started = time.perf_counter()
         loaded = self.registry.loaded.get(fqrv)
@@ -513,12 +514,13 @@ class Gateway:
                 continue
             entry.metrics.shade_count += 1
             self.registry.counters_dirty = True
+            self.registry.dirty.add(state.contract)
             started = time.perf_counter()
             try:
                 pending = loaded.scheduler.offer(context.frame, Priority.SHADOW, timeout)
             except ShadowDropped:
                 # Counted by the scheduler too; nothing was scored, so nothing to log.
-                _count_outcome(entry, False, False, None)
+                _count_outcome(self.registry, entry, False, False, None)
                 continue
             except GatewayError as error:  # e.g. the servable is being unloaded
                 self._log_outcome(entry, context, False, started, error=error)
@@ -534,7 +536,7 @@ class Gateway:
         self, entry: ServableEntry, context: _RequestContext, started: float, pending: asyncio.Future[Frame]
     ) -> None:
         if pending.cancelled():
-            _count_outcome(entry, False, False, None)
+            _count_outcome(self.registry, entry, False, False, None)
             return
         error = pending.exception() or input_report.strict_inputs_error(entry.settings, pending.result())
         if error is None:
@@ -549,7 +551,7 @@ class Gateway:
         elif isinstance(error, GatewayError):
             self._log_outcome(entry, context, False, started, error=error)
         else:
-            _count_outcome(entry, False, False, None)
+            _count_outcome(self.registry, entry, False, False, None)
 
     async def compare_shadows(self) -> None:
         """Compare the finished shadow copies with the served answers (the gateway's timer).
@@ -579,7 +581,7 @@ class Gateway:
         response_json: bytes | None = None,
     ) -> float:
         latency = (time.perf_counter() - started) * 1000
-        _count_outcome(entry, served, error is None, error, latency)
+        _count_outcome(self.registry, entry, served, error is None, error, latency)
         logging = entry.settings.logging
         if logging.log_level is LogLevel.NONE:
             return latency
@@ -672,7 +674,12 @@ _NO_FRAME = Frame({})
 
 
 def _count_outcome(
-    entry: ServableEntry, served: bool, ok: bool, error: GatewayError | None, latency_ms: float | None = None
+    registry: Registry,
+    entry: ServableEntry,
+    served: bool,
+    ok: bool,
+    error: GatewayError | None,
+    latency_ms: float | None = None,
 ) -> None:
     """Count one event's outcome in the release's counters and window.
 
@@ -685,8 +692,10 @@ def _count_outcome(
         if error is None or error.kind is Kind.CANCELLED or http_status(error) < 500:
             return
         metrics.error_count += 1
+        registry.dirty.add(entry.fqrv.contract)
     elif not ok:
         metrics.shade_error_count += 1
+        registry.dirty.add(entry.fqrv.contract)
     metrics.window.record(ok, latency_ms)
 
 

@@ -76,6 +76,10 @@ class Registry:
         self.lock = asyncio.Lock()
         #: Set when counters or routing moved since they were last persisted.
         self.counters_dirty = False
+        #: The contracts whose counters or routing moved since they were last persisted (a flush
+        #: writes only theirs: with 10,000 contracts, building every document each second would
+        #: keep the event loop busy).
+        self.dirty: set[Contract] = set()
         #: Rollbacks (a routed release became invalid) per fqrv, since start (``/metrics``).
         self.rollbacks: dict[str, int] = {}
 
@@ -236,4 +240,5 @@ class Registry:
         stamped = any(stamps_before.get(r) != e.metrics.became_valid_at_ms for r, e in state.servables.items())
         if stamped or result.routing_changed or expiry.rolled_back:
             self.counters_dirty = True
+            self.dirty.add(state.contract)
         return expiry
