@@ -65,6 +65,8 @@ class ReplicaSync:
         self.residency = residency
         #: The store's documents as last reconciled (routing state and metrics are read from it).
         self._snapshot: dict[str, Any] = {}
+        #: Each servable document as last reconciled, with its parsed definition.
+        self._parsed: dict[str, tuple[Any, ServableDefinition]] = {}
         #: Contracts keeping releases the store deleted until their new releases are loaded here.
         self._deferred: set[Contract] = set()
         self.closed = False
@@ -105,10 +107,15 @@ class ReplicaSync:
         self._snapshot = docs
         wanted: dict[FQRV, ServableDefinition] = {}
         contracts: dict[Contract, ContractSettings] = {}
+        parsed, self._parsed = self._parsed, {}
         for key, doc in docs.items():
             try:
                 if key.startswith("servable/"):
-                    defn = parse_serve_request(doc)
+                    # A document as it was last time is not parsed again (with 10,000 releases,
+                    # parsing every one on each change of the store took seconds).
+                    known = parsed.get(key)
+                    defn = known[1] if known is not None and known[0] == doc else parse_serve_request(doc)
+                    self._parsed[key] = (doc, defn)
                     wanted[defn.fqrv] = defn
                 elif key.startswith("contract/"):
                     contracts[Contract.parse(key.removeprefix("contract/"))] = parse_contract_settings(Obj(doc, key))
