@@ -20,13 +20,14 @@ from forestflow.administration import Administration
 from forestflow.codecs.ff_settings import parse_contract_settings, parse_serve_request
 from forestflow.codecs.jsonread import Obj
 from forestflow.core.contract_state import ContractState, ServableEntry
-from forestflow.core.definition import ServableDefinition
+from forestflow.core.definition import ServableDefinition, same_artifact
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import ContractSettings, ServableMetrics
 from forestflow.errors import GatewayError, StoreUnavailable
 from forestflow.registry.loader import ServableLoader
 from forestflow.registry.registry import Loaded, Registry
 from forestflow.registry.release_loads import ReleaseLoads
+from forestflow.registry.residency import Residency
 from forestflow.registry.store import (
     MICROS,
     Store,
@@ -45,7 +46,13 @@ class ReplicaSync:
     """Follows the store: reconciles the registry with the store's documents."""
 
     def __init__(
-        self, registry: Registry, store: Store, loader: ServableLoader, admin: Administration, loads: ReleaseLoads
+        self,
+        registry: Registry,
+        store: Store,
+        loader: ServableLoader,
+        admin: Administration,
+        loads: ReleaseLoads,
+        residency: Residency | None = None,
     ) -> None:
         self.registry = registry
         self.store = store
@@ -54,8 +61,12 @@ class ReplicaSync:
         self.admin = admin
         #: Loads of the servables learnt from the store (attempted until they succeed).
         self.loads = loads
+        #: With lazy loading: releases learnt from the store join their contract cold (not loaded).
+        self.residency = residency
         #: The store's documents as last reconciled (routing state and metrics are read from it).
         self._snapshot: dict[str, Any] = {}
+        #: Each servable document as last reconciled, with its parsed definition.
+        self._parsed: dict[str, tuple[Any, ServableDefinition]] = {}
         #: Contracts keeping releases the store deleted until their new releases are loaded here.
         self._deferred: set[Contract] = set()
         self.closed = False
@@ -96,10 +107,15 @@ class ReplicaSync:
         self._snapshot = docs
         wanted: dict[FQRV, ServableDefinition] = {}
         contracts: dict[Contract, ContractSettings] = {}
+        parsed, self._parsed = self._parsed, {}
         for key, doc in docs.items():
             try:
                 if key.startswith("servable/"):
-                    defn = parse_serve_request(doc)
+                    # A document as it was last time is not parsed again (with 10,000 releases,
+                    # parsing every one on each change of the store took seconds).
+                    known = parsed.get(key)
+                    defn = known[1] if known is not None and known[0] == doc else parse_serve_request(doc)
+                    self._parsed[key] = (doc, defn)
                     wanted[defn.fqrv] = defn
                 elif key.startswith("contract/"):
                     contracts[Contract.parse(key.removeprefix("contract/"))] = parse_contract_settings(Obj(doc, key))
@@ -120,15 +136,23 @@ class ReplicaSync:
         incoming: set[Contract] = set()
         for fqrv, expected in wanted.items():
             held = registry.loaded.get(fqrv)
-            if held is None or not _same_artifact(held.definition, expected):
-                incoming.add(fqrv.contract)
+            if self.residency is None and (held is None or not same_artifact(held.definition, expected)):
+                incoming.add(fqrv.contract)  # with lazy loading a new release routes at once (cold)
         self._deferred = set()
         registry.kept = set()
         unload: list[Loaded] = []
         for contract, state in list(registry.contracts.items()):
             for release, entry in list(state.servables.items()):
                 target, loaded = wanted.get(entry.fqrv), registry.loaded.get(entry.fqrv)
-                if target is not None and loaded is not None and _same_artifact(loaded.definition, target):
+                cold = registry.cold.get(entry.fqrv)
+                if target is not None and cold is not None and same_artifact(cold, target):
+                    if cold != target:
+                        registry.update_definition(target)
+                        touched.add(contract)
+                    if _adopt_shared_metrics(entry.metrics, docs.get(metrics_key(entry.fqrv))):
+                        touched.add(contract)
+                    continue
+                if target is not None and loaded is not None and same_artifact(loaded.definition, target):
                     if loaded.definition != target:
                         registry.update_definition(target)
                         touched.add(contract)
@@ -158,8 +182,15 @@ class ReplicaSync:
                 loads.drop(fqrv)  # deleted from the store: an attempt under way is discarded
         started = []
         for fqrv, defn in wanted.items():
-            if fqrv in registry.loaded or (fqrv in registry.pending and fqrv not in loads.statuses):
+            if fqrv in registry.loaded or fqrv in registry.cold or (fqrv in registry.pending and fqrv not in loads.statuses):
                 continue  # held, or being deployed through this process right now
+            if self.residency is not None:  # routed at once, loaded on first use or in the background
+                if fqrv.contract not in registry.contracts:
+                    self._new_contract_state(fqrv.contract, defn.contract_settings or ContractSettings())
+                registry.add_cold(defn, metrics_from_doc(docs.get(metrics_key(fqrv)), defn.created_at_ms))
+                touched.add(fqrv.contract)
+                self.residency.cold_added()
+                continue
             if fqrv not in loads.statuses:
                 started.append(fqrv)
                 if fqrv.contract not in registry.contracts:
@@ -197,7 +228,7 @@ class ReplicaSync:
             if current is None or self.closed or fqrv in self.registry.loaded:
                 await self.loader.unload(loaded)  # deleted (or loaded by other means) meanwhile
                 return True
-            if current != defn and not _same_artifact(current, defn):
+            if current != defn and not same_artifact(current, defn):
                 await self.loader.unload(loaded)
                 return False
             self.loads.drop(fqrv)
@@ -231,10 +262,6 @@ class ReplicaSync:
             reward_sum=m.reward_sum + reward / MICROS,
             reward_squares=m.reward_squares + squares / MICROS,
         )
-
-
-def _same_artifact(a: ServableDefinition, b: ServableDefinition) -> bool:
-    return a.path == b.path and a.flavor == b.flavor and a.flavor_settings == b.flavor_settings
 
 
 def _adopt_shared_metrics(m: ServableMetrics, doc: dict[str, Any] | None) -> bool:

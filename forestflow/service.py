@@ -51,6 +51,7 @@ from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.loader import ServableLoader
 from forestflow.registry.registry import Loaded, Registry
 from forestflow.registry.release_loads import Backoff, LoadStatus, ReleaseLoads
+from forestflow.registry.residency import Residency
 from forestflow.registry.store import Store
 from forestflow.replica_sync import ReplicaSync
 from forestflow.runtime.base import ServableMetadata
@@ -98,7 +99,11 @@ class Gateway:
         #: Loads this process follows (learnt from the store, restored, the repository's), retried until done.
         self.loads = ReleaseLoads(self.registry, Backoff(settings.load_retry_first_s, settings.load_retry_max_s))
         self.admin = Administration(settings, self.registry, store, loader, clock, self.loads)
-        self.replica_sync = ReplicaSync(self.registry, store, loader, self.admin, self.loads)
+        #: Cold releases loaded on demand and in the background; the memory budget.
+        self.residency = Residency(settings, self.registry, loader, self.loads)
+        self.replica_sync = ReplicaSync(
+            self.registry, store, loader, self.admin, self.loads, self.residency if settings.lazy else None
+        )
         self.loader = loader
         self._tasks: set[asyncio.Future[Any]] = set()  # shadow copies, waited for briefly at stop
         self._timers: list[asyncio.Task[None]] = []
@@ -139,23 +144,40 @@ class Gateway:
         """The contract's releases whose load keeps failing on this process (retried meanwhile), as
         entries with this gateway's view of their counters (the other replicas' sums), oldest first."""
         out = []
-        for fqrv, status in sorted(self.loads.failed(contract).items(), key=lambda kv: kv[1].definition.created_at_ms):
+        failed = [(f, s) for f, s in self.loads.failed(contract).items() if f not in self.registry.cold]  # cold: routed
+        for fqrv, status in sorted(failed, key=lambda kv: kv[1].definition.created_at_ms):
             defn = status.definition
             entry = ServableEntry(fqrv, defn.settings, ServableMetrics(created_at_ms=defn.created_at_ms))
             out.append((replace(entry, metrics=self.stats_metrics(entry)), status))
         return out
+
+    def load_view(self, fqrv: FQRV) -> dict[str, Any] | None:
+        """With lazy loading, whether a release of a contract is loaded, loading, cold or failed here
+        (with the failure's error, attempts and next retry); None without lazy loading."""
+        if not self.settings.lazy:
+            return None
+        status = self.loads.statuses.get(fqrv)
+        view = status.view() if status is not None else {}
+        return view | {"state": self.residency.state(fqrv)}
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         """Restore the registry from the store, load every servable, start the timers."""
         docs = await self.store.load()
         await self.replica_sync.reconcile(docs, wait=True)
-        await self.loader.prune_artifacts()  # what no restored servable uses (deleted while down, crashes)
+        if not self.settings.lazy:  # (cold releases load from the cache later: nothing is pruned then)
+            await self.loader.prune_artifacts()  # what no restored servable uses (deleted while down, crashes)
         registry = self.registry
         log.info(
-            "registry_restored", contracts=len(registry.contracts), servables=len(registry.loaded), failed=len(registry.failed)
+            "registry_restored",
+            contracts=len(registry.contracts),
+            servables=len(registry.loaded),
+            cold=len(registry.cold),
+            failed=len(registry.failed),
         )
         self.prediction_log.start()
+        if self.settings.lazy:
+            self.residency.start()
         self._timers = [
             asyncio.create_task(self._every(self.settings.evaluation_interval_s, self.admin.evaluate_all), name="evaluate"),
             asyncio.create_task(self._every(self.settings.metrics_flush_interval_s, self.admin.flush_metrics), name="flush"),
@@ -175,7 +197,7 @@ class Gateway:
         for timer in self._timers:
             timer.cancel()
         await asyncio.gather(*self._timers, return_exceptions=True)
-        background = [*self._tasks, *self.loads.tasks]
+        background = [*self._tasks, *self.loads.tasks, *self.residency.close()]
         if background:
             await asyncio.wait(background, timeout=5.0)
         await self.answers.share()
@@ -203,13 +225,13 @@ class Gateway:
     # ---- health -------------------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        """Serving: started, not draining, every registered servable loaded, the prediction log draining."""
+        """Serving: started, not draining, every registered servable loaded (with lazy loading: the
+        routing state restored), the prediction log draining."""
         registry = self.registry
         return (
             self.started
             and not self.draining
-            and not registry.failed
-            and not registry.pending
+            and (self.settings.lazy or (not registry.failed and not registry.pending))
             and not self.unhealthy()
             and self.prediction_log.running
         )
@@ -225,6 +247,7 @@ class Gateway:
             "started": self.started,
             "unhealthy": self.unhealthy(),
             "servables": len(self.registry.loaded),
+            "cold": len(self.registry.cold),
             "loading": sorted(str(f) for f in self.registry.pending),
             # fetching (the artifact) or loading, for each load under way (`forestflow deploy --wait`)
             "loadingPhases": {str(f): phase for f, phase in self.loader.phases.items()},
@@ -344,6 +367,14 @@ class Gateway:
                 newest = entry
         return newest.fqrv if newest is not None else None
 
+    async def load_routed(self, route: Route, timeout_s: float | None = None) -> None:
+        """Load the answering release when it is cold, before a request's body is decoded against
+        it (503 when its load fails, 504 when it does not load within the deadline)."""
+        entry = route.state.servables.get(route.answered) if route.answered is not None else None
+        if entry is not None and entry.fqrv not in self.registry.loaded and entry.fqrv in self.registry.cold:
+            timeout = timeout_s if timeout_s is not None else self.settings.request_timeout_ms / 1000
+            await self.residency.get(entry.fqrv, timeout)
+
     def decoding_metadata(self, route: Route) -> ServableMetadata | None:
         """The metadata a request's positional tensors are laid out against: the answering
         release's when it is loaded, else the describing release's (None: nothing is loaded)."""
@@ -400,12 +431,16 @@ class Gateway:
         entry = state.servables[answered]
         entry.metrics.score_count += 1
         self.registry.counters_dirty = True
+        self.registry.dirty.add(contract)
         fqrv = entry.fqrv
         started = time.perf_counter()
         loaded = self.registry.loaded.get(fqrv)
         try:
-            if loaded is None:
-                raise ServableNotReady(f"servable {fqrv} is not loaded")
+            if loaded is None:  # cold: loaded now (one load for every request waiting), else a 503
+                loaded = await self.residency.get(fqrv, timeout)
+                timeout = max(0.001, timeout - (time.perf_counter() - started))
+            elif self.residency.budget:
+                self.residency.touch(fqrv)
             work = explain_call(loaded.servable, loaded.explainer) if explain else None
             if tracing.ON:  # the queue wait and the scoring as children of the request's span
                 timing = tracing.QueueThenPredict(str(fqrv), frame.num_rows)
@@ -473,15 +508,19 @@ class Gateway:
             entry = state.servables.get(release)  # None: it left the contract since it was routed
             loaded = self.registry.loaded.get(entry.fqrv) if entry is not None else None
             if entry is None or loaded is None:
+                if entry is not None and entry.fqrv in self.registry.cold:
+                    # Never loaded for a shadow copy: shadow traffic cannot evict what live traffic uses.
+                    self.residency.shadow_cold_skipped += 1
                 continue
             entry.metrics.shade_count += 1
             self.registry.counters_dirty = True
+            self.registry.dirty.add(state.contract)
             started = time.perf_counter()
             try:
                 pending = loaded.scheduler.offer(context.frame, Priority.SHADOW, timeout)
             except ShadowDropped:
                 # Counted by the scheduler too; nothing was scored, so nothing to log.
-                _count_outcome(entry, False, False, None)
+                _count_outcome(self.registry, entry, False, False, None)
                 continue
             except GatewayError as error:  # e.g. the servable is being unloaded
                 self._log_outcome(entry, context, False, started, error=error)
@@ -497,7 +536,7 @@ class Gateway:
         self, entry: ServableEntry, context: _RequestContext, started: float, pending: asyncio.Future[Frame]
     ) -> None:
         if pending.cancelled():
-            _count_outcome(entry, False, False, None)
+            _count_outcome(self.registry, entry, False, False, None)
             return
         error = pending.exception() or input_report.strict_inputs_error(entry.settings, pending.result())
         if error is None:
@@ -512,7 +551,7 @@ class Gateway:
         elif isinstance(error, GatewayError):
             self._log_outcome(entry, context, False, started, error=error)
         else:
-            _count_outcome(entry, False, False, None)
+            _count_outcome(self.registry, entry, False, False, None)
 
     async def compare_shadows(self) -> None:
         """Compare the finished shadow copies with the served answers (the gateway's timer).
@@ -542,7 +581,7 @@ class Gateway:
         response_json: bytes | None = None,
     ) -> float:
         latency = (time.perf_counter() - started) * 1000
-        _count_outcome(entry, served, error is None, error, latency)
+        _count_outcome(self.registry, entry, served, error is None, error, latency)
         logging = entry.settings.logging
         if logging.log_level is LogLevel.NONE:
             return latency
@@ -589,12 +628,15 @@ class Gateway:
 
     # ---- lookups ----------------------------------------------------------------------------------
     def definition(self, fqrv: FQRV) -> ServableDefinition:
-        """The definition of a loaded servable or UnknownServable."""
-        return self.registry.loaded_servable(fqrv).definition
+        """The definition of a loaded (or cold) servable or UnknownServable."""
+        return self.registry.definition(fqrv)
 
     def metadata(self, fqrv: FQRV) -> ServableMetadata:
-        """A servable's inputs and outputs (503 ServableNotReady for one whose load fails here)."""
+        """A servable's inputs and outputs (503 ServableNotReady for one whose load fails here, and
+        for a cold one, whose load this starts)."""
         loaded = self.registry.loaded.get(fqrv)
+        if loaded is None and self.residency.load(fqrv) is not None:
+            raise ServableNotReady(f"servable {fqrv} is not loaded on this process yet (loading now): retry")
         if loaded is None and (status := self.loads.failed(fqrv.contract).get(fqrv)) is not None:
             raise ServableNotReady(
                 f"servable {fqrv} failed to load on this process ({status.attempts} attempts, retried): {status.error}"
@@ -632,7 +674,12 @@ _NO_FRAME = Frame({})
 
 
 def _count_outcome(
-    entry: ServableEntry, served: bool, ok: bool, error: GatewayError | None, latency_ms: float | None = None
+    registry: Registry,
+    entry: ServableEntry,
+    served: bool,
+    ok: bool,
+    error: GatewayError | None,
+    latency_ms: float | None = None,
 ) -> None:
     """Count one event's outcome in the release's counters and window.
 
@@ -645,8 +692,10 @@ def _count_outcome(
         if error is None or error.kind is Kind.CANCELLED or http_status(error) < 500:
             return
         metrics.error_count += 1
+        registry.dirty.add(entry.fqrv.contract)
     elif not ok:
         metrics.shade_error_count += 1
+        registry.dirty.add(entry.fqrv.contract)
     metrics.window.record(ok, latency_ms)
 
 

@@ -77,6 +77,20 @@ class Settings:
         default=0.5,
     )
     load_retry_max_s: float = _doc("the longest delay between two load attempts of one release", default=30.0)
+    lazy_loading: bool = _doc(
+        "restore (at start) and follow (from the store) releases without loading them: the gateway is ready "
+        "once routing state is restored; a release loads on its first request and in the background",
+        default=False,
+    )
+    warm_concurrency: int = _doc(
+        "background loads at once of releases not loaded yet (lazy loading; routed, most used first; 0 = none)",
+        default=2,
+    )
+    model_memory_budget_mb: int = _doc(
+        "memory for loaded releases per process, in MiB (0 = no budget); least recently used idle releases "
+        "are unloaded to make room; implies lazy_loading",
+        default=0,
+    )
 
     redis_url: str = _doc("redis://... to share the registry between replicas (empty = file store)", default="")
     redis_sync_interval_s: float = _doc("period of the registry version check against Redis", default=2.0)
@@ -277,6 +291,8 @@ class Settings:
             "kafka_linger_ms",
             "workers",
             "log_linger_ms",
+            "warm_concurrency",
+            "model_memory_budget_mb",
         ):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "zero or more")
         _check(self.max_batch_wait_us <= 1_000_000, "max_batch_wait_us", self.max_batch_wait_us, "0..1000000 microseconds")
@@ -328,6 +344,16 @@ class Settings:
         """Directories file:// deploys may read (resolved): ``artifact_roots`` or the data dir and cwd."""
         named = [Path(p.strip()) for p in self.artifact_roots.split(",") if p.strip()]
         return [p.expanduser().resolve() for p in (named or [self.data_dir, Path.cwd()])]
+
+    @property
+    def lazy(self) -> bool:
+        """Whether releases load on first use (``lazy_loading``, or a memory budget)."""
+        return self.lazy_loading or self.model_memory_budget_mb > 0
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        """``model_memory_budget_mb`` in bytes (0 = no budget)."""
+        return self.model_memory_budget_mb * 1024 * 1024
 
     @property
     def kafka_enabled(self) -> bool:

@@ -102,3 +102,14 @@ def test_trees_bench_smoke_prints_every_cell() -> None:
     assert len(gateway) == 4 and all(line.endswith("errors 0") for line in gateway), result.stdout
     rss = [line.split()[0] for line in lines if re.match(r"(empty|XGBoost|LightGBM|SKLearn) +\d+\.\d+( |$)", line)]
     assert rss == ["empty", "XGBoost", "LightGBM", "SKLearn"], result.stdout
+
+
+@pytest.mark.slow
+def test_scale_bench_smoke_prints_its_figures() -> None:
+    result = subprocess.run([sys.executable, "bench/scale.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    starts = ("start to ready", "cold requests", "RSS MiB", "warm c4", "deploy through")
+    assert all(any(line.startswith(s) for line in lines) for s in starts), result.stdout
+    (warm,) = [line for line in lines if line.startswith("warm c4")]
+    assert warm.count(" 0 errors)") == 2, result.stdout  # both gateways answered every request

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from forestflow.api.common import FQRV_TAG, GATEWAY, SETTINGS, contract_from, fqrv_from, read_json, request_id_of
+from forestflow.api.common import FQRV_TAG, GATEWAY, SETTINGS, contract_from, fqrv_from, read_json, request_id_of, with_load
 from forestflow.api.responses import json_response
 from forestflow.codecs.ff_settings import (
     contract_settings_to_json,
@@ -191,7 +191,10 @@ async def stats(request: web.Request) -> web.Response:
     failing = gateway.failing_entries(contract)
     entries = gateway.servable_entries(contract, empty_ok=bool(failing))
     # Counters summed over every replica sharing the registry (this one's own with a file store).
-    out = [{"ServableMetrics": metrics_to_json(e.fqrv, gateway.stats_metrics(e))} for e in entries]
+    out = [
+        {"ServableMetrics": with_load(metrics_to_json(e.fqrv, gateway.stats_metrics(e)), gateway.load_view(e.fqrv))}
+        for e in entries
+    ]
     out += [{"ServableMetrics": metrics_to_json(e.fqrv, e.metrics) | {"load": status.view()}} for e, status in failing]
     return json_response(out)
 

@@ -22,6 +22,7 @@ from forestflow.api.common import (
     parse_json,
     request_id_of,
     timeout_from,
+    with_load,
 )
 from forestflow.api.pinning import PIN_HEADER, http_pinned_route
 from forestflow.api.responses import JSON, dumps, json_response
@@ -208,12 +209,22 @@ async def contract_metadata(request: web.Request) -> web.Response:
     state = gateway.contract_state(contract)
     out = []
     for entry in sorted(state.servables.values(), key=lambda e: e.metrics.created_at_ms):
-        out.append({"BasicMetaData": metadata_to_json(entry.fqrv, gateway.metadata(entry.fqrv), gateway.explanation(entry.fqrv))})
+        load = gateway.load_view(entry.fqrv)
+        if entry.fqrv in gateway.loaded:
+            doc = metadata_to_json(entry.fqrv, gateway.metadata(entry.fqrv), gateway.explanation(entry.fqrv))
+            out.append({"BasicMetaData": with_load(doc, load)})
+        elif load is not None:  # cold (lazy loading): described once it is loaded
+            reason = load.get("error") or f"{load['state']} (loaded on its first request)"
+            out.append({"BasicMetaData": _not_loaded(entry.fqrv, reason) | {"load": load}})
     for entry, status in gateway.failing_entries(contract):
-        failed = {"fqrv": fqrv_to_json(entry.fqrv), "name": entry.fqrv.release, "server": SERVER_NAME}
-        failed |= {"description": f"not loaded on this process: {status.error}", "inputs": [], "outputs": []}
-        out.append({"BasicMetaData": failed | {"load": status.view()}})
+        out.append({"BasicMetaData": _not_loaded(entry.fqrv, status.error) | {"load": status.view()}})
     return json_response(out)
+
+
+def _not_loaded(fqrv: Any, reason: str) -> dict[str, Any]:
+    """The metadata of a release not loaded on this process, without inputs or outputs."""
+    doc = {"fqrv": fqrv_to_json(fqrv), "name": fqrv.release, "server": SERVER_NAME}
+    return doc | {"description": f"not loaded on this process: {reason}", "inputs": [], "outputs": []}
 
 
 async def servable_metadata(request: web.Request) -> web.Response:

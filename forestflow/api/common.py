@@ -126,3 +126,8 @@ def header_names(names: list[str]) -> str:
     """Column names for a header value: comma-separated, anything else than printable ASCII
     percent-encoded (a client-chosen name may hold a newline, a comma or any character)."""
     return ",".join(quote(str(n), safe=_HEADER_SAFE) for n in names)
+
+
+def with_load(doc: dict[str, Any], load: dict[str, Any] | None) -> dict[str, Any]:
+    """A release's document with its ``"load"`` state (``Gateway.load_view``: lazy loading only)."""
+    return doc if load is None else doc | {"load": load}

@@ -45,6 +45,8 @@ def _servables(gateway: Any, now_ms: int) -> list[dict[str, Any]]:
             row["routingSharePct"] = _share_pct(state, release, weights, total)
             # RemoteV2: where it scores and whether that server answers (None: here)
             row["backend"] = loaded.servable.backend_state() if loaded is not None else None
+            if (load := gateway.load_view(entry.fqrv)) is not None:  # lazy loading: loaded/loading/cold/failed
+                row["load"] = load
             releases.append(row)
         for entry, status in gateway.failing_entries(contract):  # not loaded here: no routing
             releases.append(_release_row(gateway, entry) | {"load": status.view()})

@@ -78,6 +78,7 @@ async def _infer(request: web.Request, gateway: Gateway, state: ContractState, p
     contract = state.contract
     configs = parse_config(parsed.config)  # a sticky router reads its key there
     route = gateway.route(contract, state=state, configs=configs)
+    await gateway.load_routed(route)  # a cold release: loaded before its inputs lay out the tensors
     meta = gateway.decoding_metadata(route)
     if meta is None:
         raise gateway.registry.inactive_error(contract)  # 503 while its releases load, else 422

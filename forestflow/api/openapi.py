@@ -601,6 +601,7 @@ def _paths() -> dict[str, dict[str, Any]]:
             "ready": {"type": "boolean"},
             "draining": {"type": "boolean"},
             "loading": {"type": "array"},
+            "cold": {"type": "integer", "description": "releases routed but not loaded here (lazy loading)"},
             "loadingPhases": _OBJ,
             "failed": {"type": "object", "additionalProperties": _ref("LoadStatus")},
             "workers": {

@@ -13,7 +13,6 @@ new contract/fqrv pairs are counted under ``"other"``. Refused requests (4xx) ca
 from __future__ import annotations
 
 import platform
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,53 +29,11 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 import forestflow
+from forestflow.core.histogram import Histogram
 from forestflow.core.policies import is_valid
 from forestflow.runtime.scheduler import Priority
 
-#: Seconds; scoring a row of a tree model takes tens of microseconds, so the low end is fine.
-LATENCY_BUCKETS: tuple[float, ...] = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
 OTHER = "other"
-
-
-class Histogram:
-    """Bucket counts and a sum, filled on the request path, read at scrape time."""
-
-    __slots__ = ("counts", "total")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
-        self.total = 0.0
-
-    def observe(self, seconds: float) -> None:
-        """Count one duration."""
-        self.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        self.total += seconds
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        """Prometheus buckets: (upper bound, count at or below it), ending with +Inf."""
-        out: list[tuple[str, float]] = []
-        running = 0
-        for bound, count in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.counts):
-            running += count
-            out.append((bound, running))
-        return out
 
 
 class RequestMetrics:
@@ -184,6 +141,7 @@ class GatewayCollector:
             return
         yield from self._servables(gateway)
         yield from self._prediction_log(gateway)
+        yield from self._residency(gateway)
         yield from self._health(gateway)
 
     def _servables(self, gateway: Any) -> Iterator[Metric]:
@@ -346,6 +304,32 @@ class GatewayCollector:
             "1 while events cannot be delivered (the reason is in /health/ready's predictionLog)",
             value=1.0 if stats.failing_reason else 0.0,
         )
+
+    def _residency(self, gateway: Any) -> Iterator[Metric]:
+        residency = gateway.residency
+        yield CounterMetricFamily("forestflow_release_loads", "Releases loaded on this process", value=residency.loads_done)
+        yield CounterMetricFamily(
+            "forestflow_release_evictions", "Idle releases unloaded to keep within the memory budget", value=residency.evictions
+        )
+        yield CounterMetricFamily(
+            "forestflow_release_loaded_bytes",
+            "Bytes of the releases loaded (artifact sizes) since start",
+            value=residency.bytes_loaded,
+        )
+        yield GaugeMetricFamily(
+            "forestflow_release_resident_bytes", "Bytes of the releases loaded now (artifact sizes)", value=residency.used_bytes
+        )
+        yield GaugeMetricFamily(
+            "forestflow_releases_cold", "Releases routed but not loaded here", value=len(gateway.registry.cold)
+        )
+        yield CounterMetricFamily(
+            "forestflow_shadow_cold_skipped",
+            "Shadow copies not sent because their release is not loaded",
+            value=residency.shadow_cold_skipped,
+        )
+        family = HistogramMetricFamily("forestflow_cold_start_wait_seconds", "Requests' waits for their release to load")
+        family.add_metric([], residency.cold_waits.cumulative(), residency.cold_waits.total)
+        yield family
 
     def _health(self, gateway: Any) -> Iterator[Metric]:
         yield GaugeMetricFamily(

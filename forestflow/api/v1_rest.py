@@ -77,6 +77,7 @@ async def _infer(request: web.Request, explain: bool) -> tuple[InferResult, bool
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidInput("parameters: expected a JSON object")
+    await gateway.load_routed(route)  # a cold release: loaded before its inputs lay out the body
     specs = v2_common.decoding_specs(gateway, route)
     columnar = "instances" not in body and isinstance(body.get("inputs"), dict)
     if columnar:

@@ -197,6 +197,7 @@ async def infer(
         route = gateway.route(contract, version_fqrv(contract, version).release if version else None, configs=configs)
     else:  # routed by the front-end, which parsed the name already: not parsed a second time
         contract = route.state.contract
+    await gateway.load_routed(route)  # a cold release: loaded before its inputs lay out the tensors
     if classification:
         check_can_classify(gateway, route, classification)
     explain = parameters.get("explain", False)

@@ -4,6 +4,7 @@ fields, and error messages that name the path of what is wrong."""
 from __future__ import annotations
 
 import builtins
+import functools
 import re
 from typing import Any, TypeVar
 
@@ -14,11 +15,15 @@ T = TypeVar("T")
 _CAMEL_BOUNDARY = re.compile(r"_([a-z0-9])")
 
 
+# Cached: the names are the codecs' own field names, and a registry of 10,000 releases is read
+# at every start (computing both spellings per lookup was most of parsing a serve request).
+@functools.lru_cache(maxsize=4096)
 def camel(name: str) -> str:
     """``phase_in_over_secs`` -> ``phaseInOverSecs``."""
     return _CAMEL_BOUNDARY.sub(lambda m: m.group(1).upper(), name)
 
 
+@functools.lru_cache(maxsize=4096)
 def snake(name: str) -> str:
     """``phaseInOverSecs`` -> ``phase_in_over_secs`` (``validAfterMS`` -> ``valid_after_ms``)."""
     out = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
@@ -37,8 +42,11 @@ class Obj:
         self.path = path
 
     def _key(self, name: str) -> str | None:
-        for candidate in (name, camel(name), snake(name)):
-            if candidate in self.data:
+        data = self.data
+        if name in data:
+            return name
+        for candidate in (camel(name), snake(name)):
+            if candidate in data:
                 return candidate
         return None
 

@@ -43,3 +43,8 @@ class ServableDefinition:
     def with_logging(self, logging: LoggingSettings) -> ServableDefinition:
         """A copy with new logging settings (policy kept)."""
         return replace(self, settings=replace(self.settings, logging=logging))
+
+
+def same_artifact(a: ServableDefinition, b: ServableDefinition) -> bool:
+    """Whether two definitions load the same model (their other settings may differ)."""
+    return a.path == b.path and a.flavor == b.flavor and a.flavor_settings == b.flavor_settings

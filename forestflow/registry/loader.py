@@ -71,6 +71,13 @@ class ServableLoader:
             servable.restoring = restoring
             if defn.sha256:
                 await asyncio.to_thread(_verify_sha256, servable, defn.sha256)
+            size_bytes = await asyncio.to_thread(release_bytes, servable) if claim is not None else 0
+            budget = self.settings.memory_budget_bytes
+            if budget and size_bytes > budget:
+                raise CreateServableRequestInvalidError(
+                    f"{defn.fqrv} needs {size_bytes / 2**20:.1f} MiB, more than the whole model_memory_budget_mb "
+                    f"of {budget // 2**20} MiB of this process: it is never loaded here"
+                )
             started = time.perf_counter()
             await self._load(defn, servable)
             explainer = await self._explainer(defn, servable, directory)
@@ -95,7 +102,7 @@ class ServableLoader:
             coalesce_rows=batch_rows,
             batch_wait_us=policy.wait_us,
         )
-        return Loaded(defn, servable, scheduler, claim, load_seconds, explainer)
+        return Loaded(defn, servable, scheduler, claim, load_seconds, explainer, size_bytes)
 
     async def _explainer(self, defn: ServableDefinition, servable: Servable, directory: Path) -> KernelExplainer | None:
         """The KernelSHAP explainer the definition declares, with its background scored once (422 if it cannot be)."""
@@ -167,6 +174,15 @@ def _needed_files(defn: ServableDefinition) -> tuple[str, ...] | None:
         if defn.flavor == "H2OMojo" and isinstance(value, str) and value.strip():
             return (value.strip(),)
     return None
+
+
+def release_bytes(servable: Servable) -> int:
+    """A release's size for the memory budget: the bytes of the file its flavor loads (H2O's
+    mojoPath, ONNX's modelPath, ...), else of every file of its artifact."""
+    path = model_file(servable)
+    if path is not None and path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in Path(servable.artifact_dir).rglob("*") if p.is_file())
 
 
 def model_file(servable: Servable) -> Path | None:

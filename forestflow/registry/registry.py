@@ -12,6 +12,7 @@ Changes are made with :attr:`Registry.lock` held by the caller; lookups need no 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,8 @@ class Loaded:
     load_seconds: float = 0.0
     #: The model-agnostic explainer its definition declares (a ``runtime.kernel_shap.KernelExplainer``), if any.
     explainer: Any = None
+    #: Its size for the memory budget: the bytes of its model file (see :mod:`residency`).
+    size_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -64,10 +67,19 @@ class Registry:
         #: Releases the store deleted that this process keeps serving until the releases replacing
         #: them are loaded here (make-before-break; ``replica_sync`` keeps this up to date).
         self.kept: set[FQRV] = set()
+        #: Releases that are part of their contract's routing but not loaded here (lazy loading:
+        #: restored, learnt from the store, or evicted), with the definition to load them from.
+        self.cold: dict[FQRV, ServableDefinition] = {}
+        #: Called with each servable that becomes loaded (the residency's accounting).
+        self.on_loaded: Callable[[Loaded], None] | None = None
         #: Taken by every change, so a change and the store write before it are never interleaved.
         self.lock = asyncio.Lock()
         #: Set when counters or routing moved since they were last persisted.
         self.counters_dirty = False
+        #: The contracts whose counters or routing moved since they were last persisted (a flush
+        #: writes only theirs: with 10,000 contracts, building every document each second would
+        #: keep the event loop busy).
+        self.dirty: set[Contract] = set()
         #: Rollbacks (a routed release became invalid) per fqrv, since start (``/metrics``).
         self.rollbacks: dict[str, int] = {}
 
@@ -120,8 +132,18 @@ class Registry:
         return NoActiveServablesForContract(contract)
 
     def is_held(self, fqrv: FQRV) -> bool:
-        """Whether the release is loaded or being loaded."""
-        return fqrv in self.loaded or fqrv in self.pending
+        """Whether the release is loaded, being loaded, or registered here without being loaded."""
+        return fqrv in self.loaded or fqrv in self.pending or fqrv in self.cold
+
+    def definition(self, fqrv: FQRV) -> ServableDefinition:
+        """The definition of a loaded or cold release, or UnknownServable."""
+        loaded = self.loaded.get(fqrv)
+        if loaded is not None:
+            return loaded.definition
+        defn = self.cold.get(fqrv)
+        if defn is None:
+            raise UnknownServable(fqrv)
+        return defn
 
     # ---- changes (the caller holds the lock) ------------------------------------------------------
     def ensure_contract(self, contract: Contract, settings: ContractSettings | None) -> ContractState:
@@ -137,8 +159,35 @@ class Registry:
         loaded.definition = defn
         self.loaded[defn.fqrv] = loaded
         self.failed.pop(defn.fqrv, None)
+        self.cold.pop(defn.fqrv, None)
+        state.add(ServableEntry(defn.fqrv, defn.settings, metrics))
+        if self.on_loaded is not None:
+            self.on_loaded(loaded)
+        return state
+
+    def add_cold(self, defn: ServableDefinition, metrics: ServableMetrics) -> ContractState:
+        """Make a release part of its contract (created when new) without loading it."""
+        state = self.ensure_contract(defn.fqrv.contract, defn.contract_settings)
+        self.cold[defn.fqrv] = defn
         state.add(ServableEntry(defn.fqrv, defn.settings, metrics))
         return state
+
+    def warm(self, loaded: Loaded) -> None:
+        """A cold release is loaded now (its entry, counters and routing stay as they are)."""
+        fqrv = loaded.definition.fqrv
+        loaded.definition = self.cold.pop(fqrv, loaded.definition)
+        self.loaded[fqrv] = loaded
+        self.failed.pop(fqrv, None)
+        if self.on_loaded is not None:
+            self.on_loaded(loaded)
+
+    def evict(self, fqrv: FQRV) -> Loaded | None:
+        """Take a loaded release out of memory but not out of its contract (it becomes cold);
+        returns the servable the caller must unload."""
+        loaded = self.loaded.pop(fqrv, None)
+        if loaded is not None:
+            self.cold[fqrv] = loaded.definition
+        return loaded
 
     def remove(self, contract: Contract, releases: list[str]) -> list[Loaded]:
         """Take releases out of their contract; returns the servables the caller must unload."""
@@ -147,6 +196,7 @@ class Registry:
         for release in releases:
             if state is not None:
                 state.remove(release)
+            self.cold.pop(FQRV(contract, release), None)
             loaded = self.loaded.pop(FQRV(contract, release), None)
             if loaded is not None:
                 unload.append(loaded)
@@ -157,8 +207,11 @@ class Registry:
         self.contracts.pop(contract, None)
 
     def update_definition(self, defn: ServableDefinition) -> None:
-        """A loaded servable's new settings (same artifact): kept on it and on its contract entry."""
-        self.loaded[defn.fqrv].definition = defn
+        """A loaded (or cold) servable's new settings (same artifact): kept on it and on its contract entry."""
+        if defn.fqrv in self.cold:
+            self.cold[defn.fqrv] = defn
+        else:
+            self.loaded[defn.fqrv].definition = defn
         self.entry(defn.fqrv).settings = defn.settings
 
     def evaluate(self, state: ContractState, now_ms: int) -> Expiry:
@@ -180,10 +233,12 @@ class Registry:
         for release in result.expired:
             fqrv = FQRV(state.contract, release)
             expiry.releases.append(fqrv)
+            self.cold.pop(fqrv, None)
             loaded = self.loaded.pop(fqrv, None)
             if loaded is not None:
                 expiry.unload.append(loaded)
         stamped = any(stamps_before.get(r) != e.metrics.became_valid_at_ms for r, e in state.servables.items())
         if stamped or result.routing_changed or expiry.rolled_back:
             self.counters_dirty = True
+            self.dirty.add(state.contract)
         return expiry

@@ -1,0 +1,153 @@
+"""Issue 46 at scale: N contracts of one small native GBM each on one gateway, loaded lazily.
+
+Seeds a file store with N releases (the prostate GBM fixture, one contract each), then measures:
+the time from process start to ready and to the first answer of a cold release; cold-request
+latency (first requests to distinct releases); RSS after that traffic with and without a memory
+budget; warm p50/p99 against a gateway with 10 contracts, side by side (both loaded at once); and
+the time of a deploy through the admin API into the gateway holding N releases and into the small
+one. Nothing is asserted; the machine may be loaded by other work, so compare the side-by-side
+ratios rather than absolute figures.
+
+    python bench/scale.py                       # 10,000 contracts
+    python bench/scale.py --contracts 1000      # fewer
+    python bench/scale.py --smoke               # 40 contracts, a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import payloads  # noqa: E402
+from bench.servers import Server, side_by_side, start_gateway  # noqa: E402
+from forestflow.codecs.ff_settings import parse_serve_request, serve_request_to_json  # noqa: E402
+from forestflow.registry.file_store import FileStore  # noqa: E402
+
+BODY = payloads.score_body(1)
+HEADERS = {"Content-Type": "application/json"}
+
+
+def release(model_dir: Path, n: int, version: str = "gbm") -> dict[str, Any]:
+    """The serve request of contract bench/scale/<n> with the GBM of ``model_dir``."""
+    body = payloads.definition(("bench", "scale", n), "NONE")
+    body["path"] = model_dir.as_uri()
+    body["flavor"] = {"H2OMojo": {"mojoPath": "gbm.zip"}}
+    body["fqrv"]["release_version"] = version
+    return body
+
+
+def seed(data_dir: Path, model_dir: Path, contracts: int) -> None:
+    """The releases in the gateway's file store, written in one change."""
+    docs = {}
+    for n in range(contracts):
+        defn = parse_serve_request(release(model_dir, n))
+        docs[f"servable/{defn.fqrv}"] = serve_request_to_json(defn)
+    asyncio.run(FileStore(data_dir / "state" / "registry.json").apply(docs))
+
+
+def score_ms(server: Server, n: int) -> float:
+    started = time.perf_counter()
+    r = requests.post(f"{server.url}/bench/scale/{n}/score", data=BODY, headers=HEADERS, timeout=120)
+    r.raise_for_status()
+    return (time.perf_counter() - started) * 1000
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
+
+
+def deploy_ms(server: Server, model_dir: Path, first: int, count: int) -> float:
+    """Mean milliseconds of ``count`` deploys of new contracts through the admin API."""
+    started = time.perf_counter()
+    for n in range(first, first + count):
+        r = requests.post(server.url + "/servable", json=release(model_dir, n), timeout=120)
+        r.raise_for_status()
+    return (time.perf_counter() - started) * 1000 / count
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--contracts", type=int, default=10_000, help="releases on the big gateway (one contract each)")
+    parser.add_argument("--cold", type=int, default=200, help="distinct cold releases requested (cold p99, RSS)")
+    parser.add_argument("--budget-mb", type=int, default=4, help="model_memory_budget_mb of the budget gateway")
+    parser.add_argument("--deploys", type=int, default=50, help="deploys timed on each gateway")
+    parser.add_argument("--seconds", type=float, default=5.0, help="duration of the warm side-by-side run")
+    parser.add_argument("--smoke", action="store_true", help="40 contracts, 10 cold, 5 deploys, 1 s")
+    args = parser.parse_args()
+    if args.smoke:
+        args.contracts, args.cold, args.deploys, args.seconds = 40, 10, 5, 1.0
+    work = Path(tempfile.mkdtemp(prefix="ff-scale-"))
+    model = work / "model"
+    model.mkdir()
+    shutil.copy(payloads.FIXTURE.with_suffix(".zip"), model / "gbm.zip")
+    size = (model / "gbm.zip").stat().st_size
+    print(f"# {args.contracts} contracts of one GBM ({size} B model file); logs under {work}; machine may be loaded")
+    started = time.perf_counter()
+    for name in ("big", "budget"):
+        seed(work / name, model, args.contracts)
+    print(f"seed {args.contracts} releases into two file stores: {time.perf_counter() - started:.2f} s")
+    lazy = {"FORESTFLOW_LAZY_LOADING": "1", "FORESTFLOW_WARM_CONCURRENCY": "0", "FORESTFLOW_ACCESS_LOG": "0"}
+    servers: list[Server] = []
+    try:
+        started = time.perf_counter()
+        big = start_gateway(work / "big", lazy, work, "big", pin=False)
+        servers.append(big)
+        ready_s = time.perf_counter() - started
+        first_ms = score_ms(big, args.contracts - 1)
+        print(f"start to ready with {args.contracts} releases: {ready_s:.2f} s; first answer of a cold release {first_ms:.1f} ms")
+        budget_env = {**lazy, "FORESTFLOW_MODEL_MEMORY_BUDGET_MB": str(args.budget_mb)}
+        budgeted = start_gateway(work / "budget", budget_env, work, "budget", pin=False)
+        servers.append(budgeted)
+        rss_before = big.rss_mb(), budgeted.rss_mb()
+        cold = [score_ms(big, n) for n in range(args.cold)]
+        for n in range(args.cold):
+            score_ms(budgeted, n)
+        print(
+            f"cold requests ({args.cold} distinct releases): p50 {percentile(cold, 50):.1f} ms, "
+            f"p99 {percentile(cold, 99):.1f} ms, max {max(cold):.1f} ms"
+        )
+        print(
+            f"RSS MiB after ready: no budget {rss_before[0]:.0f}, budget {rss_before[1]:.0f}; after {args.cold} releases "
+            f"used: no budget {big.rss_mb():.0f}, budget {args.budget_mb} MiB {budgeted.rss_mb():.0f} "
+            f"(model files {args.cold * size / 2**20:.1f} MiB)"
+        )
+        small = start_gateway(work / "small", {"FORESTFLOW_ACCESS_LOG": "0"}, work, "small", pin=False)
+        servers.append(small)
+        small_deploy = deploy_ms(small, model, 0, 10)
+        path = "/bench/scale/0/score"
+        many, few = side_by_side(big, small, path, BODY, "application/json", 4, args.seconds)
+        print(
+            f"warm c4 {args.seconds:g} s side by side: {args.contracts} contracts p50 {many.p50_ms:.2f} ms p99 "
+            f"{many.p99_ms:.2f} ms ({many.rps:.0f} req/s, {many.errors} errors); 10 contracts p50 {few.p50_ms:.2f} ms "
+            f"p99 {few.p99_ms:.2f} ms ({few.rps:.0f} req/s, {few.errors} errors); p50 ratio "
+            f"{many.p50_ms / few.p50_ms:.2f}, p99 ratio {many.p99_ms / few.p99_ms:.2f}"
+        )
+        big_deploy = deploy_ms(big, model, args.contracts, args.deploys)
+        small_deploy = statistics.mean([small_deploy, deploy_ms(small, model, 10, args.deploys)])
+        print(
+            f"deploy through the admin API: {big_deploy:.1f} ms per release into {args.contracts} releases, "
+            f"{small_deploy:.1f} ms into ~10 (ratio {big_deploy / small_deploy:.1f})"
+        )
+    finally:
+        for server in servers:
+            server.stop()
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
