@@ -29,7 +29,7 @@ from forestflow.errors import CreateServableRequestInvalidError, PredictionFaile
 from forestflow.runtime import inline_probe, jvm
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.h2o_inputs import NA, UNSEEN, ModelColumn, build_matrix, missing_columns
-from forestflow.runtime.h2o_tree_reader import NativeUnsupported, parse_model_ini
+from forestflow.runtime.h2o_tree_reader import InvalidMojo, NativeUnsupported, parse_model_ini
 
 if TYPE_CHECKING:
     from forestflow.runtime.h2o_native import NativeTreeScorer
@@ -154,6 +154,8 @@ class H2OMojoServable(Servable):
                 return
             except NativeUnsupported as exc:
                 why_not_native = str(exc)
+            except InvalidMojo as exc:  # malformed: not handed to genmodel either
+                raise CreateServableRequestInvalidError(f"MOJO file {path.name!r} is invalid: {exc}") from None
             except CreateServableRequestInvalidError:
                 raise
             except Exception as exc:  # a MOJO the reader does not understand: genmodel may
