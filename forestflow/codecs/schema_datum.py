@@ -23,6 +23,7 @@ import orjson
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs import _ffjson
 from forestflow.codecs.ff_settings import fqrv_to_json
+from forestflow.codecs.v2_tensor import NotRepresentable, numbers_as
 from forestflow.core.frame import DATATYPES, Frame, datatype_of
 from forestflow.core.ids import FQRV
 from forestflow.errors import InvalidInput
@@ -59,6 +60,8 @@ _V2_TO_FF = {
     "UINT64": "Int64",
     "BOOL": "Bool",
 }
+#: Numeric ForestFlow type -> the V2 datatype of its column (the inverse of the signed part above).
+_FF_TO_V2 = {ff: v2 for v2, ff in _V2_TO_FF.items() if v2[0] in "IF"}
 
 
 def _column(ff_type: str, values: list[Any], field: str) -> np.ndarray:
@@ -88,9 +91,28 @@ def _column(ff_type: str, values: list[Any], field: str) -> np.ndarray:
             raise InvalidInput(f"field {field!r}: {ff_type} tensors take numbers (null only in Float tensors)")
         values = [math.nan if v is None else v for v in values]
     try:
-        return np.array(values, dtype=FF_DTYPES[ff_type])
+        if any(type(v) is str for v in values):  # protobuf's JSON mapping: numbers in strings ("NaN" too)
+            values = [_number_text(v, ff_type) if type(v) is str else v for v in values]
+        raw = np.array(values)
+        if raw.dtype.kind not in "iuf" or raw.ndim != 1:
+            raise ValueError
+        return numbers_as(raw, _FF_TO_V2[ff_type], ff_type)
+    except NotRepresentable as exc:
+        raise InvalidInput(f"field {field!r}: {exc}") from None
     except (ValueError, TypeError, OverflowError):
         raise InvalidInput(f"field {field!r}: values are not valid {ff_type} numbers") from None
+
+
+def _number_text(text: str, ff_type: str) -> int | float:
+    """A number given as a string: an integer for the Int types when it is written as one."""
+    if "_" in text:  # Python's digit grouping: not a JSON number
+        raise ValueError(text)
+    if ff_type.startswith("Int"):
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    return float(text)
 
 
 def _frame(schema: Sequence[tuple[str, list[str]]], datums: Iterable[Sequence[tuple[str, Sequence[Any]]]]) -> Frame:

@@ -163,21 +163,39 @@ def _array_from_flat(
         kind = "f"
     if kind not in "biuf":
         raise InvalidInput(f"{what} {name!r}: {datatype} data must be numbers in range, got {raw[0]!r}")
+    try:
+        return numbers_as(raw, datatype).reshape(dims)
+    except NotRepresentable as exc:
+        raise InvalidInput(f"{what} {name!r}: {exc}") from None
+
+
+class NotRepresentable(ValueError):
+    """A number the datatype cannot hold; the message says how (for the caller to name the input)."""
+
+
+def numbers_as(raw: np.ndarray, datatype: str, label: str | None = None) -> np.ndarray:
+    """Numbers (an array of booleans, integers or floats) as the numeric ``datatype``, exactly:
+    :class:`NotRepresentable` (its message naming ``label``, else the datatype) for a fraction, NaN or
+    a value out of range for an integer type, and a finite value past a float type's range, rather
+    than numpy's silent truncation, wrap-around or infinity."""
+    dtype, kind, label = DATATYPES[datatype], raw.dtype.kind, label or datatype
+    if raw.size == 0:
+        return raw.astype(dtype)
     if datatype in _INTEGER:
         if kind == "f" and not np.all(np.isfinite(raw) & (raw == np.trunc(raw))):
-            raise InvalidInput(f"{what} {name!r}: {datatype} data must be integers")
+            raise NotRepresentable(f"{label} data must be integers")
         info = np.iinfo(dtype)
         low, high = raw.min(), raw.max()  # compared as Python numbers: uint64 vs int64 bounds
         if (int(low) if kind in "biu" else float(low)) < info.min or (int(high) if kind in "biu" else float(high)) > info.max:
-            raise InvalidInput(f"{what} {name!r}: value out of range for {datatype}")
-        return raw.astype(dtype).reshape(dims)
+            raise NotRepresentable(f"value out of range for {label}")
+        return raw.astype(dtype)
     if datatype == "FP64":
-        return raw.astype(dtype, copy=False).reshape(dims)
+        return raw.astype(dtype, copy=False)
     with np.errstate(over="ignore"):
         out = raw.astype(dtype)
-    if kind == "f" and np.any(np.isinf(out) & np.isfinite(raw)):
-        raise InvalidInput(f"{what} {name!r}: value out of range for {datatype}")
-    return out.reshape(dims)
+    if np.any(np.isinf(out) & np.isfinite(raw)) if kind == "f" else np.any(np.isinf(out)):
+        raise NotRepresentable(f"value out of range for {label}")
+    return out
 
 
 def array_from_raw(name: str, datatype: Any, shape: Any, buf: bytes | memoryview, what: str = "input") -> np.ndarray:

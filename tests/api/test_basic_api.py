@@ -236,3 +236,35 @@ async def test_contracts_named_in_paths_are_cached_within_a_bound(gw: InProcessG
     async with gw.session.post(gw.url + "/v2/models/acme.demo.1/infer", json={"inputs": []}) as r:
         assert r.status != 404
     assert v2_common._MODEL_CONTRACTS.get("acme.demo.1") is not None
+
+
+async def test_values_a_declared_type_cannot_hold_are_400_naming_the_field(gw: InProcessGateway) -> None:
+    """JSON (the C reader declines these, the Python path answers) and protobuf; each value used to be
+    changed silently: 1.5 -> 1, -1.9 -> -1, 1e39 -> inf, 70000 -> inf."""
+    await deploy(gw, python_servable())
+    cases = [
+        ("Int64", 1.5, "field 'n': Int64 data must be integers"),
+        ("Int8", -1.9, "field 'n': Int8 data must be integers"),
+        ("Int8", 300, "field 'n': value out of range for Int8"),
+        ("Int16", "70000", "field 'n': value out of range for Int16"),
+        ("Float32", 1e39, "field 'n': value out of range for Float32"),
+        ("Float16", 70000, "field 'n': value out of range for Float16"),
+    ]
+    for ff_type, value, message in cases:
+        body = {
+            "schema": [{"type": "Float64", "fields": ["x"]}, {"type": ff_type, "fields": ["n"]}],
+            "datum": [{"tensors": [{"Float64": {"data": [1.0]}}, {ff_type: {"data": [value]}}]}],
+        }
+        status, payload = await score(gw, body)
+        assert status == 400, (ff_type, value, payload)
+        assert message in payload["error"], payload
+    request = pb.InferenceRequest()
+    request.schema.add(type=pb.TensorType.Value("Int8"), fields=["n"])
+    request.datum.add().tensors.add().Int8.data.append(300)
+    async with gw.session.post(
+        gw.url + "/acme/demo/1/score", data=request.SerializeToString(), headers={"Content-Type": "application/x-protobuf"}
+    ) as r:
+        payload = await r.json()
+        assert r.status == 400 and "field 'n': value out of range for Int8" in payload["error"], payload
+    fine = {"schema": [{"type": "Int8", "fields": ["n"]}], "datum": [{"tensors": [{"Int8": {"data": [-128]}}]}]}
+    assert (await score(gw, fine))[0] == 200

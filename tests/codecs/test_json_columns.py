@@ -177,7 +177,7 @@ def test_random_score_bodies_decode_as_the_python_path_does() -> None:
         ),
         (
             b'{"schema": [{"type": "Int8", "fields": ["a"]}], "datum": [{"tensors": [{"Int8": {"data": [300]}}]}]}',
-            "field 'a': values are not valid Int8 numbers",
+            "field 'a': value out of range for Int8",
         ),
         (
             b'{"schema": [{"type": "String", "fields": ["a"]}], "datum": [{"tensors": [{"String": {"data": ["\\ud800"]}}]}]}',
