@@ -194,6 +194,18 @@ def test_bad_bodies_get_the_messages_they_always_got(body: bytes, message: str) 
     assert _front_end(body) == message
 
 
+@pytest.mark.parametrize("name", ["Float64\u0000junk", "Int8\u0000", "String\u0000\u0000"])
+def test_a_type_name_with_a_nul_inside_is_refused_by_both_paths(name: str) -> None:
+    """The C reader compared the UTF-8 name with strcmp, so "Float64\\0junk" read as Float64."""
+    key = name.split("\u0000")[0]
+    value = "a" if key == "String" else 1
+    body = orjson.dumps({"schema": [{"type": name, "fields": ["x"]}], "datum": [{"tensors": [{key: {"data": [value]}}]}]})
+    assert _ffjson.score_request(body) is None
+    message = _python_path(body)
+    assert isinstance(message, str) and message.startswith("schema[0].type: unknown tensor type"), message
+    assert _front_end(body) == message
+
+
 def test_strings_nulls_and_large_numbers_read_exactly() -> None:
     texts = [*TEXTS, None]
     body = orjson.dumps(
