@@ -275,6 +275,28 @@ def ff_type_name(datatype: str) -> str:
 _FF_OF_DTYPE: dict[np.dtype[Any], str] = {dtype: _V2_TO_FF[name] for name, dtype in DATATYPES.items() if name in _V2_TO_FF}
 
 
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def exact_columns(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``columns`` as ForestFlow's types hold them exactly: an unsigned 64-bit column with a value
+    past Int64's range goes out as its decimal text (a String column), as no ForestFlow type holds
+    it (written as Int64 it read back negative). The same dict when nothing needs that."""
+    big = [
+        name
+        for name, c in columns.items()
+        if c.dtype.kind == "u" and c.dtype.itemsize == 8 and c.size and int(c.max()) > _INT64_MAX
+    ]
+    if not big:
+        return columns
+    out = dict(columns)
+    for name in big:
+        text = np.empty(columns[name].shape, dtype=object)
+        text.reshape(-1)[:] = [str(v) for v in columns[name].reshape(-1).tolist()]
+        out[name] = text
+    return out
+
+
 def _ff_type(column: np.ndarray) -> str:
     ff_type = _FF_OF_DTYPE.get(column.dtype)
     if ff_type is not None:
@@ -360,6 +382,9 @@ def _schema_datum_bytes(frame: Frame) -> tuple[bytes, bytes]:
     Each group's rows are written by one orjson call; ``_ffjson.datum`` interleaves them into the
     records with the constant JSON around them (no Python object per record).
     """
+    columns = exact_columns(frame.columns)
+    if columns is not frame.columns:
+        frame = Frame(columns, frame.parameters)
     groups = type_groups(frame)
     schema = _schema_json(tuple((t, tuple(names)) for t, names in groups))
     if not groups or frame.num_rows == 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from forestflow._proto import forestflow_pb2 as pb
@@ -268,3 +269,26 @@ async def test_values_a_declared_type_cannot_hold_are_400_naming_the_field(gw: I
         assert r.status == 400 and "field 'n': value out of range for Int8" in payload["error"], payload
     fine = {"schema": [{"type": "Int8", "fields": ["n"]}], "datum": [{"tensors": [{"Int8": {"data": [-128]}}]}]}
     assert (await score(gw, fine))[0] == 200
+
+
+async def test_uint64_answers_past_int64_read_back_exactly_in_protobuf_and_json(gw: InProcessGateway) -> None:
+    """They were written as negative Int64 in the protobuf answer (and the Kafka event)."""
+    await deploy(gw, python_servable(directory=Path(__file__).with_name("servables"), module="uint64.py"))
+    request = pb.InferenceRequest()
+    request.schema.add(type=pb.Float64, fields=["x"])
+    for x in (0.0, 7.0):
+        request.datum.add().tensors.add().Float64.data.append(x)
+    async with gw.session.post(
+        gw.url + "/acme/demo/1/score", data=request.SerializeToString(), headers={"Content-Type": "application/x-protobuf"}
+    ) as r:
+        assert r.status == 200
+        prediction = pb.Prediction.FromString(await r.read())
+    assert [(e.type, list(e.fields)) for e in prediction.schema] == [(pb.String, ["big"]), (pb.Int64, ["fits"])]
+    assert [(d.tensors[0].String.data[0], d.tensors[1].Int64.data[0]) for d in prediction.datum] == [
+        (str(2**64 - 1), 0),
+        (str(2**64 - 8), 7),
+    ]
+    status, payload = await score(
+        gw, {"schema": [{"type": "Float64", "fields": ["x"]}], "datum": [{"tensors": [{"Float64": {"data": [7]}}]}]}
+    )
+    assert status == 200 and payload["Prediction"]["datum"][0]["tensors"][0] == {"String": {"data": [str(2**64 - 8)]}}, payload
