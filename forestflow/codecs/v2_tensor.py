@@ -24,6 +24,9 @@ from forestflow.errors import InvalidInput
 _LENGTH = struct.Struct("<I")
 _INTEGER = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
 _FLOAT = frozenset({"FP16", "FP32", "FP64"})
+#: Most dimensions of a tensor, and most bytes its dimensions may describe (numpy's limits).
+_MAX_DIMS = 32
+_MAX_BYTES = np.iinfo(np.intp).max
 
 #: V2 datatype -> the InferTensorContents field that carries it (FP16 travels raw only).
 CONTENTS_FIELD: dict[str, str | None] = {
@@ -64,7 +67,17 @@ def check_header(name: str, datatype: Any, shape: Any, what: str = "input") -> t
         raise InvalidInput(f"{what} {name!r}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
     if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidInput(f"{what} {name!r}: shape must be a list of non-negative integers, got {shape!r}")
-    return DATATYPES[datatype], tuple(shape)
+    dtype = DATATYPES[datatype]
+    # numpy refuses an array whose dimensions (zeros aside) multiply past its index range, even an
+    # empty one ([1, 2^62, 2^62, 0]), and more than _MAX_DIMS of them.
+    if len(shape) > _MAX_DIMS or math.prod(d for d in shape if d) * dtype.itemsize > _MAX_BYTES:
+        raise InvalidInput(f"{what} {name!r}: shape {_short_shape(shape)} is larger than any tensor can be")
+    return dtype, tuple(shape)
+
+
+def _short_shape(shape: Sequence[int]) -> str:
+    text = str(list(shape))
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def element_count(shape: Sequence[int]) -> int:
