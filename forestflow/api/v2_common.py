@@ -185,7 +185,8 @@ async def infer(
     if classification:
         check_can_classify(gateway, route, classification)
     model_parameters = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS}
-    frame, layout = decode_inputs(tensors, decoding_specs(gateway, route), model_parameters)
+    meta = gateway.decoding_metadata(route)
+    frame, layout = decode_inputs(tensors, meta.inputs if meta else (), model_parameters, meta.outputs if meta else ())
     result = await gateway.infer(
         contract,
         frame,

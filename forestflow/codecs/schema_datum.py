@@ -23,7 +23,7 @@ import orjson
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs import _ffjson
 from forestflow.codecs.ff_settings import fqrv_to_json
-from forestflow.codecs.v2_tensor import NotRepresentable, numbers_as
+from forestflow.core.declared import NotRepresentable, numbers_as
 from forestflow.core.frame import DATATYPES, Frame, datatype_of
 from forestflow.core.ids import FQRV
 from forestflow.errors import InvalidInput

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from forestflow.codecs.v2_tensor import NotRepresentable, numbers_as
+from forestflow.core.declared import NotRepresentable, numbers_as
 from forestflow.core.frame import DATATYPES, NUMERIC_DATATYPES, Frame, TensorSpec
 from forestflow.errors import InvalidInput
 

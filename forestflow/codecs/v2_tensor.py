@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from forestflow.core.declared import NotRepresentable, numbers_as
 from forestflow.core.frame import DATATYPES
 from forestflow.errors import InvalidInput
 
 _LENGTH = struct.Struct("<I")
-_INTEGER = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
 _FLOAT = frozenset({"FP16", "FP32", "FP64"})
 #: Most dimensions of a tensor, and most bytes its dimensions may describe (numpy's limits).
 _MAX_DIMS = 32
@@ -180,35 +180,6 @@ def _array_from_flat(
         return numbers_as(raw, datatype).reshape(dims)
     except NotRepresentable as exc:
         raise InvalidInput(f"{what} {name!r}: {exc}") from None
-
-
-class NotRepresentable(ValueError):
-    """A number the datatype cannot hold; the message says how (for the caller to name the input)."""
-
-
-def numbers_as(raw: np.ndarray, datatype: str, label: str | None = None) -> np.ndarray:
-    """Numbers (an array of booleans, integers or floats) as the numeric ``datatype``, exactly:
-    :class:`NotRepresentable` (its message naming ``label``, else the datatype) for a fraction, NaN or
-    a value out of range for an integer type, and a finite value past a float type's range, rather
-    than numpy's silent truncation, wrap-around or infinity."""
-    dtype, kind, label = DATATYPES[datatype], raw.dtype.kind, label or datatype
-    if raw.size == 0:
-        return raw.astype(dtype)
-    if datatype in _INTEGER:
-        if kind == "f" and not np.all(np.isfinite(raw) & (raw == np.trunc(raw))):
-            raise NotRepresentable(f"{label} data must be integers")
-        info = np.iinfo(dtype)
-        low, high = raw.min(), raw.max()  # compared as Python numbers: uint64 vs int64 bounds
-        if (int(low) if kind in "biu" else float(low)) < info.min or (int(high) if kind in "biu" else float(high)) > info.max:
-            raise NotRepresentable(f"value out of range for {label}")
-        return raw.astype(dtype)
-    if datatype == "FP64":
-        return raw.astype(dtype, copy=False)
-    with np.errstate(over="ignore"):
-        out = raw.astype(dtype)
-    if np.any(np.isinf(out) & np.isfinite(raw)) if kind == "f" else np.any(np.isinf(out)):
-        raise NotRepresentable(f"value out of range for {label}")
-    return out
 
 
 def array_from_raw(name: str, datatype: Any, shape: Any, buf: bytes | memoryview, what: str = "input") -> np.ndarray:

@@ -86,6 +86,8 @@ class H2OMojoServable(Servable):
     reads_parameters = False
     #: A batch crosses into Java (or the native scorer) in one call: concurrent requests may share it.
     batchable = True
+    #: Numbers for a categorical (as their text) and numeric strings for a number are read as genmodel reads them.
+    converts_inputs = True
 
     def __init__(self, fqrv: Any, artifact_dir: Path, settings: dict[str, Any]) -> None:
         super().__init__(fqrv, artifact_dir, settings)
