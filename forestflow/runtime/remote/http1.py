@@ -95,8 +95,8 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             try:
                 answer = self.reader.at_close()
-            except ValueError as exc:
-                waiter.set_exception(exc)
+            except ValueError as broken:  # read to the close, and over the size bound
+                waiter.set_exception(broken)
                 return
             if answer is not None:
                 waiter.set_result(answer)
