@@ -33,7 +33,7 @@ from forestflow.core.ids import FQRV, Contract
 from forestflow.predlog.kafka_batch import RecordBatch
 from forestflow.predlog.log import LogEntry
 from forestflow.runtime import _h2o_trees
-from forestflow.runtime.h2o_native import NativeTreeScorer
+from forestflow.runtime.h2o_native import NativeTreeScorer, node_table
 from forestflow.runtime.h2o_tree_reader import InvalidMojo, flatten_trees, read_tree_model
 from tests.codecs.test_json_columns import (
     _front_end,
@@ -399,19 +399,4 @@ def test_h2o_flatten_of_any_tree_bytes_is_bounded_or_refused(name: str, data: An
     except InvalidMojo:
         return
     assert len(table.kind) <= len(blob)  # one node per byte at most: never expanded
-    nodes = np.stack(
-        [
-            table.kind.astype(np.int32),
-            table.column,
-            table.na_left.astype(np.int32),
-            table.left,
-            table.right,
-            table.bits_start,
-            table.bits_offset,
-            table.bits_count,
-        ],
-        axis=1,
-    )
-    _h2o_trees.check_tables(
-        np.ascontiguousarray(nodes, dtype=np.int32), table.split, table.bits, table.roots, table.target, 65535, 1
-    )
+    _h2o_trees.check_tables(node_table(table), table.split, table.bits, table.roots, table.target, 65535, 1)

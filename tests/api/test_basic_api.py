@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from forestflow._proto import forestflow_pb2 as pb
 from tests.support import InProcessGateway, python_servable, score_body
 
@@ -21,6 +23,14 @@ async def score(gw: InProcessGateway, body: Any, path: str = "/acme/demo/1/score
     async with gw.session.post(gw.url + path, **kwargs) as r:
         assert r.headers["Content-Type"] == "application/json"
         return r.status, await r.json()
+
+
+async def score_protobuf(gw: InProcessGateway, request: pb.InferenceRequest) -> tuple[int, bytes]:
+    """POST a protobuf InferenceRequest to /score: the status and the body."""
+    async with gw.session.post(
+        gw.url + "/acme/demo/1/score", data=request.SerializeToString(), headers={"Content-Type": "application/x-protobuf"}
+    ) as r:
+        return r.status, await r.read()
 
 
 async def test_deploy_and_score_mixed_batch(gw: InProcessGateway) -> None:
@@ -47,11 +57,9 @@ async def test_protobuf_score_body(gw: InProcessGateway) -> None:
     entry.fields.append("x")
     for x in (1.0, 2.0):
         request.datum.add().tensors.add().Float64.data.append(x)
-    async with gw.session.post(
-        gw.url + "/acme/demo/1/score", data=request.SerializeToString(), headers={"Content-Type": "application/x-protobuf"}
-    ) as r:
-        assert r.status == 200
-        prediction = pb.Prediction.FromString(await r.read())
+    status, answer = await score_protobuf(gw, request)
+    assert status == 200
+    prediction = pb.Prediction.FromString(answer)
     assert [d.tensors[0].Float64.data[0] for d in prediction.datum] == [2.0, 4.0]
     assert prediction.fqrv.release_version == "v1"
 
@@ -262,11 +270,8 @@ async def test_values_a_declared_type_cannot_hold_are_400_naming_the_field(gw: I
     request = pb.InferenceRequest()
     request.schema.add(type=pb.TensorType.Value("Int8"), fields=["n"])
     request.datum.add().tensors.add().Int8.data.append(300)
-    async with gw.session.post(
-        gw.url + "/acme/demo/1/score", data=request.SerializeToString(), headers={"Content-Type": "application/x-protobuf"}
-    ) as r:
-        payload = await r.json()
-        assert r.status == 400 and "field 'n': value out of range for Int8" in payload["error"], payload
+    status, answer = await score_protobuf(gw, request)
+    assert status == 400 and "field 'n': value out of range for Int8" in orjson.loads(answer)["error"], answer
     fine = {"schema": [{"type": "Int8", "fields": ["n"]}], "datum": [{"tensors": [{"Int8": {"data": [-128]}}]}]}
     assert (await score(gw, fine))[0] == 200
 
@@ -278,11 +283,9 @@ async def test_uint64_answers_past_int64_read_back_exactly_in_protobuf_and_json(
     request.schema.add(type=pb.Float64, fields=["x"])
     for x in (0.0, 7.0):
         request.datum.add().tensors.add().Float64.data.append(x)
-    async with gw.session.post(
-        gw.url + "/acme/demo/1/score", data=request.SerializeToString(), headers={"Content-Type": "application/x-protobuf"}
-    ) as r:
-        assert r.status == 200
-        prediction = pb.Prediction.FromString(await r.read())
+    status, answer = await score_protobuf(gw, request)
+    assert status == 200
+    prediction = pb.Prediction.FromString(answer)
     assert [(e.type, list(e.fields)) for e in prediction.schema] == [(pb.String, ["big"]), (pb.Int64, ["fits"])]
     assert [(d.tensors[0].String.data[0], d.tensors[1].Int64.data[0]) for d in prediction.datum] == [
         (str(2**64 - 1), 0),
