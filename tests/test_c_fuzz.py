@@ -100,7 +100,8 @@ def _check_v2_body(head: bytes) -> None:
         assert not isinstance(got, str), (head, got)
         assert [(n, d) for n, d, _ in got] == [(n, d) for n, d, _ in expected], head
         for (_, _, a), (_, _, b) in zip(got, expected):
-            assert a.shape == b.shape and a.tolist() == b.tolist(), head
+            same = np.array_equal(a, b, equal_nan=True) if a.dtype.kind == "f" else a.tolist() == b.tolist()
+            assert a.shape == b.shape and a.dtype == b.dtype and same, head
 
 
 @FAST
