@@ -64,8 +64,8 @@ def _scalar_column(name: str, values: list[Any], spec: TensorSpec | None) -> np.
             values = [np.nan if v is None else v for v in values]
         try:
             raw = np.array(values)
-        except ValueError:
-            raw = np.array(())
+        except ValueError:  # ragged
+            raw = np.array([None])
         if raw.dtype.kind not in "iuf" or raw.ndim != 1:
             raise InvalidInput(f"input {name!r}: values do not fit {datatype}")
         return _fitted(name, raw, datatype)
