@@ -19,7 +19,9 @@ RUN apt-get update \
 
 WORKDIR /app
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+# Every extra by default (the image carries Java for genmodel); FORESTFLOW_EXTRAS= builds the lean core only.
+ARG FORESTFLOW_EXTRAS=all
+RUN pip install --no-cache-dir "$(ls /wheels/*.whl)${FORESTFLOW_EXTRAS:+[$FORESTFLOW_EXTRAS]}" && rm -rf /wheels
 COPY servables ./servables
 COPY config ./config
 

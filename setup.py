@@ -10,6 +10,8 @@ from setuptools import Extension, setup
 
 #: The varint writers both serializers share.
 VARINT_H = "forestflow/codecs/varint.h"
+#: The buffer-protocol array readers of the runtime's extensions.
+ARRAYS_H = "forestflow/runtime/arrays.h"
 #: Compiler warnings every extension is built with (a new warning fails tests/test_c_warnings.py).
 WARNINGS = ["-Wall", "-Wextra"]
 
@@ -53,7 +55,16 @@ setup(
         Extension(
             "forestflow.runtime._h2o_trees",
             ["forestflow/runtime/_h2o_trees.c"],
+            depends=[ARRAYS_H],
             extra_compile_args=WARNINGS + ["-O2", "-ffp-contract=off"],
+            libraries=["m"],
+        ),
+        # Exact path-dependent TreeSHAP over any tree flavor's node table (runtime/treeshap.py).
+        Extension(
+            "forestflow.runtime._treeshap",
+            ["forestflow/runtime/_treeshap.c"],
+            depends=[ARRAYS_H],
+            extra_compile_args=WARNINGS + ["-O2"],
             libraries=["m"],
         ),
     ],

@@ -18,6 +18,9 @@ wrk.method = "POST"
 wrk.body = f:read("*a")
 f:close()
 wrk.headers["Content-Type"] = os.getenv("BENCH_CT")
+for name, value in (os.getenv("BENCH_HEADERS") or ""):gmatch("([^:\n]+): ([^\n]*)") do
+  wrk.headers[name] = value
+end
 done = function(summary, latency, requests)
   local e = summary.errors
   io.stderr:write(string.format(
@@ -41,14 +44,17 @@ class Result:
     cpu_us: float = float("nan")
 
 
-def drive(url: str, body: bytes, content_type: str, concurrency: int, duration_s: float) -> Result:
-    """POST ``body`` to ``url`` at ``concurrency`` for ``duration_s`` seconds."""
+def drive(
+    url: str, body: bytes, content_type: str, concurrency: int, duration_s: float, headers: dict[str, str] | None = None
+) -> Result:
+    """POST ``body`` to ``url`` at ``concurrency`` for ``duration_s`` seconds (with ``headers`` besides
+    the content type, e.g. V2's Inference-Header-Content-Length)."""
     if shutil.which("wrk"):
-        return _wrk(url, body, content_type, concurrency, duration_s)
-    return asyncio.run(_asyncio_client(url, body, content_type, concurrency, duration_s))
+        return _wrk(url, body, content_type, concurrency, duration_s, headers or {})
+    return asyncio.run(_asyncio_client(url, body, content_type, concurrency, duration_s, headers or {}))
 
 
-def _wrk(url: str, body: bytes, content_type: str, concurrency: int, duration_s: float) -> Result:
+def _wrk(url: str, body: bytes, content_type: str, concurrency: int, duration_s: float, headers: dict[str, str]) -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "body"
         body_file.write_bytes(body)
@@ -62,7 +68,12 @@ def _wrk(url: str, body: bytes, content_type: str, concurrency: int, duration_s:
             argv,
             capture_output=True,
             text=True,
-            env={**os.environ, "BENCH_BODY": str(body_file), "BENCH_CT": content_type},
+            env={
+                **os.environ,
+                "BENCH_BODY": str(body_file),
+                "BENCH_CT": content_type,
+                "BENCH_HEADERS": "\n".join(f"{k}: {v}" for k, v in headers.items()),
+            },
             timeout=duration_s + 60,
         )
     line = next((text for text in done.stderr.splitlines() if text.startswith("{")), None)
@@ -79,7 +90,9 @@ def _wrk(url: str, body: bytes, content_type: str, concurrency: int, duration_s:
     )
 
 
-async def _asyncio_client(url: str, body: bytes, content_type: str, concurrency: int, duration_s: float) -> Result:
+async def _asyncio_client(
+    url: str, body: bytes, content_type: str, concurrency: int, duration_s: float, headers: dict[str, str]
+) -> Result:
     import aiohttp
 
     latencies: list[float] = []
@@ -91,7 +104,7 @@ async def _asyncio_client(url: str, body: bytes, content_type: str, concurrency:
         while time.perf_counter() < deadline:
             started = time.perf_counter()
             try:
-                async with session.post(url, data=body, headers={"Content-Type": content_type}) as r:
+                async with session.post(url, data=body, headers={"Content-Type": content_type, **headers}) as r:
                     await r.read()
                     if r.status != 200:
                         errors += 1

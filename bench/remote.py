@@ -48,14 +48,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.driver import Result, drive  # noqa: E402
-from bench.servers import Server, side_by_side, start_gateway  # noqa: E402
+from bench.servers import Server, deploy_body, round_options, side_by_side, start_gateway  # noqa: E402
 from tests.remote_backends import IRIS_MODEL, IRIS_ROWS, IRIS_VERSION, MLServerProcess, train_iris  # noqa: E402
 
 #: The contract of each protocol's cell (on the twin's gateway, the twin serves both).
@@ -107,12 +106,6 @@ def remote_flavor(mlserver: MLServerProcess, protocol: str) -> dict[str, Any]:
     """The RemoteV2 flavor object calling ``mlserver`` over ``protocol``."""
     url = mlserver.rest_url if protocol == "rest" else mlserver.grpc_target
     return {"RemoteV2": {"url": url, "model": IRIS_MODEL, "version": IRIS_VERSION, "protocol": protocol, "timeoutMs": 10000}}
-
-
-def deploy(server: Server, body: dict[str, Any]) -> None:
-    r = requests.post(server.url + "/servable", json=body, timeout=120)
-    if r.status_code != 200:
-        raise RuntimeError(f"deploy failed: {r.status_code} {r.text}")
 
 
 def infer_path(contract: tuple[str, str, int]) -> str:
@@ -217,8 +210,8 @@ def servers(work: Path) -> Iterator[tuple[MLServerBench, Server, Server]]:
             gateways.append(gw)
         twin = {"Python": {"modulePath": "twin.py", "entryPoint": "Iris"}}
         for protocol, contract in CONTRACTS.items():
-            deploy(gateways[0], definition(contract, f"mlserver-{protocol}", remote_flavor(process, protocol)))
-            deploy(gateways[1], definition(contract, "twin", twin, model_dir))
+            deploy_body(gateways[0], definition(contract, f"mlserver-{protocol}", remote_flavor(process, protocol)))
+            deploy_body(gateways[1], definition(contract, "twin", twin, model_dir))
         yield mlserver, gateways[0], gateways[1]
 
 
@@ -254,11 +247,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--protocols", nargs="+", default=["rest", "grpc"], choices=["rest", "grpc"])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up per cell (0: none)")
-    parser.add_argument("--concurrency", type=int, default=16, help="per load generator")
-    parser.add_argument("--smoke", action="store_true", help="one 1-s round of the 1-row REST cell, no warm-up")
+    round_options(parser, 16, "load generator", "one 1-s round of the 1-row REST cell, no warm-up")
     args = parser.parse_args()
     if args.smoke:
         args.protocols, args.rows, args.rounds, args.seconds, args.warmup = ["rest"], [1], 1, 1.0, 0.0

@@ -6,6 +6,7 @@ workers.py for its cells, logging_instructions.py reuses logging_cost.py's gatew
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -139,9 +141,16 @@ def start_gateway(
     return server
 
 
+def deploy_body(server: Server, body: dict[str, Any]) -> None:
+    """POST a BasicServeRequest; a RuntimeError with the gateway's answer unless it is 200."""
+    r = requests.post(server.url + "/servable", json=body, timeout=120)
+    if r.status_code != 200:
+        raise RuntimeError(f"deploy failed: {r.status_code} {r.text}")
+
+
 def deploy(server: Server, contract: tuple[str, str, int], log_level: str) -> None:
-    r = requests.post(server.url + "/servable", json=payloads.definition(contract, log_level), timeout=120)
-    r.raise_for_status()
+    """Deploy the prostate GBM fixture (bench/payloads.py) as ``contract``."""
+    deploy_body(server, payloads.definition(contract, log_level))
 
 
 def measured(server: Server, path: str, body: bytes, ctype: str, conc: int, duration: float) -> Result:
@@ -165,16 +174,41 @@ def endpoints(rows: int, contract: str) -> dict[str, tuple[str, bytes, str]]:
     return out
 
 
+#: One load's request: (path, body, content type, extra headers).
+Request = tuple[str, bytes, str, dict[str, str]]
+
+
+def round_options(parser: argparse.ArgumentParser, concurrency: int, per: str, smoke: str) -> None:
+    """The options of a script that measures cells in rounds: ``--rounds``, ``--seconds``, ``--warmup``,
+    ``--concurrency`` (``per`` load generator or gateway) and ``--smoke`` (what it runs then)."""
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up per cell (0: none)")
+    parser.add_argument("--concurrency", type=int, default=concurrency, help=f"per {per}")
+    parser.add_argument("--smoke", action="store_true", help=smoke)
+
+
 def side_by_side(
-    none: Server, full: Server, path: str, body: bytes, ctype: str, concurrency: int, seconds: float
+    none: Server,
+    full: Server,
+    path: str,
+    body: bytes,
+    ctype: str,
+    concurrency: int,
+    seconds: float,
+    other: Request | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[Result, Result]:
     """Two servers loaded at once, each by its own load generator; each result carries its server's CPU
-    per request (the ratio of the two is what bench/logging_cost.py and bench/versus.py report)."""
+    per request (the ratio of the two is what bench/logging_cost.py and bench/versus.py report). The
+    second server gets ``other`` instead of the same request when given (bench/images.py)."""
     results: dict[str, Result] = {}
     before = {"none": none.cpu_s(), "full": full.cpu_s()}
+    requests_of = {"none": (path, body, ctype, headers or {}), "full": other or (path, body, ctype, headers or {})}
 
     def load(name: str, server: Server) -> None:
-        results[name] = drive(server.url + path, body, ctype, concurrency, seconds)
+        p, b, c, h = requests_of[name]
+        results[name] = drive(server.url + p, b, c, concurrency, seconds, h)
 
     threads = [threading.Thread(target=load, args=(n, s)) for n, s in (("none", none), ("full", full))]
     for t in threads:

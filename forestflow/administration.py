@@ -28,6 +28,7 @@ from forestflow.errors import (
 )
 from forestflow.registry.loader import ServableLoader
 from forestflow.registry.registry import Registry
+from forestflow.registry.release_loads import ReleaseLoads
 from forestflow.registry.store import Store, contract_key, metrics_key, metrics_to_doc, routing_key, servable_key
 from forestflow.settings import Settings
 
@@ -38,13 +39,21 @@ class Administration:
     """The admin operations: each persisted to the store, then applied to the registry."""
 
     def __init__(
-        self, settings: Settings, registry: Registry, store: Store, loader: ServableLoader, clock: Callable[[], int]
+        self,
+        settings: Settings,
+        registry: Registry,
+        store: Store,
+        loader: ServableLoader,
+        clock: Callable[[], int],
+        loads: ReleaseLoads,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.store = store
         self.loader = loader
         self.clock = clock
+        #: Releases of the store this process is still loading (or retrying): deletable here too.
+        self.loads = loads
 
     # ---- servables --------------------------------------------------------------------------------
     async def create_servable(self, defn: ServableDefinition) -> FQRV:
@@ -82,6 +91,7 @@ class Administration:
                     await self.loader.unload(loaded)
                     raise
                 state = registry.install(defn, loaded, ServableMetrics(created_at_ms=defn.created_at_ms))
+                self.loads.drop(fqrv)  # a release this process was retrying is deployed here now
                 await self.evaluate(state)
         finally:
             registry.pending.discard(fqrv)
@@ -116,13 +126,20 @@ class Administration:
             await self.evaluate(registry.contracts[fqrv.contract])
 
     async def delete_servable(self, fqrv: FQRV) -> list[FQRV]:
-        """Remove a servable (and its contract when it was the last); unknown ones are a no-op."""
+        """Remove a servable (and its contract when it was the last); unknown ones are a no-op.
+
+        A release of the store that this process is still loading, or failing to load, is removed
+        as well (its loads stop)."""
         async with self.registry.lock:
             state = self.registry.contracts.get(fqrv.contract)
-            if state is None or fqrv.release not in state.servables:
+            if state is None or (fqrv.release not in state.servables and fqrv not in self._followed(state.contract)):
                 return []
             await self._remove(state, [fqrv.release])
         return [fqrv]
+
+    def _followed(self, contract: Contract) -> set[FQRV]:
+        """The contract's releases of the store that this process is loading or retrying."""
+        return {f for f, status in self.loads.statuses.items() if status.registered and f.contract == contract}
 
     async def _remove(self, state: ContractState, releases: list[str]) -> None:
         """Persist and apply the removal of servables (the caller holds the lock)."""
@@ -131,15 +148,21 @@ class Administration:
             fqrv = FQRV(state.contract, release)
             changes[servable_key(fqrv)] = None
             changes[metrics_key(fqrv)] = None
-        remaining = set(state.servables) - set(releases)
+        # What the store keeps of the contract: releases held here (but not the ones the store
+        # deleted already, kept here until their successors load) and the ones still loading here.
+        kept = [r for r in state.servables if FQRV(state.contract, r) in self.registry.kept]
+        remaining = (set(state.servables) - set(kept)) | {f.release for f in self._followed(state.contract)}
+        remaining -= set(releases)
         if not remaining:
             changes[contract_key(state.contract)] = None
             changes[routing_key(state.contract)] = None
+            releases = sorted(set(releases) | set(kept))  # the contract goes: so do those here
         await self.persist(changes)
         # Out of routing at once; the others are re-evaluated (routing rebuilt) before the removed
         # ones are unloaded, and each unload lets the requests already routed to it finish first.
         unload = self.registry.remove(state.contract, releases)
         for release in releases:
+            self.loads.drop(FQRV(state.contract, release))
             log.info("servable_removed", fqrv=f"{state.contract}.{release}")
         try:
             if not remaining:
@@ -210,7 +233,8 @@ class Administration:
         changes: dict[str, Any] = {}
         for contract, state in registry.contracts.items():
             for entry in state.servables.values():
-                changes[metrics_key(entry.fqrv)] = metrics_to_doc(entry.metrics)
+                if entry.fqrv not in registry.kept:  # deleted in the store: not written back
+                    changes[metrics_key(entry.fqrv)] = metrics_to_doc(entry.metrics)
             if state.servables:
                 changes[routing_key(contract)] = state.routing_state()
         if not changes:

@@ -1,37 +1,22 @@
-"""The ``forestflow`` command: serve the gateway, deploy servables, list contracts, tail the log."""
+"""The ``forestflow`` command: serve the gateway; the admin commands (``cli_admin.py``); tail the log; score through Kafka."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import gc
-import json
-import os
 import signal
 import socket
 import sys
-import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-DEFAULT_URL = "http://127.0.0.1:8090"
+from forestflow.cli_admin import add_commands as add_admin_commands
 
 DESCRIPTION = (
-    "forestflow: a model-serving gateway. 'serve' runs it; 'deploy', 'contracts' and 'logs tail' talk "
-    "to a running gateway or read its prediction log. Run 'forestflow <command> --help' for the options."
+    "forestflow: a model-serving gateway. 'serve' runs it; the other commands talk to a running gateway "
+    "(deploy, releases, stats, phase-in, shadow, undeploy, score, ...) or read its prediction log. "
+    "Run 'forestflow <command> --help' for the options."
 )
-
-
-def gateway_url(text: str) -> str:
-    """A gateway URL as the user typed it: ``localhost:8090`` and ``:8090`` (httpie's style) mean http."""
-    text = text.strip()
-    if text.startswith(":"):
-        text = "127.0.0.1" + text
-    if "://" not in text:
-        text = "http://" + text
-    return text.rstrip("/")
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -63,6 +48,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     except SettingsError as exc:
         return _fail(str(exc))
+    from forestflow.extras import missing_for_settings
+
+    missing = missing_for_settings(settings)  # a setting whose extra is not installed: one line, before any bind
+    if missing is not None:
+        return _fail(missing)
     from forestflow.datadir_lock import DataDirInUse, DataDirLock
     from forestflow.logs import configure_logging
     from forestflow.ports import PortInUse
@@ -252,65 +242,6 @@ async def _drain(
 
 
 # ---- client commands ------------------------------------------------------------------------------
-def _request(method: str, url: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=600) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        payload = exc.read()
-        try:
-            return exc.code, json.loads(payload)
-        except ValueError:
-            return exc.code, {"error": payload.decode(errors="replace")}
-
-
-def _absolute_file_path(path: str) -> str:
-    """``file://./dir`` or ``file://dir`` relative to where the command runs -> an absolute file URI."""
-    parsed = urlparse(path)
-    if parsed.scheme != "file":
-        return path
-    local = parsed.netloc + parsed.path
-    if os.path.isabs(local):
-        return path
-    return Path(local).resolve().as_uri()
-
-
-def cmd_deploy(args: argparse.Namespace) -> int:
-    """POST a servable definition (a BasicServeRequest JSON file) to a running gateway."""
-    try:
-        text = Path(args.file).read_bytes()
-    except OSError as exc:
-        return _fail(f"cannot read {args.file}: {exc.strerror or exc}")
-    try:
-        definition = json.loads(text)
-    except ValueError as exc:  # UnicodeDecodeError included
-        return _fail(f"{args.file} is not JSON ({exc}); expected a servable definition such as servables/prostate-gbm.json")
-    if isinstance(definition, dict) and isinstance(definition.get("path"), str):
-        definition["path"] = _absolute_file_path(definition["path"])
-    try:
-        status, body = _request("POST", gateway_url(args.url) + "/servable", definition, args.token)
-    except OSError as exc:
-        return _fail(f"cannot reach {args.url}: {exc}")
-    print(json.dumps(body, indent=2))
-    return 0 if status == 200 else 1
-
-
-def cmd_contracts(args: argparse.Namespace) -> int:
-    """List the contracts of a running gateway."""
-    try:
-        status, body = _request("GET", gateway_url(args.url) + "/contracts/list")
-    except OSError as exc:
-        return _fail(f"cannot reach {args.url}: {exc}")
-    print(json.dumps(body, indent=2))
-    return 0 if status == 200 else 1
-
-
 def cmd_logs_tail(args: argparse.Namespace) -> int:
     """Print prediction events (Kafka, or the local file log) as JSON lines."""
     from forestflow.predlog.tail import run_tail
@@ -345,22 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--repository", help="model repository directory: its entries are deployed at start")
     serve.set_defaults(func=cmd_serve)
 
-    url_help = "gateway URL; host:port means http://host:port (default: %(default)s)"
-    token_default = os.environ.get("FORESTFLOW_ADMIN_TOKEN")
-    deploy = sub.add_parser(
-        "deploy",
-        help="deploy a servable definition JSON file",
-        description="POST a servable definition (ForestFlow's BasicServeRequest JSON) to a running gateway; "
-        "a relative file:// path in it is resolved from the current directory.",
-    )
-    deploy.add_argument("file", help="the definition, e.g. servables/prostate-gbm.json")
-    deploy.add_argument("--url", default=DEFAULT_URL, help=url_help)
-    deploy.add_argument("--token", default=token_default, help="admin token (default $FORESTFLOW_ADMIN_TOKEN)")
-    deploy.set_defaults(func=cmd_deploy)
-
-    contracts = sub.add_parser("contracts", help="list contracts", description="List the contracts of a running gateway.")
-    contracts.add_argument("--url", default=DEFAULT_URL, help=url_help)
-    contracts.set_defaults(func=cmd_contracts)
+    add_admin_commands(sub)  # deploy, contracts, releases, stats, phase-in, shadow, ... (cli_admin.py)
 
     logs = sub.add_parser("logs", help="prediction log tools", description="Prediction log tools.")
     logs_sub = logs.add_subparsers(dest="logs_command", required=True, metavar="command")

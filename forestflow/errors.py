@@ -169,6 +169,12 @@ class CreateServableRequestInvalidError(GatewayError):
         super().__init__(msg, serveRequest=serve_request, errorMessage=msg)
 
 
+class CannotExplain(GatewayError):
+    """The release that answered can be explained neither exactly (trees) nor by a declared explainer."""
+
+    kind = Kind.UNPROCESSABLE
+
+
 class ServableNotReady(GatewayError):
     """The servable is registered but not loaded (yet, or any more)."""
 

@@ -3,12 +3,14 @@
 With a shared store (Redis) every replica follows the others' changes: servables it learns about
 are loaded in the background (the replica is not ready until they are), deleted ones unloaded,
 changed settings applied, shared validity stamps and performance metrics adopted. At start-up the
-same reconciliation restores the registry from the store (the file store included).
+same reconciliation restores the registry from the store (the file store included). A load that
+fails here is retried with backoff by :class:`~forestflow.registry.release_loads.ReleaseLoads`
+until it succeeds or the store no longer has the release; meanwhile its contract keeps the
+releases this replica holds (as during a rollout).
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +26,9 @@ from forestflow.core.policies import ContractSettings, ServableMetrics
 from forestflow.errors import GatewayError, StoreUnavailable
 from forestflow.registry.loader import ServableLoader
 from forestflow.registry.registry import Loaded, Registry
+from forestflow.registry.release_loads import ReleaseLoads
 from forestflow.registry.store import (
+    MICROS,
     Store,
     contract_key,
     metrics_from_doc,
@@ -40,19 +44,18 @@ log = structlog.get_logger("forestflow.service")
 class ReplicaSync:
     """Follows the store: reconciles the registry with the store's documents."""
 
-    def __init__(self, registry: Registry, store: Store, loader: ServableLoader, admin: Administration) -> None:
+    def __init__(
+        self, registry: Registry, store: Store, loader: ServableLoader, admin: Administration, loads: ReleaseLoads
+    ) -> None:
         self.registry = registry
         self.store = store
         self.loader = loader
         #: Evaluates (and persists the expirations of) the contracts a reconciliation touched.
         self.admin = admin
+        #: Loads of the servables learnt from the store (attempted until they succeed).
+        self.loads = loads
         #: The store's documents as last reconciled (routing state and metrics are read from it).
         self._snapshot: dict[str, Any] = {}
-        #: Background loads of servables learnt from the store, with the definition each will install.
-        self._syncing: dict[FQRV, ServableDefinition] = {}
-        #: Definitions whose load failed (not retried until the definition changes).
-        self._failed_defs: dict[FQRV, ServableDefinition] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
         #: Contracts keeping releases the store deleted until their new releases are loaded here.
         self._deferred: set[Contract] = set()
         self.closed = False
@@ -60,6 +63,7 @@ class ReplicaSync:
     def close(self) -> None:
         """Stop following the store: later notifications are ignored, loads under way are discarded."""
         self.closed = True
+        self.loads.close()
 
     async def sync_from_store(self) -> None:
         """Reload the store's documents and bring this replica to them (the store calls this on change)."""
@@ -78,12 +82,17 @@ class ReplicaSync:
         replica reports not ready until they are), deleted ones unloaded, changed servable and
         contract settings applied, shared stamps and performance metrics adopted, and the touched
         contracts re-evaluated. Counters and router state of servables already held stay local.
+        With ``wait``, returns once every new servable's first load attempt is done (a failed one
+        is retried in the background).
         """
         async with self.registry.lock:
-            await self._reconcile(docs, wait=wait)
+            started = await self._reconcile(docs, wait=wait)
+        await self.loads.first_attempts(started)
 
-    async def _reconcile(self, docs: dict[str, Any], *, wait: bool) -> None:
+    async def _reconcile(self, docs: dict[str, Any], *, wait: bool) -> list[FQRV]:
+        """Apply ``docs`` (the lock is held); returns the releases whose loads it started."""
         registry = self.registry
+        loads = self.loads
         self._snapshot = docs
         wanted: dict[FQRV, ServableDefinition] = {}
         contracts: dict[Contract, ContractSettings] = {}
@@ -106,14 +115,15 @@ class ReplicaSync:
                 state.update_settings(settings)
                 touched.add(contract)
         # Make-before-break: a contract that gets releases to load keeps serving the ones the
-        # store deleted until those loads are done (then the snapshot is applied again).
-        incoming = {f.contract for f in self._syncing} if not wait else set()
-        if not wait:
-            for fqrv, expected in wanted.items():
-                held = registry.loaded.get(fqrv)
-                if (held is None or not _same_artifact(held.definition, expected)) and self._failed_defs.get(fqrv) != expected:
-                    incoming.add(fqrv.contract)
+        # store deleted until those loads are done (then the snapshot is applied again), and for
+        # as long as a load fails here and is retried.
+        incoming: set[Contract] = set()
+        for fqrv, expected in wanted.items():
+            held = registry.loaded.get(fqrv)
+            if held is None or not _same_artifact(held.definition, expected):
+                incoming.add(fqrv.contract)
         self._deferred = set()
+        registry.kept = set()
         unload: list[Loaded] = []
         for contract, state in list(registry.contracts.items()):
             for release, entry in list(state.servables.items()):
@@ -129,6 +139,7 @@ class ReplicaSync:
                     continue  # its document did not parse: keep serving what we have
                 if target is None and contract in incoming:
                     self._deferred.add(contract)  # deleted elsewhere: it goes once the new ones are loaded
+                    registry.kept.add(entry.fqrv)
                     continue
                 # Deleted elsewhere, or redeployed from another artifact: out of routing now,
                 # unloaded after the evaluation below, once the requests it has finished.
@@ -139,37 +150,27 @@ class ReplicaSync:
                 not state.servables
                 and contract_key(contract) not in present
                 and not any(f.contract == contract for f in registry.pending)
+                and contract not in loads.contracts()
             ):
                 registry.drop_contract(contract)
-        for fqrv in [f for f in registry.failed if f not in wanted]:
-            registry.failed.pop(fqrv)
-            self._failed_defs.pop(fqrv, None)
-        for fqrv in list(self._syncing):
-            if fqrv in wanted:
-                self._syncing[fqrv] = wanted[fqrv]
-            else:
-                del self._syncing[fqrv]  # the loader discards it when done
-        new = [
-            d
-            for f, d in wanted.items()
-            if f not in registry.loaded and f not in registry.pending and self._failed_defs.get(f) != d
-        ]
-        if wait:
-            results = await asyncio.gather(*(self.loader.load(d, restoring=True) for d in new), return_exceptions=True)
-            for defn, result in zip(new, results):
-                if isinstance(result, BaseException):
-                    self._record_failure(defn, result)
-                else:
-                    self._install(defn, result)
-            touched = set(registry.contracts)
-        else:
-            for defn in new:
-                self._start_sync_load(defn)
+        for fqrv, status in list(loads.statuses.items()):
+            if status.registered and fqrv not in wanted:
+                loads.drop(fqrv)  # deleted from the store: an attempt under way is discarded
+        started = []
+        for fqrv, defn in wanted.items():
+            if fqrv in registry.loaded or (fqrv in registry.pending and fqrv not in loads.statuses):
+                continue  # held, or being deployed through this process right now
+            if fqrv not in loads.statuses:
+                started.append(fqrv)
+                if fqrv.contract not in registry.contracts:
+                    self._new_contract_state(fqrv.contract, defn.contract_settings or ContractSettings())
+            loads.follow(defn, self._load_attempt)  # a release followed already takes the newest definition
         for contract in touched:
             if contract in registry.contracts:
                 await self._evaluate_quietly(registry.contracts[contract])
         for loaded in unload:
             await self.loader.unload(loaded)
+        return started if wait else []
 
     def _new_contract_state(self, contract: Contract, settings: ContractSettings) -> ContractState:
         state = self.registry.ensure_contract(contract, settings)
@@ -182,55 +183,30 @@ class ReplicaSync:
         contract = defn.fqrv.contract
         if contract not in self.registry.contracts:
             self._new_contract_state(contract, defn.contract_settings or ContractSettings())
-        self._failed_defs.pop(defn.fqrv, None)
         metrics = metrics_from_doc(self._snapshot.get(metrics_key(defn.fqrv)), defn.created_at_ms)
         return self.registry.install(defn, loaded, metrics)
 
-    def _record_failure(self, defn: ServableDefinition, error: BaseException) -> None:
-        reason = error.message if isinstance(error, GatewayError) else repr(error)
-        if defn.fqrv.contract not in self.registry.contracts:
-            self._new_contract_state(defn.fqrv.contract, defn.contract_settings or ContractSettings())
-        self.registry.record_failure(defn, reason)
-        self._failed_defs[defn.fqrv] = defn
-        log.error("servable_restore_failed", fqrv=str(defn.fqrv), reason=reason)
-
-    def _start_sync_load(self, defn: ServableDefinition) -> None:
-        self._syncing[defn.fqrv] = defn
-        self.registry.pending.add(defn.fqrv)
-        task = asyncio.create_task(self._sync_load(defn), name=f"sync-load {defn.fqrv}")
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _sync_load(self, defn: ServableDefinition) -> None:
-        """Load a servable learnt from the store; install it unless the registry moved on meanwhile."""
+    async def _load_attempt(self, defn: ServableDefinition) -> bool:
+        """One attempt at a servable learnt from the store (run by :attr:`loads`): load it, then
+        install it unless the registry moved on meanwhile. False: load it again at once (it was
+        redeployed from another artifact meanwhile); a failure raises."""
         fqrv = defn.fqrv
-        loaded: Loaded | None = None
-        error: BaseException | None = None
-        try:
-            try:
-                loaded = await self.loader.load(defn, restoring=True)
-            except Exception as exc:
-                error = exc
-            async with self.registry.lock:
-                current = self._syncing.pop(fqrv, None)
-                if current is None or self.closed or (current != defn and not (loaded and _same_artifact(current, defn))):
-                    if loaded is not None:
-                        await self.loader.unload(loaded)
-                    if current is not None and not self.closed:
-                        self._start_sync_load(current)  # redeployed from another artifact meanwhile
-                    return
-                if loaded is None:
-                    self._record_failure(current, error or RuntimeError("load failed"))
-                else:
-                    state = self._install(current, loaded)
-                    log.info("servable_synced", fqrv=str(fqrv))
-                    await self._evaluate_quietly(state)
-                if self._deferred:  # the removals that waited for this load may go now
-                    self.registry.pending.discard(fqrv)
-                    await self._reconcile(self._snapshot, wait=False)
-        finally:
-            if fqrv not in self._syncing:
-                self.registry.pending.discard(fqrv)
+        loaded = await self.loader.load(defn, restoring=True)
+        async with self.registry.lock:
+            current = self.loads.target(fqrv)
+            if current is None or self.closed or fqrv in self.registry.loaded:
+                await self.loader.unload(loaded)  # deleted (or loaded by other means) meanwhile
+                return True
+            if current != defn and not _same_artifact(current, defn):
+                await self.loader.unload(loaded)
+                return False
+            self.loads.drop(fqrv)
+            state = self._install(current, loaded)
+            log.info("servable_synced", fqrv=str(fqrv))
+            await self._evaluate_quietly(state)
+            if self._deferred:  # the removals that waited for this load may go now
+                await self._reconcile(self._snapshot, wait=False)
+        return True
 
     async def _evaluate_quietly(self, state: ContractState) -> None:
         try:
@@ -244,13 +220,16 @@ class ReplicaSync:
         if peer_counters is None:
             return entry.metrics
         m = entry.metrics
-        score, shade, errors, shade_errors = peer_counters(entry.fqrv)  # COUNTERS order
+        score, shade, errors, shade_errors, feedback, reward, squares = peer_counters(entry.fqrv)  # COUNTERS order
         return replace(
             m,
             score_count=m.score_count + score,
             shade_count=m.shade_count + shade,
             error_count=m.error_count + errors,
             shade_error_count=m.shade_error_count + shade_errors,
+            feedback_count=m.feedback_count + feedback,
+            reward_sum=m.reward_sum + reward / MICROS,
+            reward_squares=m.reward_squares + squares / MICROS,
         )
 
 

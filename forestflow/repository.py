@@ -15,7 +15,9 @@ A one-model table (no ``[[models]]``) whose platform names a flavor with an arti
 that flavor, one of platform ``remote_v2`` (``url``, ``model``... beside it) as a RemoteV2
 servable; anything else deploys as a ``Pipeline`` of that TOML. Deploying is idempotent: an entry
 whose definition (content digest included) is already in the registry is left alone, a changed one
-is redeployed, a broken one is logged and skipped while the others load.
+is redeployed, a broken one is logged and skipped while the others load. An entry whose deploy at
+start fails (not one that cannot be read) is tried again with backoff until it deploys, as the
+entry then reads (``Gateway.loads``): shown as failed meanwhile, it does not hold readiness.
 
 This module only calls the Gateway's public admin methods (``create_servable``,
 ``delete_servable`` through ``Gateway.admin``) and lookups (``definition``, ``loaded``, ``failed``, ``contracts``).
@@ -143,6 +145,8 @@ class ModelRepository:
         self.root = root
         #: Why the last deploy of an entry failed (shown by the index until it deploys).
         self.failures: dict[FQRV, str] = {}
+        #: One deploy of an entry at a time: a retry in the background and a load request never race.
+        self._deploying = asyncio.Lock()
 
     def scan(self) -> list[Entry]:
         """Every entry directory, read (a broken one carries its reason instead of a definition)."""
@@ -160,11 +164,15 @@ class ModelRepository:
         return entries
 
     async def deploy_all(self) -> dict[str, int]:
-        """Deploy every entry (idempotently); broken ones are logged and skipped. Returns counts."""
+        """Deploy every entry (idempotently); broken ones are logged and skipped, the ones whose
+        deploy failed are tried again in the background. Returns counts."""
         counts = {"deployed": 0, "unchanged": 0, "failed": 0}
         for entry in await asyncio.to_thread(self.scan):
             outcome = await self._deploy_entry(entry)
             counts[outcome] += 1
+            if outcome == "failed" and entry.definition is not None:
+                fqrv = entry.definition.fqrv
+                self.gateway.loads.follow(entry.definition, self._redeploy, registered=False, failed=self.failures[fqrv])
         log.info("repository_loaded", path=str(self.root), **counts)
         return counts
 
@@ -172,24 +180,46 @@ class ModelRepository:
         if entry.definition is None:
             log.error("repository_entry_skipped", entry=entry.directory.name, reason=entry.error)
             return "failed"
-        defn = entry.definition
         try:
-            current = self.gateway.definition(defn.fqrv)
-        except UnknownServable:
-            current = None
-        if current is not None and _comparable(current) == _comparable(defn):
-            return "unchanged"
-        try:
-            if current is not None:
-                await self.gateway.admin.delete_servable(defn.fqrv)
-            await self.gateway.admin.create_servable(defn)
+            deployed = await self._deploy(entry.definition)
         except GatewayError as exc:
-            self.failures[defn.fqrv] = exc.message
-            log.error("repository_entry_skipped", entry=entry.directory.name, fqrv=str(defn.fqrv), reason=exc.message)
+            log.error("repository_entry_skipped", entry=entry.directory.name, fqrv=str(entry.definition.fqrv), reason=exc.message)
             return "failed"
-        self.failures.pop(defn.fqrv, None)
-        log.info("repository_entry_deployed", entry=entry.directory.name, fqrv=str(defn.fqrv))
+        if not deployed:
+            return "unchanged"
+        log.info("repository_entry_deployed", entry=entry.directory.name, fqrv=str(entry.definition.fqrv))
         return "deployed"
+
+    async def _deploy(self, defn: ServableDefinition) -> bool:
+        """Deploy one entry's definition unless the registry has it as it is (False); a failure
+        is remembered for the index and raised."""
+        async with self._deploying:
+            try:
+                current = self.gateway.definition(defn.fqrv)
+            except UnknownServable:
+                current = None
+            if current is not None and _comparable(current) == _comparable(defn):
+                return False
+            try:
+                if current is not None:
+                    await self.gateway.admin.delete_servable(defn.fqrv)
+                await self.gateway.admin.create_servable(defn)
+            except GatewayError as exc:
+                self.failures[defn.fqrv] = exc.message
+                raise
+            self.failures.pop(defn.fqrv, None)
+            return True
+
+    async def _redeploy(self, defn: ServableDefinition) -> bool:
+        """One more attempt at an entry whose deploy at start failed, as the entry reads now (run
+        by ``Gateway.loads``); an entry gone from the repository, or no longer readable, is left."""
+        for entry in await asyncio.to_thread(self.scan):
+            if entry.definition is not None and entry.definition.fqrv == defn.fqrv:
+                if await self._deploy(entry.definition):
+                    log.info("repository_entry_deployed", entry=entry.directory.name, fqrv=str(defn.fqrv))
+                return True
+        self.failures.pop(defn.fqrv, None)
+        return True
 
     # ---- V2 repository extension ----------------------------------------------------------------
     async def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -247,10 +277,16 @@ class ModelRepository:
         return deployed
 
     async def unload(self, name: str) -> list[FQRV]:
-        """Remove every release of a model (contract); 404 if the gateway has none."""
+        """Remove every release of a model (contract), and stop retrying its entries; 404 if the
+        gateway has none."""
         contract = _model_contract(name)
+        retried = [f for f, status in self.gateway.loads.statuses.items() if f.contract == contract and not status.registered]
+        for fqrv in retried:
+            self.gateway.loads.drop(fqrv)
         state = self.gateway.contracts.get(contract)
         if state is None:
+            if retried:
+                return []
             raise NotFound(f"unknown model {name!r}")
         removed = []
         for release in list(state.servables):

@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -25,6 +25,7 @@ import structlog
 from forestflow import tracing
 from forestflow.administration import Administration
 from forestflow.core import declared, input_report
+from forestflow.core.bandit import RewardStats
 from forestflow.core.contract_state import ContractState, ServableEntry
 from forestflow.core.definition import ServableDefinition
 from forestflow.core.frame import Frame
@@ -33,9 +34,11 @@ from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import LogLevel, ServableMetrics
 from forestflow.errors import (
     ClientClosedRequest,
+    Forbidden,
     GatewayError,
     InvalidInput,
     Kind,
+    NotFound,
     ServableNotReady,
     StoreUnavailable,
     UnknownServable,
@@ -43,12 +46,15 @@ from forestflow.errors import (
 )
 from forestflow.predlog.log import PredictionLog
 from forestflow.predlog.record import PredictionRecord, Wire
+from forestflow.registry.answers import SHARE_EVERY_S, Answered, AnsweredIndex, SharedAnswers
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.loader import ServableLoader
 from forestflow.registry.registry import Loaded, Registry
+from forestflow.registry.release_loads import Backoff, LoadStatus, ReleaseLoads
 from forestflow.registry.store import Store
 from forestflow.replica_sync import ReplicaSync
 from forestflow.runtime.base import ServableMetadata
+from forestflow.runtime.explanation import describe, explain_call
 from forestflow.runtime.scheduler import Priority, ShadowDropped
 from forestflow.settings import Settings
 
@@ -82,19 +88,25 @@ class Gateway:
         artifacts: ArtifactCache,
         prediction_log: PredictionLog,
         clock: Callable[[], int] = now_ms,
+        shared_answers: SharedAnswers | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.prediction_log = prediction_log
         self.registry = Registry()
         loader = ServableLoader(settings, artifacts)
-        self.admin = Administration(settings, self.registry, store, loader, clock)
-        self.replica_sync = ReplicaSync(self.registry, store, loader, self.admin)
+        #: Loads this process follows (learnt from the store, restored, the repository's), retried until done.
+        self.loads = ReleaseLoads(self.registry, Backoff(settings.load_retry_first_s, settings.load_retry_max_s))
+        self.admin = Administration(settings, self.registry, store, loader, clock, self.loads)
+        self.replica_sync = ReplicaSync(self.registry, store, loader, self.admin, self.loads)
         self.loader = loader
         self._tasks: set[asyncio.Future[Any]] = set()  # shadow copies, waited for briefly at stop
         self._timers: list[asyncio.Task[None]] = []
         #: (shadow entry, shadow answer, served answer) waiting to be compared off the request path.
         self._comparisons: deque[tuple[ServableEntry, Frame, Frame]] = deque(maxlen=10_000)
+        #: Recent answers by request id, for reward feedback (shared with the other processes
+        #: of the registry when there are any).
+        self.answers = AnsweredIndex(settings.feedback_index_size, settings.feedback_ttl_s, lambda: self.clock(), shared_answers)
         self.started = False
         self.draining = False
 
@@ -123,6 +135,16 @@ class Gateway:
         """Releases whose load failed, with the reason (read-only)."""
         return self.registry.failed
 
+    def failing_entries(self, contract: Contract) -> list[tuple[ServableEntry, LoadStatus]]:
+        """The contract's releases whose load keeps failing on this process (retried meanwhile), as
+        entries with this gateway's view of their counters (the other replicas' sums), oldest first."""
+        out = []
+        for fqrv, status in sorted(self.loads.failed(contract).items(), key=lambda kv: kv[1].definition.created_at_ms):
+            defn = status.definition
+            entry = ServableEntry(fqrv, defn.settings, ServableMetrics(created_at_ms=defn.created_at_ms))
+            out.append((replace(entry, metrics=self.stats_metrics(entry)), status))
+        return out
+
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         """Restore the registry from the store, load every servable, start the timers."""
@@ -139,6 +161,8 @@ class Gateway:
             asyncio.create_task(self._every(self.settings.metrics_flush_interval_s, self.admin.flush_metrics), name="flush"),
             asyncio.create_task(self._every(COMPARE_INTERVAL_S, self.compare_shadows), name="compare-shadows"),
         ]
+        if self.answers.shared is not None:  # answers the other processes may get feedback for
+            self._timers.append(asyncio.create_task(self._every(SHARE_EVERY_S, self.answers.share), name="share-answers"))
         watch = getattr(self.store, "watch", None)
         if watch is not None:  # follow the changes of other processes sharing the store (replicas, workers)
             watch(self.replica_sync.sync_from_store)
@@ -151,9 +175,10 @@ class Gateway:
         for timer in self._timers:
             timer.cancel()
         await asyncio.gather(*self._timers, return_exceptions=True)
-        background = [*self._tasks, *self.replica_sync.tasks]
+        background = [*self._tasks, *self.loads.tasks]
         if background:
             await asyncio.wait(background, timeout=5.0)
+        await self.answers.share()
         try:
             await self.admin.flush_metrics(force=True)
         except StoreUnavailable as error:  # Redis away: the last flushed counters stand; shut down anyway
@@ -201,7 +226,10 @@ class Gateway:
             "unhealthy": self.unhealthy(),
             "servables": len(self.registry.loaded),
             "loading": sorted(str(f) for f in self.registry.pending),
-            "failed": {str(f): r for f, r in self.registry.failed.items()},
+            # fetching (the artifact) or loading, for each load under way (`forestflow deploy --wait`)
+            "loadingPhases": {str(f): phase for f, phase in self.loader.phases.items()},
+            # Releases whose loads fail here: the last error, attempts so far, the next one in (s).
+            "failed": {str(f): status.view() for f, status in self.loads.failed().items()},
             "draining": self.draining,
             "predictionLogRunning": self.prediction_log.running,
         }
@@ -211,22 +239,94 @@ class Gateway:
         """The state of a contract or UnknownContract."""
         return self.registry.contract_state(contract)
 
-    def route(self, contract: Contract, release: str | None = None, state: ContractState | None = None) -> Route:
+    def route(
+        self,
+        contract: Contract,
+        release: str | None = None,
+        state: ContractState | None = None,
+        *,
+        configs: Mapping[str, str] | None = None,
+        pinned: bool = False,
+    ) -> Route:
         """Decide which release answers one request (and which get shadow copies), before its body
         is decoded: positional layouts are then decoded against the release that scores.
 
         Resolves the contract (UnknownContract) and ``release`` (UnknownServable) once; counts the
         request for the contract's routing and sampling. A caller that holds the contract's
-        ``state`` already passes it.
+        ``state`` already passes it. ``configs``: the request's (a sticky router reads its key
+        there); ``pinned``: ``release`` was named by the caller's ``X-Forestflow-Release``.
         """
         if state is None:
             state = self.contract_state(contract)
         if release is not None:
             if release not in state.servables:
                 raise UnknownServable(FQRV(contract, release))
-            return Route(state, release, [])
-        answered = state.route()
+            return Route(state, release, [], pinned)
+        key = state.sticky_key
+        sticky_value = configs.get(key) if key is not None and configs else None
+        rewards = self.reward_stats(state) if state.settings.router.is_bandit else None
+        answered = state.route(sticky_value, rewards)
         return Route(state, answered, state.shadow_targets(answered, self.settings.log_sample_every))
+
+    def pinned_release(self, state: ContractState, release: str, admin: bool) -> str:
+        """The release an ``X-Forestflow-Release`` header names, when the caller may pin one: the
+        contract allows it (``allowPinnedReleases``) or ``admin`` (the caller showed the admin
+        token). 403 otherwise; 404 for a release the contract does not have."""
+        if not (state.settings.allow_pinned_releases or admin):
+            raise Forbidden(
+                f"pinning a release of contract {state.contract} is not allowed: its contract settings "
+                "need allowPinnedReleases: true, or the request the admin token"
+            )
+        if release not in state.servables:
+            raise UnknownServable(FQRV(state.contract, release))
+        return release
+
+    def reward_stats(self, state: ContractState) -> dict[str, RewardStats]:
+        """Every release's reward statistics, summed over the processes sharing the registry."""
+        out = {}
+        for release, entry in state.servables.items():
+            m = self.stats_metrics(entry)
+            out[release] = RewardStats(m.feedback_count, m.reward_sum, m.reward_squares)
+        return out
+
+    async def feedback(self, contract: Contract | None, request_id: str, reward: float) -> FQRV:
+        """Count a reward for the answer to ``request_id`` on the release that gave it, and log it.
+
+        404 when the id is unknown, expired, of another contract than ``contract``, or its
+        release has left the contract since.
+        """
+        answered = await self.answers.lookup(request_id)
+        if answered is None or (contract is not None and answered.fqrv.contract != contract):
+            where = f" of contract {contract}" if contract is not None else ""
+            raise NotFound(
+                f"unknown request id {request_id!r}{where}: no answer with that X-Request-Id in the last "
+                f"{self.settings.feedback_ttl_s:g} s (or it was one of the oldest past the index size)"
+            )
+        fqrv = answered.fqrv
+        entry = self.registry.entry(fqrv)  # UnknownServable: the release has left the contract
+        metrics = entry.metrics
+        metrics.feedback_count += 1
+        metrics.reward_sum += reward
+        metrics.reward_squares += reward * reward
+        self.registry.counters_dirty = True
+        logging = entry.settings.logging
+        if logging.log_level is not LogLevel.NONE:
+            self.prediction_log.emit(
+                PredictionRecord(
+                    fqrv,
+                    True,
+                    _NO_FRAME,
+                    answered.key_configs,
+                    logging,
+                    request_id,
+                    FEEDBACK_PROTOCOL,
+                    self.clock(),
+                    0.0,
+                    pinned=answered.pinned,
+                    feedback=reward,
+                )
+            )
+        return fqrv
 
     def describing_release(self, state: ContractState) -> FQRV | None:
         """The release whose metadata describes the contract (its inputs and outputs in metadata
@@ -265,6 +365,7 @@ class Gateway:
         release: str | None = None,
         wire: Wire | None = None,
         route: Route | None = None,
+        explain: bool = False,
     ) -> InferResult:
         """Score one batch on the contract's routed servable (or ``release`` directly).
 
@@ -274,16 +375,23 @@ class Gateway:
         instead of encoding the request and the answer a second time. A front-end that
         decoded the request against the release that scores passes the ``route`` it took
         (:meth:`route`); otherwise the request is routed here.
+
+        ``explain``: the release that answers also explains its answer (routed, queued, timed and
+        logged exactly as a score; shadow copies are plain scores): the output frame then holds a
+        ``runtime.explanation.Explanation`` in its parameters; CannotExplain (422) if that release
+        can explain neither exactly nor with a declared explainer.
         """
-        if frame.num_rows > self.settings.max_rows:
-            raise InvalidInput(f"batch of {frame.num_rows} records is over the limit of {self.settings.max_rows}")
+        limit = self.settings.explain_max_rows if explain else self.settings.max_rows
+        if frame.num_rows > limit:
+            what = "explanation batch" if explain else "batch"
+            raise InvalidInput(f"{what} of {frame.num_rows} records is over the limit of {limit}")
         if route is None or (route.answered is not None and route.answered not in route.state.servables):
             # Not routed yet, or routed (before the body was read) to a release that has left the
             # contract since (expired, deleted, removed by a follower): routed now.
-            route = self.route(contract, release)
+            route = self.route(contract, release, configs=configs)
         state, answered, shadows = route.state, route.answered, route.shadows
         timeout = timeout_s if timeout_s is not None else self.settings.request_timeout_ms / 1000
-        context = _RequestContext(frame, configs, request_id, protocol, wire)
+        context = _RequestContext(frame, configs, request_id, protocol, wire, route.pinned)
         if answered is None:
             self._fan_out(state, shadows, context)
             raise self.registry.inactive_error(contract)
@@ -299,9 +407,10 @@ class Gateway:
         try:
             if loaded is None:
                 raise ServableNotReady(f"servable {fqrv} is not loaded")
+            work = explain_call(loaded.servable, loaded.explainer) if explain else None
             if tracing.ON:  # the queue wait and the scoring as children of the request's span
                 timing = tracing.QueueThenPredict(str(fqrv), frame.num_rows)
-                submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout, timing.started)
+                submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout, timing.started, work)
                 self._fan_out(state, shadows, context)
                 failed = True
                 try:
@@ -310,7 +419,7 @@ class Gateway:
                 finally:
                     timing.finish(failed)
             else:
-                submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout)
+                submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout, None, work)
                 self._fan_out(state, shadows, context)
                 out = input_report.checked(entry.settings, await submitted)  # strictInputs: a 400
         except GatewayError as error:
@@ -342,11 +451,22 @@ class Gateway:
             self._log_outcome(entry, context, True, started, error=error)
             raise
         latency = self._log_outcome(entry, context, True, started, output=out, response_json=response_json)
+        self._remember(request_id, entry, configs, route.pinned)
         context.served = out
         if context.waiting:  # shadow copies that finished first: compare them now (off this path)
             self._comparisons.extend((shadow, answer, out) for shadow, answer in context.waiting)
             context.waiting = None
         return InferResult(fqrv, out, latency, response_json)
+
+    def _remember(self, request_id: str, entry: ServableEntry, configs: dict[str, str], pinned: bool) -> None:
+        """Index the answer for reward feedback (with the configs its log key is made of)."""
+        logging = entry.settings.logging
+        key_configs = (
+            {name: configs[name] for name in logging.key_features if name in configs}
+            if logging.log_level is not LogLevel.NONE
+            else {}
+        )
+        self.answers.remember(request_id, Answered(entry.fqrv, key_configs, self.clock(), pinned))
 
     def _fan_out(self, state: ContractState, releases: list[str], context: _RequestContext) -> None:
         timeout = self.settings.request_timeout_ms / 1000
@@ -463,6 +583,7 @@ class Gateway:
                 request_json,
                 response_json,
                 tracing.current_trace_id() if tracing.ON else "",
+                served and context.pinned,
             )
         )
         return latency
@@ -473,16 +594,26 @@ class Gateway:
         return self.registry.loaded_servable(fqrv).definition
 
     def metadata(self, fqrv: FQRV) -> ServableMetadata:
-        """A servable's inputs and outputs."""
+        """A servable's inputs and outputs (503 ServableNotReady for one whose load fails here)."""
+        loaded = self.registry.loaded.get(fqrv)
+        if loaded is None and (status := self.loads.failed(fqrv.contract).get(fqrv)) is not None:
+            raise ServableNotReady(
+                f"servable {fqrv} failed to load on this process ({status.attempts} attempts, retried): {status.error}"
+            )
         return self.registry.loaded_servable(fqrv).servable.metadata()
+
+    def explanation(self, fqrv: FQRV) -> dict[str, Any] | None:
+        """How a loaded release explains (``{"method": "TreeSHAP", ...}``), None when it cannot."""
+        loaded = self.registry.loaded_servable(fqrv)
+        return describe(loaded.servable, loaded.explainer)
 
     def active_release(self, contract: Contract) -> FQRV:
         """The servable that represents the contract in metadata calls (the newest routed one)."""
         return self.registry.active_release(contract)
 
-    def servable_entries(self, contract: Contract) -> list[ServableEntry]:
-        """The contract's servables, oldest first; 422 when it has none (as ForestFlow)."""
-        return self.registry.servable_entries(contract)
+    def servable_entries(self, contract: Contract, *, empty_ok: bool = False) -> list[ServableEntry]:
+        """The contract's servables, oldest first; 422 when it has none (as ForestFlow) unless ``empty_ok``."""
+        return self.registry.servable_entries(contract, empty_ok=empty_ok)
 
     def entry(self, fqrv: FQRV) -> ServableEntry:
         """One servable's entry or UnknownServable."""
@@ -495,6 +626,10 @@ class Gateway:
 
 #: How often finished shadow copies are compared with the served answers.
 COMPARE_INTERVAL_S = 0.25
+#: The protocol of feedback events in the prediction log.
+FEEDBACK_PROTOCOL = "feedback"
+#: The request frame of a feedback event (it has none).
+_NO_FRAME = Frame({})
 
 
 def _count_outcome(
@@ -524,6 +659,8 @@ class Route:
     #: The release that scores (None: nothing is active; the request gets a 422).
     answered: str | None
     shadows: list[str]
+    #: The caller named the release (``X-Forestflow-Release``): logged as pinned.
+    pinned: bool = False
 
 
 @dataclass(slots=True)
@@ -533,6 +670,7 @@ class _RequestContext:
     request_id: str
     protocol: str
     wire: Wire | None
+    pinned: bool = False
     #: The served answer, once there is one (shadow copies are compared with it).
     served: Frame | None = None
     #: Shadow answers that arrived before the served one.

@@ -66,6 +66,17 @@ class Settings:
         default=1,
     )
     file_sync_interval_s: float = _doc("how often a worker checks the file store for other workers' changes", default=0.25)
+    worker_broken_restart_s: float = _doc(
+        "restart a worker of --workers N whose release loads have kept failing this long while another "
+        "worker is ready (0 = never)",
+        default=300.0,
+    )
+    load_retry_first_s: float = _doc(
+        "delay before a failed load of a release learnt from the store (or restored, or from the model "
+        "repository) is tried again; doubled after each failure, cut by up to half at random",
+        default=0.5,
+    )
+    load_retry_max_s: float = _doc("the longest delay between two load attempts of one release", default=30.0)
 
     redis_url: str = _doc("redis://... to share the registry between replicas (empty = file store)", default="")
     redis_sync_interval_s: float = _doc("period of the registry version check against Redis", default=2.0)
@@ -133,8 +144,24 @@ class Settings:
     )
     max_body_bytes: int = _doc("largest request body accepted (after decompression)", default=64 * 1024 * 1024)
     max_rows: int = _doc("largest batch (records) accepted", default=100000)
+    max_image_pixels: int = _doc(
+        "largest image (width x height, read from its header before any pixel is decoded) an image_decode "
+        "pipeline step accepts: a larger one is a 400, so a small file cannot decompress into gigabytes",
+        default=40_000_000,
+    )
+    explain_max_rows: int = _doc("largest batch (records) one explanation request may hold", default=1000)
+    kernel_shap_max_samples: int = _doc(
+        "most coalitions KernelSHAP evaluates per explained record (a definition's samples above it are refused)",
+        default=4096,
+    )
+    kernel_shap_max_background: int = _doc("most background rows a KernelSHAP explainer may declare", default=1000)
     evaluation_interval_s: float = _doc("contract re-evaluation period (phase-in, validity)", default=5.0)
     metrics_flush_interval_s: float = _doc("how often counters are persisted", default=1.0)
+    feedback_index_size: int = _doc(
+        "recent answers kept per process for reward feedback (request id -> the release that answered)",
+        default=100000,
+    )
+    feedback_ttl_s: float = _doc("how long an answer accepts reward feedback (POST .../feedback)", default=3600.0)
     shutdown_timeout_s: float = _doc("grace period for in-flight requests at shutdown", default=30.0)
     h2o_scorer: str = _doc(
         "how H2O MOJOs are scored: auto (GBM/DRF natively, without Java; other kinds with genmodel in the "
@@ -152,7 +179,7 @@ class Settings:
         default="",
     )
 
-    # Model sources (README "Model sources").
+    # Model sources (docs/sources.md).
     artifact_roots: str = _doc(
         "comma-separated directories file:// deploys may read (empty = the data dir and the working directory)",
         default="",
@@ -231,6 +258,10 @@ class Settings:
             "request_timeout_ms",
             "max_body_bytes",
             "max_rows",
+            "max_image_pixels",
+            "explain_max_rows",
+            "kernel_shap_max_samples",
+            "kernel_shap_max_background",
             "log_buffer_bytes",
         ):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number")
@@ -252,8 +283,18 @@ class Settings:
             "redis_sync_interval_s",
             "log_flush_timeout_s",
             "file_sync_interval_s",
+            "feedback_ttl_s",
+            "load_retry_first_s",
         ):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive number of seconds")
+        _check(self.feedback_index_size > 0, "feedback_index_size", self.feedback_index_size, "a positive number of answers")
+        _check(
+            self.load_retry_max_s >= self.load_retry_first_s,
+            "load_retry_max_s",
+            self.load_retry_max_s,
+            "seconds, at least load_retry_first_s",
+        )
+        _check(self.worker_broken_restart_s >= 0, "worker_broken_restart_s", self.worker_broken_restart_s, "zero or more seconds")
         _check(not self.repository or Path(self.repository).is_dir(), "repository", self.repository, "an existing directory")
         _check(self.artifact_max_bytes > 0, "artifact_max_bytes", self.artifact_max_bytes, "a positive number of bytes")
         _check(

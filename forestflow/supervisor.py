@@ -5,19 +5,23 @@ reserves the gRPC port (each worker binds it with ``SO_REUSEPORT``, which the ke
 starts the workers as fresh interpreters after binding, so no JVM or event loop ever crosses a
 fork. Workers share the registry through the file store (``registry/file_store.py``; or Redis when
 ``redis_url`` is set, as replicas do) and append to one prediction log. A worker that exits
-unexpectedly is logged and restarted with backoff; SIGTERM or SIGINT drains and stops them all.
+unexpectedly is logged and restarted with backoff; one whose release loads keep failing (its status
+file says so) while another worker is ready is stopped after ``worker_broken_restart_s`` and
+restarted the same way. SIGTERM or SIGINT drains and stops them all.
 
 This module is imported by the supervisor: it must stay free of the gateway's heavy imports.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,8 @@ log = structlog.get_logger("forestflow.supervisor")
 
 #: Restart delays of a worker that keeps failing: doubled per failure, reset after a healthy run.
 FIRST_BACKOFF_S, MAX_BACKOFF_S, HEALTHY_RUN_S = 0.5, 30.0, 60.0
+#: How often the supervisor reads the workers' status files (for ``worker_broken_restart_s``).
+BROKEN_CHECK_EVERY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +65,31 @@ def worker_count(setting: int) -> int:
 
 
 # ---- worker status (readiness across workers) -----------------------------------------------------
+#: How often a worker checks whether its status changed (and rewrites its file when it did).
+STATUS_EVERY_S = 0.25
+
+
 def _status_path(data_dir: Path, index: int) -> Path:
     return data_dir / "state" / "workers" / f"w{index}.json"
 
 
-def write_worker_status(data_dir: Path, worker: WorkerIdentity, ready: bool) -> None:
-    """Record whether this worker serves (read by every worker's readiness route)."""
-    replace_file(_status_path(data_dir, worker.index), orjson.dumps({"pid": os.getpid(), "ready": ready}))
+def write_worker_status(data_dir: Path, worker: WorkerIdentity, ready: bool, failed: dict[str, Any] | None = None) -> None:
+    """Record whether this worker serves, and the releases whose loads fail on it (read by every
+    worker's readiness route and by the supervisor)."""
+    doc = {"pid": os.getpid(), "ready": ready, "failed": failed or {}}
+    replace_file(_status_path(data_dir, worker.index), orjson.dumps(doc))
+
+
+async def report_worker_status(data_dir: Path, worker: WorkerIdentity, status: Callable[[], tuple[bool, dict[str, Any]]]) -> None:
+    """Keep this worker's status file up to date: ``status()`` is (ready, failing releases); the
+    file is rewritten when it changes (runs until cancelled)."""
+    last: tuple[bool, dict[str, Any]] | None = None
+    while True:
+        now = status()
+        if now != last:
+            write_worker_status(data_dir, worker, *now)
+            last = now
+        await asyncio.sleep(STATUS_EVERY_S)
 
 
 def replace_file(path: Path, data: bytes) -> None:
@@ -76,18 +100,27 @@ def replace_file(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def workers_status(data_dir: Path, count: int) -> dict[str, str]:
-    """``w<i>`` -> ``ready`` / ``loading`` / ``down`` for every worker of this gateway."""
-    out: dict[str, str] = {}
+def read_workers(data_dir: Path, count: int) -> dict[str, dict[str, Any]]:
+    """``w<i>`` -> ``{"state": ready / loading / failed / down, "pid", "failed": {fqrv: {error, attempts}}}``
+    for every worker of this gateway (``failed``: a worker not ready because release loads fail on it)."""
+    out: dict[str, dict[str, Any]] = {}
     for index in range(count):
         try:
             status = orjson.loads(_status_path(data_dir, index).read_bytes())
-            os.kill(int(status["pid"]), 0)  # a worker that died left its file behind
+            pid = int(status["pid"])
+            os.kill(pid, 0)  # a worker that died left its file behind
         except (OSError, ValueError, KeyError, TypeError):
-            out[f"w{index}"] = "down"
+            out[f"w{index}"] = {"state": "down"}
             continue
-        out[f"w{index}"] = "ready" if status.get("ready") else "loading"
+        failed = status.get("failed") or {}
+        state = "ready" if status.get("ready") else "failed" if failed else "loading"
+        out[f"w{index}"] = {"state": state, "pid": pid, **({"failed": failed} if failed else {})}
     return out
+
+
+def workers_status(data_dir: Path, count: int) -> dict[str, str]:
+    """``w<i>`` -> ``ready`` / ``loading`` / ``failed`` / ``down`` for every worker of this gateway."""
+    return {name: worker["state"] for name, worker in read_workers(data_dir, count).items()}
 
 
 # ---- the supervisor ---------------------------------------------------------------------------------
@@ -98,6 +131,10 @@ class _Slot:
     started_at: float = 0.0
     backoff_s: float = FIRST_BACKOFF_S
     restart_at: float = 0.0
+    #: Since when (monotonic) its status has said its release loads fail (None: they do not).
+    broken_since: float | None = None
+    #: When a worker stopped for being broken is killed if it has not exited by then.
+    kill_at: float | None = None
 
 
 #: Added to a worker's own stop budget before it is killed: the late-connection pauses of its drain
@@ -144,9 +181,13 @@ class Supervisor:
         try:
             for slot in slots:
                 self._start(slot, http.fileno(), grpc_port)
+            checked = time.monotonic()
             while not self._stopping:
                 time.sleep(0.1)
                 self._watch(slots, http.fileno(), grpc_port)
+                if time.monotonic() - checked >= BROKEN_CHECK_EVERY_S:
+                    checked = time.monotonic()
+                    self._stop_broken(slots, checked)
             log.info("stopping", workers=self.count)
             self._stop_all(slots)
         finally:
@@ -203,10 +244,48 @@ class Supervisor:
                     ran_s=round(ran_s, 1),
                     restart_in_s=slot.backoff_s,
                 )
-                slot.process, slot.restart_at = None, now + slot.backoff_s
+                slot.process, slot.restart_at, slot.kill_at = None, now + slot.backoff_s, None
                 slot.backoff_s = min(slot.backoff_s * 2, MAX_BACKOFF_S)
             elif process is None and now >= slot.restart_at and not self._stopping:
                 self._start(slot, listen_fd, grpc_port)
+            elif process is not None and slot.kill_at is not None and now >= slot.kill_at:
+                log.error("worker_killed", worker=f"w{slot.index}", pid=process.pid)
+                process.kill()
+                slot.kill_at = None
+
+    def _stop_broken(self, slots: list[_Slot], now: float) -> None:
+        """SIGTERM a worker whose release loads have failed for ``worker_broken_restart_s`` while
+        another worker is ready (the fault is that process's); :meth:`_watch` starts a new one."""
+        bound = float(self.settings.worker_broken_restart_s)
+        if bound <= 0:
+            return
+        workers = read_workers(self.settings.data_dir, self.count)
+        for slot in slots:
+            name, process = f"w{slot.index}", slot.process
+            status = workers.get(name, {})
+            if (
+                process is None
+                or process.poll() is not None
+                or slot.kill_at is not None  # being stopped already
+                or status.get("pid") != process.pid
+                or status.get("state") != "failed"
+            ):
+                slot.broken_since = None
+                continue
+            if slot.broken_since is None:
+                slot.broken_since = now
+            others_ready = any(w["state"] == "ready" for other, w in workers.items() if other != name)
+            if now - slot.broken_since >= bound and others_ready:
+                log.error(
+                    "worker_restarted_broken",
+                    worker=name,
+                    pid=process.pid,
+                    broken_s=round(now - slot.broken_since, 1),
+                    failed=sorted(status.get("failed", {})),
+                )
+                slot.broken_since = None
+                slot.kill_at = now + stop_deadline_s(self.settings)
+                process.send_signal(signal.SIGTERM)
 
     def _stop_all(self, slots: list[_Slot]) -> None:
         """SIGTERM every worker (each drains), wait for them, kill what outlives the grace period."""

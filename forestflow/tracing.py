@@ -28,13 +28,16 @@ _tracer: Any = None
 _provider: Any = None
 
 
-def configure(endpoint: str, ratio: float, service_name: str = "forestflow") -> bool:
-    """Turn tracing on when an endpoint is configured (setting or OTEL_* variable); True if on."""
-    global ON, _tracer, _provider
+def wanted(endpoint: str) -> bool:
+    """Whether tracing is to be on: an endpoint is configured (setting or OTEL_* variable), the SDK not disabled."""
     env_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if not endpoint and not env_endpoint:
-        return False
-    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+    return bool(endpoint or env_endpoint) and os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true"
+
+
+def configure(endpoint: str, ratio: float, service_name: str = "forestflow") -> bool:
+    """Turn tracing on when :func:`wanted`; True if on. The SDK comes with the tracing extra (checked at start)."""
+    global ON, _tracer, _provider
+    if not wanted(endpoint):
         return False
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource

@@ -293,6 +293,15 @@ def train_and_export(files: dict[str, Path], out: Path, only: set[str] | None = 
                 "VOL",
                 prostate,
             ),
+            # The explanation benchmark's models (bench/explain.py): 50 trees, and 200 trees of depth 6.
+            ("prostate_gbm_50", H2OGradientBoostingEstimator(ntrees=50, max_depth=5, seed=42), PROSTATE_X, "CAPSULE", prostate),
+            (
+                "prostate_gbm_200x6",
+                H2OGradientBoostingEstimator(ntrees=200, max_depth=6, min_rows=2, seed=42),
+                PROSTATE_X,
+                "CAPSULE",
+                prostate,
+            ),
             # Columns holding one value or NA: their splits are "NA vs rest" (no threshold, no bitset).
             (
                 "prostate_gbm_na_vs_rest",

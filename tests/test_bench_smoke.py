@@ -56,3 +56,31 @@ def test_profile_bench_smoke_prints_shares_that_add_up() -> None:
     assert abs(float(rows["total"][0]) - 100.0) < 0.5, result.stdout
     # The request path is seen: aiohttp's server and the gateway's own front-end code both have samples.
     assert float(rows["aiohttp"][0]) > 0 and float(rows["front-end"][0]) > 0, result.stdout
+
+
+@pytest.mark.slow
+def test_images_bench_smoke_prints_both_encodings_side_by_side() -> None:
+    result = subprocess.run([sys.executable, "bench/images.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("v2-")}
+    assert sorted(rows) == ["v2-binary", "v2-json"], result.stdout
+    for line in rows.values():
+        piped = float(line.split("CPU/request pipeline ")[1].split()[0])
+        bare = float(line.split("bare ONNX ")[1].split()[0])
+        decode = float(line.split("decode step alone ")[1].split()[0])
+        assert piped > 0 and bare > 0 and decode > 0 and line.endswith("errors 0"), result.stdout
+
+
+@pytest.mark.slow
+def test_explain_bench_smoke_prints_every_method_and_the_latencies() -> None:
+    result = subprocess.run(
+        [sys.executable, "bench/explain.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("prostate_gbm_")]
+    methods = {r[2] for r in rows}
+    assert {"forestflow", "genmodel", "xgboost", "forestflow-xgb"} <= methods, result.stdout
+    assert {(r[0], r[1]) for r in rows} == {(m, n) for m in ("prostate_gbm_50", "prostate_gbm_200x6") for n in ("1", "100")}
+    assert all(float(r[3]) > 0 for r in rows), result.stdout
+    (latency,) = [line for line in result.stdout.splitlines() if "/explain p50" in line]
+    assert "ratio" in latency, result.stdout

@@ -16,6 +16,7 @@ SOURCES = [
     "forestflow/codecs/_ffwire.c",
     "forestflow/predlog/_kafka_records.c",
     "forestflow/runtime/_h2o_trees.c",
+    "forestflow/runtime/_treeshap.c",
 ]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import requests
 
-from forestflow.cli import gateway_url
+from forestflow.cli_admin import gateway_url
 from tests.api_gp.helpers import raw_tensor_request
 from tests.support import ROOT, GatewayProcess, python_servable, score_body
 

@@ -1,5 +1,6 @@
-"""The README's quick start works when followed top to bottom, its route table names every front-end, and its
-sections with commands (safe rollouts, models served elsewhere) run as written."""
+"""The README and the pages under docs/ run as written: the quick start's commands use what the first command
+installs, the APIs page's route table names every front-end, and the pages' sections with commands (safe
+rollouts, models served elsewhere) run against real gateways."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,34 @@ from forestflow.runtime.remote.config import _KEYS as _REMOTE_KEYS
 from tests.support import ROOT, GatewayProcess, free_port
 
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+
+
+def page(name: str) -> str:
+    """A page under docs/."""
+    return (DOCS / name).read_text()
+
+
+def section(text: str, heading: str) -> str:
+    """One ``## `` section of a page: from its heading to the next one (or the end)."""
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def cli_command(line: str, url: str, *extra: str) -> str:
+    """A ``.venv/bin/forestflow ...`` line of the docs as this checkout runs it against ``url``: through this
+    interpreter, the trailing comment dropped, ``--url`` (and ``extra``) added; any other line unchanged."""
+    if not line.startswith(".venv/bin/forestflow "):
+        return line.replace("localhost:8090", url.removeprefix("http://"))
+    command = line.split("  #", 1)[0].strip().removeprefix(".venv/bin/forestflow ")
+    local = command.startswith(("logs ", "kafka "))  # read the log or a broker: no gateway URL
+    return " ".join([sys.executable, "-m", "forestflow.cli", command, *([] if local else ["--url", url]), *extra])
 
 
 def _shell_lines() -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+    texts = [README] + [path.read_text() for path in sorted(DOCS.glob("*.md"))]
+    blocks = [block for text in texts for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S)]
     return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
 
 
@@ -35,17 +61,18 @@ def test_commands_use_what_the_first_command_installs() -> None:
 
 
 def test_curl_deploy_is_an_alternative_not_a_second_deploy() -> None:
-    curl_intro = README[README.index("To deploy with curl") : README.index('sed "s#file')]
+    apis = page("apis.md")
+    curl_intro = apis[apis.index("To deploy with curl") : apis.index('sed "s#file')]
     assert "instead of" in curl_intro and "409" in curl_intro
 
 
 def test_shadow_section_explains_the_fan_out_to_the_old_release() -> None:
-    text = " ".join(README.split())
+    text = " ".join(page("rollouts.md").split())
     assert "once `gbm-v2` answers some requests, `gbm-v1` receives shadow copies" in text
 
 
 def test_route_table_lists_every_front_end_and_the_v2_name_rule() -> None:
-    table = README[README.index("## APIs") : README.index("## Deployment shapes")]
+    table = page("apis.md")
     for route in (
         "/{org}/{project}/{n}/score",
         "/{org}/{project}/{n}/gp",
@@ -63,19 +90,19 @@ def test_route_table_lists_every_front_end_and_the_v2_name_rule() -> None:
 
 def test_safe_rollouts_section_runs_as_written(tmp_path: Any) -> None:
     """Each line of the section's bash block, run against a real gateway: gate, phase in, roll back."""
-    section = README[README.index("## Safe rollouts") : README.index("## Operations")]
-    lines = [line for line in re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1).splitlines() if line.strip()]
+    text = section(page("rollouts.md"), "Safe rollouts")
+    lines = [line for line in re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1).splitlines() if line.strip()]
     broken = tmp_path / "v2-broken"
     gw = GatewayProcess(tmp_path / "data", env={"FORESTFLOW_EVALUATION_INTERVAL_S": "1"}).start()
 
-    def run(line: str) -> str:
-        command = line.replace("localhost:8090", gw.url.removeprefix("http://")).replace("/tmp/v2-broken", str(broken))
+    def run(line: str, *extra: str) -> str:
+        command = cli_command(line, gw.url, *extra).replace("/tmp/v2-broken", str(broken))
         done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, (line, done.stderr)
         return done.stdout
 
     def stats() -> dict[str, Any]:
-        return {m["ServableMetrics"]["fqrv"]["releaseVersion"]: m["ServableMetrics"] for m in json.loads(run(lines[3]))}
+        return {m["ServableMetrics"]["fqrv"]["releaseVersion"]: m["ServableMetrics"] for m in json.loads(run(lines[3], "--json"))}
 
     def until(check: Any, what: str) -> dict[str, Any]:
         deadline = time.monotonic() + 10
@@ -87,10 +114,16 @@ def test_safe_rollouts_section_runs_as_written(tmp_path: Any) -> None:
             time.sleep(0.1)
 
     try:
-        for line in lines[:3]:
-            run(line)
+        for line, release in zip(lines[:2], ("v1", "v2")):
+            assert run(line).startswith(f"deployed acme/safe/1/{release} in "), line
+        run(lines[2])
+        shown = run(lines[3])  # the human table: a header and a row per release
+        assert shown.split()[:3] == ["RELEASE", "PHASE-IN", "SCORES"] and "v1" in shown and "v2" in shown, shown
         seen = until(lambda m: m["v2"]["currentPhaseInPct"] == 100, "v2 phased in")
-        assert seen["v2"]["shadeCount"] == "25" and seen["v2"]["performanceMetrics"]["agreement"] == 1.0
+        # v2 scored a shadow copy of each request until its gates passed (20 events at least), then answered the rest
+        shadows, answered = int(seen["v2"]["shadeCount"]), int(seen["v2"]["scoreCount"])
+        assert shadows >= 20 and shadows + answered == 25, seen["v2"]
+        assert seen["v2"]["performanceMetrics"]["agreement"] == 1.0
         assert seen["v2"]["performanceMetrics"]["errorRate"] == 0.0
         run(lines[4])
         answers = [json.loads(a) for a in run(lines[5]).split("\n") if a.strip()]
@@ -99,6 +132,59 @@ def test_safe_rollouts_section_runs_as_written(tmp_path: Any) -> None:
         assert int(seen["v2"]["errorCount"]) > 0
         answer = json.loads(run(lines[2].replace("seq 25", "seq 1").replace(">/dev/null", "")))
         assert answer["Prediction"]["fqrv"]["releaseVersion"] == "v1"
+        shown = run(lines[6])
+        assert lines[6].split("#")[0].strip() == lines[3].split("#")[0].strip() and "v2" in shown, shown
+    finally:
+        assert gw.stop() == 0
+
+
+def test_quick_start_runs_as_written(tmp_path: Path) -> None:
+    """The quick start's commands in order, against a real gateway (the first command's), with what each prints."""
+    blocks = re.findall(r"```bash\n(.*?)```", section(README, "Quick start"), flags=re.S)
+    lines = [line.strip() for block in blocks for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    data = tmp_path / "data"
+    gw = GatewayProcess(data).start()
+    log = data / "predictions.jsonl"
+
+    def run(line: str) -> str:
+        extra = ("--count", "2", "--interval", "0.2") if "--watch" in line else ()
+        command = cli_command(line, gw.url, *extra).replace("forestflow-data/", f"{data}/")
+        if " logs tail" in command:
+            command += f" --data-dir {data}"
+        done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (line, done.stdout, done.stderr)
+        return done.stdout
+
+    def events() -> int:
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    try:
+        out = {line: run(line) for line in lines if not line.startswith("tail ")}  # tail below, once events are written
+        said = " ".join(out.values())
+        for expected in (
+            "deployed samples/prostate/1/gbm-v1 in",
+            "deployed samples/prostate/1/gbm-v2 in",
+            "answered by gbm-v1",
+            "samples/prostate/1/gbm-v2 phases in over 10m",
+            "samples/prostate/1/gbm-v2 shadows",
+            "undeployed samples/prostate/1/gbm-v2",
+        ):
+            assert expected in said, (expected, said)
+        curl = next(line for line in lines if line.startswith("curl "))
+        assert json.loads(out[curl])["Prediction"]["fqrv"]["releaseVersion"] == "gbm-v1"
+        metadata = next(v for k, v in out.items() if " metadata " in k)
+        assert "AGE" in metadata and "Float64" in metadata, metadata
+        watched = next(v for k, v in out.items() if "--watch" in k)
+        assert watched.count("gbm-v2") == 2 and "RATE" in watched, watched  # two refreshes, both releases
+        logged = [json.loads(v.splitlines()[0]) for k, v in out.items() if " logs tail" in k][0]
+        assert logged["servedRequest"] is True and logged["key"] == "req-1", logged
+        deadline = time.monotonic() + 10
+        while events() < 4:  # the two /score calls before the shadow one, its served and shadow events
+            assert time.monotonic() < deadline, events()
+            time.sleep(0.05)
+        (tail,) = [line for line in lines if line.startswith("tail ")]
+        served, shadow = (json.loads(e)["event"] for e in run(tail).splitlines())
+        assert {served["servedRequest"], shadow["servedRequest"]} == {True, False}
     finally:
         assert gw.stop() == 0
 
@@ -112,12 +198,12 @@ def _commands(block: str) -> list[str]:
 def test_models_served_elsewhere_section_runs_as_written(tmp_path: Path) -> None:
     """The section's commands, in order, against a real gateway and the MLServer its own start line starts
     (on free ports, its model directory and the definition's URL moved accordingly)."""
-    section = README[README.index("## Models served elsewhere") : README.index("## Model sources")]
-    setup, use = (_commands(block) for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S))
-    (shown,) = re.findall(r"```json\n(.*?)```", section, flags=re.S)
+    text = page("remote.md")
+    setup, use = (_commands(block) for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S))
+    (shown,) = re.findall(r"```json\n(.*?)```", text, flags=re.S)
     definition = ROOT / "servables" / "iris-remote.json"
-    assert json.loads(shown) == json.loads(definition.read_text())  # the README shows the file deployed
-    documented = section[section.index("| key | what |") :]
+    assert json.loads(shown) == json.loads(definition.read_text())  # the page shows the file deployed
+    documented = text[text.index("| key | what |") :]
     assert all(f"`{key}`" in documented for key in _REMOTE_KEYS), documented
 
     ports = {"8180": str(free_port()), "8181": str(free_port()), "8182": str(free_port())}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -27,7 +28,9 @@ from forestflow.codecs.ff_settings import (
     servable_settings_to_json,
 )
 from forestflow.codecs.jsonread import Obj
-from forestflow.errors import Forbidden, InvalidInput, StoreUnavailable, Unauthenticated
+from forestflow.core.ids import Contract
+from forestflow.core.policies import ContractSettings
+from forestflow.errors import ContractValidationError, Forbidden, InvalidInput, StoreUnavailable, Unauthenticated
 
 audit = structlog.get_logger("forestflow.audit")
 
@@ -46,18 +49,30 @@ def _audit_refusal(request: web.Request, reason: str) -> None:
     )
 
 
+def _bearer(authorization: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (None without one)."""
+    scheme, _, given = authorization.partition(" ")
+    return given.strip() if scheme.lower() == "bearer" and given.strip() else None
+
+
+def is_admin_token(settings_token: str, authorization: str) -> bool:
+    """Whether an ``Authorization`` header carries the configured admin token (never without one:
+    a gateway without a token has no admin callers to tell apart)."""
+    given = _bearer(authorization)
+    return bool(settings_token) and given is not None and hmac.compare_digest(given.encode(), settings_token.encode())
+
+
 def admin(handler: Handler) -> Handler:
     """Require the admin bearer token (when one is configured) before running ``handler``."""
 
     async def guarded(request: web.Request) -> web.StreamResponse:
         token = request.app[SETTINGS].admin_token
         if token:
-            header = request.headers.get("Authorization", "")
-            scheme, _, given = header.partition(" ")
-            if scheme.lower() != "bearer" or not given:
+            given = _bearer(request.headers.get("Authorization", ""))
+            if given is None:
                 _audit_refusal(request, "no credentials")
                 raise Unauthenticated("admin routes need Authorization: Bearer <token>")
-            if not hmac.compare_digest(given.strip().encode(), token.encode()):
+            if not hmac.compare_digest(given.encode(), token.encode()):
                 _audit_refusal(request, "wrong token")
                 raise Forbidden("the admin token is wrong")
         if not request.app[GATEWAY].started:
@@ -129,10 +144,20 @@ async def delete_servable(request: web.Request) -> web.Response:
 
 
 # ---- contracts ------------------------------------------------------------------------------------
+def _contract_settings(contract: Contract, body: Any) -> ContractSettings:
+    """A contract settings body; settings that cannot be applied are a 422 naming the field."""
+    if not isinstance(body, dict):
+        raise InvalidInput("body: expected a ContractSettings object")
+    try:
+        return parse_contract_settings(Obj(body, ""))
+    except InvalidInput as error:
+        raise ContractValidationError(contract, error.message) from None
+
+
 async def create_contract(request: web.Request) -> web.Response:
     """POST /contract/{org}/{project}/{n}: register a contract with its settings."""
     contract = contract_from(request)
-    settings = parse_contract_settings(Obj(await read_json(request), ""))
+    settings = _contract_settings(contract, await read_json(request))
     await request.app[GATEWAY].admin.create_contract(contract, settings)
     return json_response({"ContractCreatedSuccessfully": {"contract": contract_to_json(contract)}})
 
@@ -140,7 +165,7 @@ async def create_contract(request: web.Request) -> web.Response:
 async def update_contract(request: web.Request) -> web.Response:
     """PUT /{org}/{project}/{n}: replace a contract's settings, rebuilding its router."""
     contract = contract_from(request)
-    settings = parse_contract_settings(Obj(await read_json(request), ""))
+    settings = _contract_settings(contract, await read_json(request))
     await request.app[GATEWAY].admin.update_contract(contract, settings)
     return json_response({"ContractUpdatedSuccessfully": {"contract": contract_to_json(contract)}})
 
@@ -159,11 +184,16 @@ async def list_releases(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    """GET .../stats: ``[{"ServableMetrics": ...}]``."""
+    """GET .../stats: ``[{"ServableMetrics": ...}]``; a release whose load keeps failing on this
+    process follows, with ``"load": {"state": "failed", "error", "attempts", "retryInS"}``."""
     gateway = request.app[GATEWAY]
-    entries = gateway.servable_entries(contract_from(request))
+    contract = contract_from(request)
+    failing = gateway.failing_entries(contract)
+    entries = gateway.servable_entries(contract, empty_ok=bool(failing))
     # Counters summed over every replica sharing the registry (this one's own with a file store).
-    return json_response([{"ServableMetrics": metrics_to_json(e.fqrv, gateway.stats_metrics(e))} for e in entries])
+    out = [{"ServableMetrics": metrics_to_json(e.fqrv, gateway.stats_metrics(e))} for e in entries]
+    out += [{"ServableMetrics": metrics_to_json(e.fqrv, e.metrics) | {"load": status.view()}} for e, status in failing]
+    return json_response(out)
 
 
 async def servable_settings_list(request: web.Request) -> web.Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -14,6 +15,7 @@ from forestflow.api import (
     basic,
     body_pool,
     dashboard,
+    experiments,
     graphpipe,
     ops,
     v1_rest,
@@ -26,15 +28,19 @@ from forestflow.api.middleware import build_middleware
 from forestflow.api.prom import RequestMetrics, build_registry
 from forestflow.errors import StoreUnavailable
 from forestflow.predlog import make_prediction_log
+from forestflow.registry.answers import FileAnswers, RedisAnswers, SharedAnswers
 from forestflow.registry.artifacts import ArtifactCache
 from forestflow.registry.file_store import FileStore
 from forestflow.registry.store import Store
 from forestflow.runtime import jvm
 from forestflow.service import Gateway
 from forestflow.settings import Settings
-from forestflow.supervisor import WorkerIdentity, write_worker_status
+from forestflow.supervisor import WorkerIdentity, report_worker_status, write_worker_status
 
 log = structlog.get_logger("forestflow")
+
+#: The task that keeps a worker's status file up to date (``--workers N``).
+REPORTING = web.AppKey("worker_status_reporting", asyncio.Task)
 
 
 def make_store(settings: Settings, worker: WorkerIdentity | None = None) -> Store:
@@ -49,12 +55,27 @@ def make_store(settings: Settings, worker: WorkerIdentity | None = None) -> Stor
 
 def make_gateway(settings: Settings, worker: WorkerIdentity | None = None) -> Gateway:
     """A Gateway wired to the store, artifact cache and prediction log the settings choose."""
+    store = make_store(settings, worker)
     return Gateway(
         settings,
-        make_store(settings, worker),
+        store,
         ArtifactCache.from_settings(settings, worker.replica_id if worker is not None else None),
         make_prediction_log(settings),
+        shared_answers=make_shared_answers(settings, store, worker),
     )
+
+
+def make_shared_answers(settings: Settings, store: Store, worker: WorkerIdentity | None) -> SharedAnswers | None:
+    """Where the answers reward feedback joins are shared with the other processes of the registry:
+    Redis for replicas, files under the data dir for the workers of one host, nowhere for one process."""
+    if settings.redis_url:
+        from forestflow.registry.redis_store import RedisStore
+
+        assert isinstance(store, RedisStore)
+        return RedisAnswers(store.client, store.namespace)
+    if worker is not None and worker.count > 1:
+        return FileAnswers(settings.data_dir / "state" / "answers", worker.replica_id, settings.feedback_index_size)
+    return None
 
 
 async def _start_until_reachable(gateway: Gateway, retry_s: float) -> None:
@@ -77,11 +98,11 @@ async def _gateway_context(app: web.Application) -> AsyncIterator[None]:
     app[GATEWAY] = gateway
     app[AFTER_START] = []
     yield
-    starting = app.get(STARTING)
-    if starting is not None:
-        if not starting.done():
-            starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
+    for task in (app.get(STARTING), app.get(REPORTING)):
+        if task is not None:
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
     worker = app.get(WORKER)
     if worker is not None:
         write_worker_status(app[SETTINGS].data_dir, worker, ready=False)
@@ -102,10 +123,19 @@ async def _begin_start(app: web.Application) -> None:
         await _start_until_reachable(app[GATEWAY], min(2.0, settings.redis_sync_interval_s))
         for after in app[AFTER_START]:
             await after()
-        if worker is not None:
-            write_worker_status(settings.data_dir, worker, ready=True)
 
-    app[STARTING] = asyncio.create_task(start(), name="gateway-start")
+    starting = app[STARTING] = asyncio.create_task(start(), name="gateway-start")
+    if worker is not None:  # its readiness and failing loads, for the other workers and the supervisor
+        gateway = app[GATEWAY]
+
+        def status() -> tuple[bool, dict[str, Any]]:
+            started = starting.done() and not starting.cancelled() and starting.exception() is None
+            failed = {
+                str(f): {"error": s.error, "attempts": s.attempts} for f, s in gateway.loads.failed().items() if s.registered
+            }
+            return started and gateway.ready, failed
+
+        app[REPORTING] = asyncio.create_task(report_worker_status(settings.data_dir, worker, status), name="worker-status")
 
 
 async def _stop_body_pool(app: web.Application) -> None:
@@ -151,6 +181,7 @@ def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.A
     ops.add_routes(app)
     dashboard.add_routes(app, request_metrics)
     admin.add_routes(app)
+    experiments.add_routes(app)
     app.on_startup.append(_begin_start)  # after every context above is set up
     if request_metrics is not None:
         request_metrics.classify_routes(app)

@@ -1,4 +1,9 @@
-"""ForestFlow's BASIC API: ``POST /{org}/{project}/{n}/score`` and the metadata routes."""
+"""ForestFlow's BASIC API: ``POST /{org}/{project}/{n}/score``, ``/explain`` and the metadata routes.
+
+``/explain`` takes a ``/score`` body and answers ``{"Prediction": ..., "Explanation": ...}``: the
+Prediction ``/score`` gives, and per datum the contributions keyed by column name with the bias
+(``BiasTerm``), from the release that answered (named in both).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from forestflow.api.common import (
     request_id_of,
     timeout_from,
 )
+from forestflow.api.pinning import PIN_HEADER, http_pinned_route
 from forestflow.api.responses import JSON, dumps, json_response
 from forestflow.codecs.ff_protobuf import prediction_bytes
 from forestflow.codecs.ff_settings import fqrv_to_json
@@ -33,8 +39,9 @@ from forestflow.core.ids import FQRV, Contract
 from forestflow.core.input_report import missing_inputs, unknown_inputs
 from forestflow.predlog.record import Wire
 from forestflow.runtime.base import ServableMetadata
+from forestflow.runtime.explanation import EXPLANATION, Explanation
 from forestflow.runtime.pipeline import RESPONSE_METADATA
-from forestflow.service import Gateway, InferResult
+from forestflow.service import Gateway, InferResult, Route
 
 PROTOBUF = "application/x-protobuf"
 SERVER_NAME = "ForestFlow"
@@ -42,9 +49,19 @@ SERVER_NAME = "ForestFlow"
 
 async def score(request: web.Request) -> web.Response:
     """Score a batch of records on the contract's routed servable."""
+    return await _answer(request, explain=False)
+
+
+async def explain(request: web.Request) -> web.Response:
+    """Score and explain a batch of records on the contract's routed servable (always answers JSON)."""
+    return await _answer(request, explain=True)
+
+
+async def _answer(request: web.Request, explain: bool) -> web.Response:
     gateway = request.app[GATEWAY]
     contract = contract_from(request)
-    gateway.contract_state(contract)  # 404 before reading a body for an unknown contract
+    state = gateway.contract_state(contract)  # 404 before reading a body for an unknown contract
+    pinned = http_pinned_route(request, gateway, state) if PIN_HEADER in request.headers else None
     as_proto = request.content_type == PROTOBUF
     result, payload = await score_payload(
         gateway,
@@ -54,10 +71,15 @@ async def score(request: web.Request) -> web.Response:
         request_id=request_id_of(request),
         protocol="basic",
         timeout_s=timeout_from(request),
+        route=pinned,
+        explain=explain,
     )
     request[FQRV_TAG] = str(result.fqrv)
     request[SCORING_S] = result.latency_ms / 1000
-    return web.Response(body=payload, content_type=PROTOBUF if as_proto else JSON, headers=input_headers(result.frame) or None)
+    proto_answer = as_proto and not explain
+    return web.Response(
+        body=payload, content_type=PROTOBUF if proto_answer else JSON, headers=input_headers(result.frame) or None
+    )
 
 
 async def score_payload(
@@ -69,11 +91,16 @@ async def score_payload(
     request_id: str,
     protocol: str,
     timeout_s: float | None,
+    route: Route | None = None,
+    explain: bool = False,
 ) -> tuple[InferResult, bytes]:
     """Decode a ``/score`` body (InferenceRequest JSON, or protobuf), score it, encode the answer.
 
     The answer is the body ``/score`` returns: ``{"Prediction": ...}`` JSON, or a Prediction
-    protobuf. Shared by the HTTP route and the Kafka front-end.
+    protobuf. Shared by the HTTP route and the Kafka front-end. ``route``: the routing already
+    decided (a pinned release); otherwise the request is routed by its contract's router.
+    ``explain``: the answer is ``{"Prediction": ..., "Explanation": ...}`` JSON (logged as such for a
+    JSON body).
     """
     if tracing.ON:
         with tracing.child("decode", **{"forestflow.bytes": len(body)}):
@@ -89,8 +116,12 @@ async def score_payload(
         request_id=request_id,
         protocol=protocol,
         timeout_s=timeout_s,
-        wire=None if as_proto else Wire(body, _prediction_json),
+        wire=None if as_proto else Wire(body, _explained_json if explain else _prediction_json),
+        route=route,
+        explain=explain,
     )
+    if explain:
+        return result, result.response_json if result.response_json is not None else _explained_json(result.fqrv, result.frame)
     if as_proto:
         return result, prediction_bytes(result.fqrv, result.frame)
     assert result.response_json is not None
@@ -111,7 +142,30 @@ def _prediction_json(fqrv: FQRV, frame: Frame) -> bytes:
     return prediction_json(fqrv, frame, unknown_inputs(frame), missing_inputs(frame))
 
 
-def metadata_to_json(fqrv: FQRV, meta: ServableMetadata) -> dict[str, Any]:
+def _explained_json(fqrv: FQRV, frame: Frame) -> bytes:
+    """``{"Prediction": ..., "Explanation": ...}`` of an explained answer; a shadow copy's answer
+    (a plain score, encoded for the log) is its Prediction alone, as for ``/score``."""
+    explanation: Explanation | None = frame.parameters.get(EXPLANATION)
+    if explanation is None:
+        return _prediction_json(fqrv, frame)
+    return (
+        b'{"Prediction":'
+        + _prediction_json(fqrv, frame)
+        + b',"Explanation":'
+        + dumps(
+            {
+                "fqrv": fqrv_to_json(fqrv),
+                "method": explanation.method,
+                "columns": explanation.names,
+                "groups": explanation.groups,
+                "contributions": explanation.per_row(),
+            }
+        )
+        + b"}"
+    )
+
+
+def metadata_to_json(fqrv: FQRV, meta: ServableMetadata, explains: dict[str, Any] | None = None) -> dict[str, Any]:
     """ForestFlow's BasicMetaData (inputs and outputs both filled, unlike ForestFlow's H2O)."""
 
     def io(specs: Any) -> list[dict[str, Any]]:
@@ -130,7 +184,7 @@ def metadata_to_json(fqrv: FQRV, meta: ServableMetadata) -> dict[str, Any]:
             )
         return out
 
-    out = {
+    out: dict[str, Any] = {
         "fqrv": fqrv_to_json(fqrv),
         "name": meta.name,
         "server": SERVER_NAME,
@@ -141,16 +195,24 @@ def metadata_to_json(fqrv: FQRV, meta: ServableMetadata) -> dict[str, Any]:
     backend = meta.extra.get("backend")
     if backend is not None:  # a RemoteV2 release: where it scores and whether that server is up
         out["backend"] = dict(backend)
+    out["explanations"] = explains  # null: the release cannot explain
     return out
 
 
 async def contract_metadata(request: web.Request) -> web.Response:
-    """``[{"BasicMetaData": ...}]`` for every servable of the contract (empty list if none)."""
+    """``[{"BasicMetaData": ...}]`` for every servable of the contract (empty list if none); a
+    release whose load keeps failing on this process follows, without inputs or outputs and with
+    ``"load": {"state": "failed", "error", "attempts", "retryInS"}``."""
     gateway = request.app[GATEWAY]
-    state = gateway.contract_state(contract_from(request))
+    contract = contract_from(request)
+    state = gateway.contract_state(contract)
     out = []
     for entry in sorted(state.servables.values(), key=lambda e: e.metrics.created_at_ms):
-        out.append({"BasicMetaData": metadata_to_json(entry.fqrv, gateway.metadata(entry.fqrv))})
+        out.append({"BasicMetaData": metadata_to_json(entry.fqrv, gateway.metadata(entry.fqrv), gateway.explanation(entry.fqrv))})
+    for entry, status in gateway.failing_entries(contract):
+        failed = {"fqrv": fqrv_to_json(entry.fqrv), "name": entry.fqrv.release, "server": SERVER_NAME}
+        failed |= {"description": f"not loaded on this process: {status.error}", "inputs": [], "outputs": []}
+        out.append({"BasicMetaData": failed | {"load": status.view()}})
     return json_response(out)
 
 
@@ -158,12 +220,13 @@ async def servable_metadata(request: web.Request) -> web.Response:
     """``{"BasicMetaData": ...}`` of one release."""
     gateway = request.app[GATEWAY]
     fqrv = fqrv_from(request)
-    return json_response({"BasicMetaData": metadata_to_json(fqrv, gateway.metadata(fqrv))})
+    return json_response({"BasicMetaData": metadata_to_json(fqrv, gateway.metadata(fqrv), gateway.explanation(fqrv))})
 
 
 def add_routes(app: web.Application) -> None:
     """Register the BASIC API routes."""
     contract = "/{org}/{project}/{n:\\d+}"
     app.router.add_post(contract + "/score", score)
+    app.router.add_post(contract + "/explain", explain)
     app.router.add_get(contract + "/metadata", contract_metadata)
     app.router.add_get(contract + "/{release}/metadata", servable_metadata)

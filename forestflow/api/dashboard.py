@@ -18,6 +18,7 @@ from forestflow.api.common import GATEWAY
 from forestflow.api.openapi import document
 from forestflow.api.prom import RequestMetrics
 from forestflow.api.responses import json_response
+from forestflow.core.contract_state import ContractState
 from forestflow.core.policies import is_valid
 
 REQUEST_METRICS = web.AppKey("request_metrics", RequestMetrics)
@@ -35,30 +36,51 @@ def _servables(gateway: Any, now_ms: int) -> list[dict[str, Any]]:
         total = sum(weights.values())
         releases = []
         for release, entry in sorted(state.servables.items(), key=lambda kv: (kv[1].metrics.created_at_ms, kv[0])):
-            m = entry.metrics
             loaded = gateway.loaded.get(entry.fqrv)
-            backend = loaded.servable.backend_state() if loaded is not None else None
-            releases.append(
-                {
-                    "fqrv": str(entry.fqrv),
-                    "release": release,
-                    "loaded": entry.fqrv in gateway.loaded,
-                    "valid": is_valid(entry.settings.policy, m, now_ms),
-                    "phaseInPct": m.current_phase_in_pct,
-                    "routingSharePct": round(100 * weights.get(release, 0) / total, 1) if total else 0.0,
-                    "scoreCount": m.score_count,
-                    "shadeCount": m.shade_count,
-                    "errorCount": m.error_count,
-                    "shadeErrorCount": m.shade_error_count,
-                    "performanceMetrics": m.performance_view(),
-                    "logLevel": entry.settings.logging.log_level.name,
-                    "createdAtMs": m.created_at_ms,
-                    # RemoteV2: where it scores and whether that server answers (None: here)
-                    "backend": backend,
-                }
-            )
+            row = _release_row(gateway, entry)
+            row["loaded"] = loaded is not None
+            row["valid"] = is_valid(entry.settings.policy, entry.metrics, now_ms)
+            row["phaseInPct"] = entry.metrics.current_phase_in_pct
+            row["routingSharePct"] = _share_pct(state, release, weights, total)
+            # RemoteV2: where it scores and whether that server answers (None: here)
+            row["backend"] = loaded.servable.backend_state() if loaded is not None else None
+            releases.append(row)
+        for entry, status in gateway.failing_entries(contract):  # not loaded here: no routing
+            releases.append(_release_row(gateway, entry) | {"load": status.view()})
         contracts.append({"contract": str(contract), "releases": releases})
     return contracts
+
+
+def _share_pct(state: ContractState, release: str, weights: dict[str, int], total: int) -> float:
+    """The share of traffic the router gives a release now: a bandit's learnt share, else its weight's."""
+    if state.settings.router.is_bandit and state.bandit_shares:
+        return round(100 * state.bandit_shares.get(release, 0.0), 1)
+    return round(100 * weights.get(release, 0) / total, 1) if total else 0.0
+
+
+def _release_row(gateway: Any, entry: Any) -> dict[str, Any]:
+    """One release's row of the page, as for a release not loaded here (the caller fills the rest)."""
+    m = entry.metrics
+    shared = gateway.stats_metrics(entry)  # rewards summed over the processes sharing the registry
+    return {
+        "fqrv": str(entry.fqrv),
+        "release": entry.fqrv.release,
+        "loaded": False,
+        "valid": False,
+        "phaseInPct": 0,
+        "routingSharePct": 0.0,
+        "scoreCount": m.score_count,
+        "shadeCount": m.shade_count,
+        "errorCount": m.error_count,
+        "shadeErrorCount": m.shade_error_count,
+        "performanceMetrics": m.performance_view(),
+        "feedbackCount": shared.feedback_count,
+        "rewardSum": shared.reward_sum,
+        "rewardMean": shared.reward_sum / shared.feedback_count if shared.feedback_count else None,
+        "logLevel": entry.settings.logging.log_level.name,
+        "createdAtMs": m.created_at_ms,
+        "backend": None,
+    }
 
 
 def _sample(history: deque[dict[str, Any]], contracts: list[dict[str, Any]], now_ms: int) -> None:

@@ -76,12 +76,12 @@ async def gp(request: web.Request) -> web.Response:
 async def _infer(request: web.Request, gateway: Gateway, state: ContractState, parsed: GPInferRequest, body: bytes) -> bytes:
     # Routed first: tensors without names are laid out as the inputs of the release that scores.
     contract = state.contract
-    route = gateway.route(contract, state=state)
+    configs = parse_config(parsed.config)  # a sticky router reads its key there
+    route = gateway.route(contract, state=state, configs=configs)
     meta = gateway.decoding_metadata(route)
     if meta is None:
         raise gateway.registry.inactive_error(contract)  # 503 while its releases load, else 422
     frame = frame_from_request(parsed, meta.inputs)
-    configs = parse_config(parsed.config)
     frame.parameters = dict(configs)
     encode_logged = _LoggedResponse(parsed.output_names)
     result = await gateway.infer(

@@ -48,6 +48,13 @@ SCHEMAS: dict[str, Any] = {
             "flavor": _OBJ,
             "servableSettings": _OBJ,
             "contractSettings": _OBJ,
+            "explainer": {
+                "type": "object",
+                "description": (
+                    "A model-agnostic explainer for /explain, :explain and V2's explain parameter, for models whose trees are "
+                    'not explained exactly: {"KernelShap": {"background": "file.csv" or [records], "samples": 200}}'
+                ),
+            },
         },
     },
     "InferenceRequest": {
@@ -77,6 +84,29 @@ SCHEMAS: dict[str, Any] = {
             }
         },
     },
+    "Explained": {
+        "type": "object",
+        "description": "The Prediction /score answers and, per datum, the contributions by column name (the bias: BiasTerm).",
+        "required": ["Prediction", "Explanation"],
+        "properties": {
+            "Prediction": {"type": "object"},
+            "Explanation": {
+                "type": "object",
+                "required": ["fqrv", "method", "columns", "groups", "contributions"],
+                "properties": {
+                    "fqrv": _FQRV,
+                    "method": {"type": "string", "enum": ["TreeSHAP", "KernelSHAP"]},
+                    "columns": {"type": "array", "items": {"type": "string"}},
+                    "groups": {"type": "array", "items": {"type": "string"}},
+                    "contributions": {
+                        "type": "array",
+                        "description": "per datum {column: value}, or {group: {column: value}} for several outputs or classes",
+                        "items": {"type": "object"},
+                    },
+                },
+            },
+        },
+    },
     "BasicMetaData": {
         "type": "object",
         "required": ["fqrv", "name", "inputs", "outputs"],
@@ -87,6 +117,22 @@ SCHEMAS: dict[str, Any] = {
             "description": {"type": "string"},
             "inputs": {"type": "array"},
             "outputs": {"type": "array"},
+            "explanations": {
+                "type": ["object", "null"],
+                "description": "how the release explains (method TreeSHAP or KernelSHAP), null when it cannot",
+            },
+            "load": {"$ref": "#/components/schemas/LoadStatus"},
+        },
+    },
+    "LoadStatus": {
+        "type": "object",
+        "description": "A release whose load fails on this process (retried with backoff until it loads or is deleted).",
+        "required": ["state", "attempts"],
+        "properties": {
+            "state": {"type": "string", "enum": ["loading", "failed"]},
+            "attempts": {"type": "integer"},
+            "error": {"type": "string"},
+            "retryInS": {"type": "number", "description": "seconds to the next attempt"},
         },
     },
     "AdminResult": {
@@ -100,7 +146,13 @@ SCHEMAS: dict[str, Any] = {
         "required": ["inputs"],
         "properties": {
             "id": {"type": "string"},
-            "parameters": _OBJ,
+            "parameters": {
+                "type": "object",
+                "description": (
+                    '"explain": true adds an output "contributions" ([n, F+1], or [n, groups, F+1]) whose parameters name '
+                    "the columns (the bias last), the groups, the method and the release"
+                ),
+            },
             "inputs": {
                 "type": "array",
                 "items": {
@@ -141,6 +193,12 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "Readiness": {"type": "object", "required": ["ready"], "properties": {"ready": {"type": "boolean"}}},
+    "Feedback": {
+        "type": "object",
+        "description": "A reward for the answer whose X-Request-Id was requestId (docs/experiments.md).",
+        "required": ["requestId", "reward"],
+        "properties": {"requestId": {"type": "string", "minLength": 1, "maxLength": 200}, "reward": {"type": "number"}},
+    },
 }
 
 
@@ -181,6 +239,13 @@ _P_TIMEOUT = {
     "required": False,
     "schema": {"type": "integer", "minimum": 1, "maximum": 3600000},
     "example": 30000,
+}
+_P_PIN = {
+    "name": "X-Forestflow-Release",
+    "in": "header",
+    "required": False,
+    "description": "the release that must answer (allowPinnedReleases, or the admin token)",
+    "schema": {"type": "string"},
 }
 _CONTRACT_PARAMS = [_P_ORG, _P_PROJECT, _P_N]
 _RELEASE_PARAMS = [*_CONTRACT_PARAMS, _P_RELEASE]
@@ -230,6 +295,17 @@ def _paths() -> dict[str, dict[str, Any]]:
                 "BASIC",
                 "Score a batch on the contract's routed release",
                 _json(_ref("Prediction")),
+                [*_CONTRACT_PARAMS, _P_TIMEOUT, _P_PIN],
+                _ref("InferenceRequest"),
+                extra={"502": _ERROR, "503": _ERROR, "504": _ERROR},
+                example=SCORE_EXAMPLE,
+            )
+        },
+        c + "/explain": {
+            "post": _op(
+                "BASIC",
+                "Score and explain a batch on the contract's routed release (422 if it cannot explain)",
+                _json(_ref("Explained")),
                 [*_CONTRACT_PARAMS, _P_TIMEOUT],
                 _ref("InferenceRequest"),
                 extra={"502": _ERROR, "503": _ERROR, "504": _ERROR},
@@ -311,6 +387,25 @@ def _paths() -> dict[str, dict[str, Any]]:
                 ),
             )
         },
+        c + "/feedback": {
+            "post": _op(
+                "experiments",
+                "Report a reward for an answer (counted for the release that gave it)",
+                _json(_OBJ),
+                _CONTRACT_PARAMS,
+                _ref("Feedback"),
+            )
+        },
+        "/v2/models/{model}/feedback": {
+            "post": _op(
+                "experiments",
+                "Report a reward for an answer of a V2 model",
+                _json({"type": "object", "required": ["model_name", "model_version"]}),
+                [_P_MODEL],
+                _ref("Feedback"),
+                error=_V2_ERROR,
+            )
+        },
         c + "/stats": {"get": _op("admin", "Counters of every release", _json(arr), _CONTRACT_PARAMS)},
         r + "/settings": {"get": _op("admin", "Settings of one release", _json(_OBJ), _RELEASE_PARAMS)},
         r + "/performance-metrics": {
@@ -358,6 +453,31 @@ def _paths() -> dict[str, dict[str, Any]]:
                 "V1",
                 "Predict instances",
                 _json({"type": "object", "required": ["predictions"], "properties": {"predictions": {"type": "array"}}}),
+                [_P_MODEL, _P_TIMEOUT],
+                {
+                    "type": "object",
+                    "properties": {"instances": {"type": "array"}, "inputs": {"type": "array"}, "parameters": _OBJ},
+                },
+                error=_V2_ERROR,
+            )
+        },
+        "/v1/models/{model}:explain": {
+            "post": _op(
+                "V1",
+                "Predict and explain instances (KServe's explainer shape; 422 if the release cannot explain)",
+                _json(
+                    {
+                        "type": "object",
+                        "required": ["explanations"],
+                        "properties": {
+                            "predictions": {"type": "array"},
+                            "outputs": _OBJ,
+                            "explanations": {"type": "array", "items": _OBJ},
+                            "release": {"type": "string"},
+                            "method": {"type": "string"},
+                        },
+                    }
+                ),
                 [_P_MODEL, _P_TIMEOUT],
                 {
                     "type": "object",
@@ -451,7 +571,7 @@ def _paths() -> dict[str, dict[str, Any]]:
                 "V2",
                 "Inference (JSON tensors; binary extension also accepted)",
                 _json(_ref("V2InferResponse")),
-                [*params, _P_TIMEOUT],
+                [*params, _P_TIMEOUT, _P_PIN] if len(params) == 1 else [*params, _P_TIMEOUT],
                 _ref("V2InferRequest"),
                 error=_V2_ERROR,
                 extra={"502": _V2_ERROR, "503": _V2_ERROR, "504": _V2_ERROR},
@@ -481,7 +601,12 @@ def _paths() -> dict[str, dict[str, Any]]:
             "ready": {"type": "boolean"},
             "draining": {"type": "boolean"},
             "loading": {"type": "array"},
-            "failed": _OBJ,
+            "loadingPhases": _OBJ,
+            "failed": {"type": "object", "additionalProperties": _ref("LoadStatus")},
+            "workers": {
+                "type": "object",
+                "description": "--workers N: each worker's state (ready, loading, failed with its failing releases, down)",
+            },
         },
     }
     paths["/health/live"] = {
@@ -492,7 +617,7 @@ def _paths() -> dict[str, dict[str, Any]]:
     paths["/health/ready"] = {
         "get": _op(
             "ops",
-            "Readiness (503 while loading, draining, store unreachable at start, JVM dead)",
+            "Readiness (503 while loading, a release failing to load, draining, store unreachable at start, JVM dead)",
             _json(ready),
             extra={"503": _json(ready, "Not ready")},
         )

@@ -9,7 +9,7 @@ from forestflow.api.common import GATEWAY, SETTINGS, STARTING, WORKER
 from forestflow.api.prom import exposition
 from forestflow.api.responses import json_response
 from forestflow.runtime.scheduler import Priority
-from forestflow.supervisor import workers_status
+from forestflow.supervisor import read_workers
 
 PROMETHEUS = web.AppKey("prometheus", CollectorRegistry)
 
@@ -23,7 +23,8 @@ async def ready(request: web.Request) -> web.Response:
     """200 when every registered servable is loaded and the gateway is not draining, else 503.
 
     Also 503 until start-up has finished (the store reached, servables and the model repository
-    loaded) and, under ``--workers N``, until every worker is up and done loading.
+    loaded) and, under ``--workers N``, while any worker is not up, still loading, or failing to
+    load a release (``workers`` says which, and why).
     """
     gateway = request.app[GATEWAY]
     details = gateway.readiness()
@@ -37,10 +38,10 @@ async def ready(request: web.Request) -> web.Response:
         and starting.exception() is None
     )
     worker = request.app.get(WORKER)
-    if worker is not None:
-        workers = workers_status(request.app[SETTINGS].data_dir, worker.count)
+    if worker is not None:  # each worker's state (ready, loading, failed with its failing loads, down)
+        workers = read_workers(request.app[SETTINGS].data_dir, worker.count)
         details["workers"] = workers
-        details["ready"] = details["ready"] and all(state == "ready" for state in workers.values())
+        details["ready"] = details["ready"] and all(w["state"] == "ready" for w in workers.values())
     return json_response(details, status=200 if details["ready"] else 503)
 
 

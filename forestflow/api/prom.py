@@ -193,6 +193,15 @@ class GatewayCollector:
         rollbacks = CounterMetricFamily(
             "forestflow_release_rollbacks", "Times a routed release became invalid and left routing", labels=["fqrv"]
         )
+        feedback = CounterMetricFamily(
+            "forestflow_servable_feedback", "Reward feedback joined to a servable's answers", labels=["fqrv"]
+        )
+        rewards = GaugeMetricFamily(
+            "forestflow_servable_reward_sum", "Sum of the rewards reported for a servable's answers", labels=["fqrv"]
+        )
+        bandit = GaugeMetricFamily(
+            "forestflow_bandit_share", "Share of traffic a bandit router gives a release now", labels=["fqrv"]
+        )
         for fqrv_label, count in list(gateway.registry.rollbacks.items()):
             rollbacks.add_metric([fqrv_label], count)
         for state in list(gateway.contracts.values()):
@@ -204,6 +213,10 @@ class GatewayCollector:
                 shaded.add_metric(label, entry.metrics.shade_count)
                 errors.add_metric(label, entry.metrics.error_count)
                 shade_errors.add_metric(label, entry.metrics.shade_error_count)
+                feedback.add_metric(label, entry.metrics.feedback_count)
+                rewards.add_metric(label, entry.metrics.reward_sum)
+                if entry.fqrv.release in state.bandit_shares:
+                    bandit.add_metric(label, state.bandit_shares[entry.fqrv.release])
                 share = entry.metrics.window.agreement  # not observed(): that also sorts the latencies
                 if share is not None:
                     agreement.add_metric(label, share)
@@ -261,6 +274,9 @@ class GatewayCollector:
             shade_errors,
             agreement,
             rollbacks,
+            feedback,
+            rewards,
+            bandit,
             queue,
             running,
             batches,
@@ -278,6 +294,14 @@ class GatewayCollector:
         yield CounterMetricFamily(
             "forestflow_servable_load_failures", "Servable loads that failed", value=gateway.loader.load_failures
         )
+        retried = CounterMetricFamily(
+            "forestflow_release_load_failures",
+            "Failed load attempts of releases this process follows (learnt from the store, restored, the repository's)",
+            labels=["fqrv"],
+        )
+        for fqrv_label, count in list(gateway.loads.failure_counts.items()):
+            retried.add_metric([fqrv_label], count)
+        yield retried
         yield GaugeMetricFamily(
             "forestflow_servables_failed", "Registered servables that failed to load", value=len(gateway.failed)
         )

@@ -1,10 +1,12 @@
-"""KServe V1 (TF-Serving style) REST: model list, model readiness and ``:predict``.
+"""KServe V1 (TF-Serving style) REST: model list, model readiness, ``:predict`` and ``:explain``.
 
 ``POST /v1/models/{model}:predict`` takes ``{"instances": [...]}`` (or ``"inputs"``) and answers
 ``{"predictions": [...]}``, one per instance; TF Serving's columnar ``{"inputs": {name: batch}}``
 is answered with ``{"outputs": ...}``. How instances map to the model's inputs (vector inputs
 included) is in :mod:`forestflow.codecs.v1`. Routed by phase-in exactly like /score (shadows and
-logging included).
+logging included). ``:explain`` takes the same body and answers KServe's explainer shape,
+``{"predictions": [...], "explanations": [...]}`` (one per instance: contributions by column name,
+the bias as ``BiasTerm``; per class for multi-output models), naming the release that answered.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from forestflow.api.v2_rest import v2_errors
 from forestflow.codecs.v1 import columnar_outputs, frame_from_columnar, frame_from_instances, predictions
 from forestflow.codecs.v2_request import configs_from
 from forestflow.errors import InvalidInput
+from forestflow.runtime.explanation import EXPLANATION, Explanation
+from forestflow.service import InferResult
 
 
 @v2_errors
@@ -37,6 +41,30 @@ async def model_ready(request: web.Request) -> web.Response:
 @v2_errors
 async def predict(request: web.Request) -> web.Response:
     """POST /v1/models/{model}:predict."""
+    result, columnar = await _infer(request, explain=False)
+    if columnar:
+        return json_response({"outputs": columnar_outputs(result.frame)})
+    return json_response({"predictions": predictions(result.frame)})
+
+
+@v2_errors
+async def explain(request: web.Request) -> web.Response:
+    """POST /v1/models/{model}:explain: the predictions and their explanations."""
+    result, columnar = await _infer(request, explain=True)
+    explanation: Explanation = result.frame.parameters[EXPLANATION]
+    answer = columnar_outputs(result.frame) if columnar else predictions(result.frame)
+    return json_response(
+        {
+            "outputs" if columnar else "predictions": answer,
+            "explanations": explanation.per_row(),
+            "release": str(result.fqrv),
+            "method": explanation.method,
+        }
+    )
+
+
+async def _infer(request: web.Request, explain: bool) -> tuple[InferResult, bool]:
+    """Decode a V1 body against the routed release and score (or explain) it; also whether it was columnar."""
     gateway = request.app[GATEWAY]
     name = request.match_info["model"]
     request[CONTRACT] = name
@@ -63,12 +91,11 @@ async def predict(request: web.Request) -> web.Response:
         protocol="v1",
         timeout_s=timeout_from(request),
         route=route,
+        explain=explain,
     )
     request[FQRV_TAG] = str(result.fqrv)
     request[SCORING_S] = result.latency_ms / 1000
-    if columnar:
-        return json_response({"outputs": columnar_outputs(result.frame)})
-    return json_response({"predictions": predictions(result.frame)})
+    return result, columnar
 
 
 async def alive(request: web.Request) -> web.Response:
@@ -82,5 +109,6 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v1/models", list_models)
     r.add_get("/v1/models/{model:[^/:]+}", model_ready)
     r.add_post("/v1/models/{model:[^/:]+}:predict", predict)
+    r.add_post("/v1/models/{model:[^/:]+}:explain", explain)
     if not any(getattr(res, "canonical", None) == "/" for res in r.resources()):
         r.add_get("/", alive)

@@ -11,17 +11,20 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 import forestflow
 from forestflow.api.common import MAX_CACHED_CONTRACTS
 from forestflow.codecs.v2 import Layout, decode_inputs, spec_json
 from forestflow.codecs.v2_request import TRANSPORT_PARAMETERS, configs_from
-from forestflow.codecs.v2_tensor import Tensor
-from forestflow.core.frame import Frame, TensorSpec
+from forestflow.codecs.v2_tensor import BASE64, Tensor
+from forestflow.core.frame import IMAGE, Frame, TensorSpec
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput, NoActiveServablesForContract, NotFound
 from forestflow.predlog.record import Wire, WireBody
 from forestflow.runtime.base import ServableMetadata
 from forestflow.runtime.classification import CLASSIFICATION, classify, positive_count, require_classifier
+from forestflow.runtime.explanation import EXPLANATION, Explanation
 from forestflow.runtime.pipeline import RESPONSE_METADATA
 from forestflow.service import Gateway, InferResult, Route
 
@@ -148,6 +151,17 @@ def classify_outputs(gateway: Gateway, fqrv: FQRV, frame: Frame, outputs: list[T
     return [Tensor(t.name, "BYTES", classify(source, frame, ks[t.name])) if t.name in ks else t for t in outputs]
 
 
+def base64_images(gateway: Gateway, fqrv: FQRV, outputs: list[Tensor]) -> None:
+    """Mark the outputs that hold encoded images (metadata ``content_type = "image"``) to go into
+    JSON answers as base64 text; binary answers carry their bytes as they are."""
+    if not any(t.datatype == "BYTES" and t.array.size and type(t.array.flat[0]) is bytes for t in outputs):
+        return  # text (or no BYTES at all): the usual answer, no metadata looked up
+    images = {s.name for s in gateway.metadata(fqrv).outputs if s.content_type == IMAGE}
+    for tensor in outputs:
+        if tensor.name in images and tensor.datatype == "BYTES":
+            tensor.parameters = {**tensor.parameters, "content_type": BASE64}
+
+
 def response_metadata(frame: Frame) -> dict[str, Any]:
     """What the model's steps returned as metadata (empty when none did)."""
     returned = frame.parameters.get(RESPONSE_METADATA)
@@ -177,29 +191,46 @@ async def infer(
     sent), the prediction log keeps both as they are on the wire instead of re-encoding the frames,
     and ``result.response_json`` is the answer's body, encoded once for the client and the log.
     """
+    configs = configs_from(parameters)
     if route is None:
         contract = model_contract(name)
-        route = gateway.route(contract, version_fqrv(contract, version).release if version else None)
+        route = gateway.route(contract, version_fqrv(contract, version).release if version else None, configs=configs)
     else:  # routed by the front-end, which parsed the name already: not parsed a second time
         contract = route.state.contract
     if classification:
         check_can_classify(gateway, route, classification)
-    model_parameters = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS}
+    explain = parameters.get("explain", False)
+    if not isinstance(explain, bool):
+        raise InvalidInput(f"parameters.explain must be true or false, got {explain!r}")
+    model_parameters = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS and k != "explain"}
     meta = gateway.decoding_metadata(route)
     frame, layout = decode_inputs(tensors, meta.inputs if meta else (), model_parameters, meta.outputs if meta else ())
     result = await gateway.infer(
         contract,
         frame,
-        configs=configs_from(parameters),
+        configs=configs,
         request_id=request_id,
         protocol=protocol,
         timeout_s=timeout_s,
         route=route,
+        explain=explain,
         wire=Wire(wire_request, partial(_with_layout, encode_response, layout))
         if wire_request is not None and encode_response is not None
         else None,
     )
     return result, layout
+
+
+def explanation_tensor(fqrv: FQRV, frame: Frame) -> Tensor | None:
+    """The ``contributions`` output of an explained answer (``[n, F+1]``, or ``[n, groups, F+1]``),
+    its parameters naming the columns (the bias last), the groups, the method and the release."""
+    explanation = frame.parameters.get(EXPLANATION)
+    if not isinstance(explanation, Explanation):
+        return None
+    values = explanation.values
+    array = values[:, 0, :] if values.shape[1] == 1 else values
+    parameters = {"columns": explanation.names, "groups": explanation.groups, "method": explanation.method, "release": str(fqrv)}
+    return Tensor("contributions", "FP64", np.ascontiguousarray(array), parameters)
 
 
 def _with_layout(encode: Callable[[FQRV, Frame, Layout], WireBody], layout: Layout, fqrv: FQRV, frame: Frame) -> WireBody:

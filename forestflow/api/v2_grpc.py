@@ -14,6 +14,7 @@ nothing else, and kserve and TrustyAI read it too. Gateway errors map once, by k
 from __future__ import annotations
 
 import contextvars
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,6 +28,7 @@ from forestflow import tracing
 from forestflow._proto.grpc_predict_v2 import SERVICE, messages
 from forestflow.api import grpc_probes, v2_common
 from forestflow.api.common import GATEWAY, GRPC_METRICS, GRPC_PORT, SETTINGS, WORKER
+from forestflow.api.pinning import PIN_HEADER, pinned_route
 from forestflow.api.prom import RequestMetrics
 from forestflow.codecs.v2 import Layout, encode_outputs
 from forestflow.codecs.v2_request import add_raw_tensors, parameters_of, set_parameter, tensors_of
@@ -118,12 +120,26 @@ class InferenceService:
             outputs = v2_common.classify_outputs(self.gateway, fqrv, frame, outputs, ks)
             response = self.m["ModelInferResponse"](model_name=request.model_name, model_version=fqrv.release, id=request_id)
             add_raw_tensors(response.outputs, response.raw_output_contents, outputs)
+            contributions = v2_common.explanation_tensor(fqrv, frame)
+            if contributions is not None:  # its names as JSON text: InferParameter holds no lists
+                add_raw_tensors(response.outputs, response.raw_output_contents, [contributions])
+                for key, value in contributions.parameters.items():
+                    set_parameter(response.outputs[-1].parameters[key], value if isinstance(value, str) else json.dumps(value))
             for key, value in v2_common.response_metadata(frame).items():
                 set_parameter(response.parameters[key], value)
             if layout.explicit:
                 response.parameters["content_type"].string_param = layout.content_type
             return WireBody.of(response.SerializeToString())
 
+        route = None
+        if not request.model_version:  # X-Forestflow-Release as gRPC metadata (keys are lower case)
+            metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+            pin = metadata.get(PIN_HEADER.lower())
+            if pin:
+                state = self.gateway.contract_state(v2_common.model_contract(request.model_name))
+                route = pinned_route(
+                    self.gateway, state, pin, metadata.get("authorization", ""), self.gateway.settings.admin_token
+                )
         result, _ = await v2_common.infer(
             self.gateway,
             request.model_name,
@@ -136,6 +152,7 @@ class InferenceService:
             classification=ks,
             wire_request=WireBody.of(wire),
             encode_response=answer,
+            route=route,
         )
         assert result.response_json is not None
         _answered.set((str(result.fqrv), result.latency_ms / 1000))

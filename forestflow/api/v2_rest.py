@@ -19,6 +19,7 @@ from aiohttp import hdrs, web
 from forestflow import tracing
 from forestflow.api import body_pool, v2_common
 from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, SETTINGS, input_headers, request_id_of, timeout_from
+from forestflow.api.pinning import PIN_HEADER, pinned_route
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
 from forestflow.codecs.v2 import Layout, encode_outputs
 from forestflow.codecs.v2_request import loads, object_of, parse_inputs, tensor_name
@@ -89,6 +90,9 @@ def encode_response(
     """The response body, and the JSON length when binary outputs follow it."""
     blobs: list[bytes] = []
     doc["outputs"] = [json_entry(t, wanted.get(t.name, {}).get("binary_data", binary_default), blobs) for t in outputs]
+    for entry, tensor in zip(doc["outputs"], outputs):
+        if tensor.parameters:  # an output's own parameters (the contributions' column names)
+            entry["parameters"] = {**tensor.parameters, **entry.get("parameters", {})}
     head = dumps(doc)
     if not blobs:
         return head, None
@@ -149,8 +153,17 @@ async def infer(request: web.Request) -> web.Response:
     name, version = info["model"], info.get("version")
     request[CONTRACT] = name
     contract = v2_common.model_contract(name)
-    # Routed first (404 before reading the body); the body is decoded against the release that scores.
-    route = gateway.route(contract, v2_common.version_fqrv(contract, version).release if version else None)
+    # Routed first (404 before reading the body); the body is decoded against the release that
+    # scores. A sticky router needs the request's parameters: it routes once they are read.
+    state = gateway.contract_state(contract)
+    pin = request.headers.get(PIN_HEADER) if not version else None
+    route: Route | None
+    if pin:
+        route = pinned_route(gateway, state, pin, request.headers.get("Authorization", ""), request.app[SETTINGS].admin_token)
+    elif version or state.sticky_key is None:
+        route = gateway.route(contract, v2_common.version_fqrv(contract, version).release if version else None, state)
+    else:
+        route = None
     answer = await infer_payload(
         gateway,
         name,
@@ -164,6 +177,8 @@ async def infer(request: web.Request) -> web.Response:
     )
     request[FQRV_TAG] = str(answer.result.fqrv)
     request[SCORING_S] = answer.result.latency_ms / 1000
+    # Feedback may name the answer by its body "id" or by its X-Request-Id.
+    gateway.answers.alias(request_id_of(request), answer.request_id)
     headers = input_headers(answer.result.frame)
     if answer.json_length is None:
         response = web.Response(body=answer.body, content_type=JSON, headers=headers)
@@ -246,6 +261,10 @@ async def infer_payload(
         # The response body, made once for the client and the prediction log (shadows get theirs).
         outputs = encode_outputs(frame, layout, [n for n, _ in wanted])
         outputs = v2_common.classify_outputs(gateway, fqrv, frame, outputs, ks)
+        v2_common.base64_images(gateway, fqrv, outputs)
+        contributions = v2_common.explanation_tensor(fqrv, frame)
+        if contributions is not None:
+            outputs = [*outputs, contributions]
         reply: dict[str, Any] = {"model_name": name, "model_version": fqrv.release, "id": request_id}
         returned = v2_common.response_metadata(frame)
         if layout.explicit or returned:

@@ -33,6 +33,7 @@ SNAPSHOT_EVERY_S = 1.0
 MERGE: dict[str, str] = {
     "forestflow_servable_phase_in_percent": "own",
     "forestflow_servable_valid": "own",
+    "forestflow_bandit_share": "own",
     "forestflow_servables_loaded": "own",
     "forestflow_servables_failed": "max",
     "forestflow_servable_load_seconds": "max",

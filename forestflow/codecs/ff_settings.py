@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from forestflow.codecs.jsonread import Obj, oneof
+from forestflow.codecs.jsonread import Obj, camel, oneof
 from forestflow.core.definition import NO_ARTIFACT_FLAVORS, ServableDefinition
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.locator import fqrv_from_path
 from forestflow.core.policies import (
+    BanditParams,
     ContractSettings,
     ExpirationPolicy,
     ImmediatelyValid,
@@ -30,9 +31,12 @@ from forestflow.core.policies import (
     PerformanceBasedValidity,
     PhaseInPolicy,
     PolicySettings,
+    RewardKind,
+    RouterParams,
     RouterType,
     ServableMetrics,
     ServableSettings,
+    StickyParams,
     TimeBasedValidity,
     ValidityRule,
 )
@@ -216,15 +220,85 @@ def parse_expiration(value: Any, path: str) -> ExpirationPolicy:
     return KeepTopRanked(keep, o.str("metricToEvaluate"), Ordering[ordering_name])
 
 
+#: The fields each router's settings may have (anything else is a typo, refused).
+_ROUTER_FIELDS: dict[RouterType, tuple[str, ...]] = {
+    RouterType.FAIR: (),
+    RouterType.LATEST: (),
+    RouterType.STICKY: ("key", "over"),
+    RouterType.THOMPSON: ("rewards", "minShare", "priorAlpha", "priorBeta"),
+    RouterType.EPSILON_GREEDY: ("epsilon", "minShare", "rewards"),
+}
+#: Longest sticky key name.
+MAX_STICKY_KEY = 256
+
+
+def parse_router(value: Any, path: str) -> tuple[RouterType, RouterParams | None]:
+    """One RouterTypeShim: the router and its settings (None for Fair and Latest)."""
+    name, o = oneof(value, path, tuple(r.value for r in RouterType))
+    router = RouterType(name)
+    allowed = _ROUTER_FIELDS[router]
+    for field_name in o.data:
+        if field_name not in allowed and camel(field_name) not in allowed:
+            known = ", ".join(allowed) if allowed else "none"
+            raise InvalidInput(f"{o.sub(field_name)}: unknown field (the {name} settings are: {known})")
+    if router is RouterType.STICKY:
+        key = o.str("key")
+        if not key or len(key) > MAX_STICKY_KEY:
+            raise InvalidInput(f"{o.sub('key')}: a configs name of 1 to {MAX_STICKY_KEY} characters is required")
+        over = o.str("over", required=False, default=RouterType.FAIR.value)
+        if over not in (RouterType.FAIR.value, RouterType.LATEST.value):
+            raise InvalidInput(f"{o.sub('over')}: expected {RouterType.FAIR.value} or {RouterType.LATEST.value}")
+        return router, StickyParams(key, RouterType(over))
+    if not router.is_bandit:
+        return router, None
+    defaults = BanditParams()
+    rewards_name = o.str("rewards", required=False, default=defaults.rewards.value)
+    if rewards_name not in {k.value for k in RewardKind}:
+        raise InvalidInput(f"{o.sub('rewards')}: expected bernoulli or gaussian, got {rewards_name!r}")
+    epsilon = o.float("epsilon", required=False, default=defaults.epsilon)
+    if not 0.0 <= epsilon <= 1.0:
+        raise InvalidInput(f"{o.sub('epsilon')}: must be between 0 and 1, got {epsilon}")
+    min_share = o.float("minShare", required=False, default=defaults.min_share)
+    if not 0.0 <= min_share <= 0.5:
+        raise InvalidInput(f"{o.sub('minShare')}: must be between 0 and 0.5, got {min_share}")
+    alpha = o.float("priorAlpha", required=False, default=defaults.prior_alpha)
+    beta = o.float("priorBeta", required=False, default=defaults.prior_beta)
+    for field_name, prior in (("priorAlpha", alpha), ("priorBeta", beta)):
+        if not 0.0 < prior < 1e9:
+            raise InvalidInput(f"{o.sub(field_name)}: must be a positive number, got {prior}")
+    return router, BanditParams(RewardKind(rewards_name), epsilon, min_share, alpha, beta)
+
+
+def router_to_json(settings: ContractSettings) -> dict[str, Any]:
+    """The router of ContractSettings as a single-key object, with its settings."""
+    params = settings.router_params
+    body: dict[str, Any] = {}
+    if isinstance(params, StickyParams):
+        body = {"key": params.key, "over": params.over.value}
+    elif isinstance(params, BanditParams) and settings.router is RouterType.THOMPSON:
+        body = {
+            "rewards": params.rewards.value,
+            "minShare": params.min_share,
+            "priorAlpha": params.prior_alpha,
+            "priorBeta": params.prior_beta,
+        }
+    elif isinstance(params, BanditParams):
+        body = {"epsilon": params.epsilon, "minShare": params.min_share, "rewards": params.rewards.value}
+    return {settings.router.value: body}
+
+
 def parse_contract_settings(o: Obj) -> ContractSettings:
-    """ContractSettings: expirationPolicy and router, both required."""
+    """ContractSettings: expirationPolicy and router, both required; allowPinnedReleases optional."""
     if not o.has("expirationPolicy"):
         raise InvalidInput(f"{o.sub('expirationPolicy')}: required")
     if not o.has("router"):
         raise InvalidInput(f"{o.sub('router')}: required")
     expiration = parse_expiration(o.raw("expirationPolicy"), o.sub("expirationPolicy"))
-    router_name, _ = oneof(o.raw("router"), o.sub("router"), tuple(r.value for r in RouterType))
-    return ContractSettings(expiration, RouterType(router_name))
+    router, params = parse_router(o.raw("router"), o.sub("router"))
+    pinned = o.raw("allowPinnedReleases")
+    if pinned is not None and not isinstance(pinned, bool):
+        raise InvalidInput(f"{o.sub('allowPinnedReleases')}: expected true or false, got {pinned!r}")
+    return ContractSettings(expiration, router, params, bool(pinned))
 
 
 def contract_settings_to_json(settings: ContractSettings) -> dict[str, Any]:
@@ -240,7 +314,10 @@ def contract_settings_to_json(settings: ContractSettings) -> dict[str, Any]:
         }
     else:
         expiration = {"KeepLatest": {"servablesToKeep": exp.servables_to_keep}}
-    return {"expirationPolicy": expiration, "router": {settings.router.value: {}}}
+    out: dict[str, Any] = {"expirationPolicy": expiration, "router": router_to_json(settings)}
+    if settings.allow_pinned_releases:
+        out["allowPinnedReleases"] = True
+    return out
 
 
 # ---- serve requests -------------------------------------------------------------------------------
@@ -293,7 +370,23 @@ def parse_serve_request(body: Any, url_fqrv: FQRV | None = None) -> ServableDefi
         tags=o.str_map("tags"),
         created_at_ms=o.int("createdAtMS", required=False),
         sha256=sha256.lower(),
+        explainer=parse_explainer(o.raw("explainer")) if o.has("explainer") else None,
     )
+
+
+def parse_explainer(value: Any) -> dict[str, Any]:
+    """``{"KernelShap": {"background": "file.csv" or [rows], "samples": n}}``, checked for shape here
+    (the file and the sizes are checked when the release loads)."""
+    _, body = oneof(value, "explainer", ("KernelShap",))
+    background = body.raw("background")
+    if not (isinstance(background, str) and background.strip()) and not (
+        isinstance(background, list) and background and all(isinstance(r, dict) for r in background)
+    ):
+        raise InvalidInput("explainer.KernelShap.background: a CSV file in the servable directory, or a list of records")
+    samples = body.int("samples", required=False, default=200)
+    if samples < 1:
+        raise InvalidInput(f"explainer.KernelShap.samples: must be positive, got {samples}")
+    return {"KernelShap": {"background": background, "samples": samples}}
 
 
 def serve_request_to_json(defn: ServableDefinition) -> dict[str, Any]:
@@ -311,6 +404,8 @@ def serve_request_to_json(defn: ServableDefinition) -> dict[str, Any]:
         out["flavor"] = {defn.flavor: dict(defn.flavor_settings)}
     if defn.sha256:
         out["sha256"] = defn.sha256
+    if defn.explainer is not None:
+        out["explainer"] = defn.explainer
     if defn.contract_settings is not None:
         out["contractSettings"] = contract_settings_to_json(defn.contract_settings)
     return out
@@ -330,4 +425,8 @@ def metrics_to_json(fqrv: FQRV, m: ServableMetrics) -> dict[str, Any]:
     }
     if m.became_valid_at_ms is not None:
         out["becameValidAtMS"] = str(m.became_valid_at_ms)
+    if m.feedback_count:
+        out["feedbackCount"] = str(m.feedback_count)
+        out["rewardSum"] = m.reward_sum
+        out["rewardMean"] = m.reward_sum / m.feedback_count
     return out

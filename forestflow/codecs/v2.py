@@ -224,5 +224,9 @@ def encode_outputs(frame: Frame, layout: Layout, requested: Sequence[str] | None
 
 
 def spec_json(spec: TensorSpec) -> dict[str, Any]:
-    """A V2 ``$metadata_tensor``: ``{name, datatype, shape}``."""
-    return {"name": spec.name, "datatype": spec.datatype, "shape": [int(d) for d in spec.shape]}
+    """A V2 ``$metadata_tensor``: ``{name, datatype, shape}``, and ``parameters.content_type`` when
+    the tensor holds something other than text or numbers (``"image"``)."""
+    out: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype, "shape": [int(d) for d in spec.shape]}
+    if spec.content_type is not None:
+        out["parameters"] = {"content_type": spec.content_type}
+    return out

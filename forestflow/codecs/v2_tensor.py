@@ -5,11 +5,13 @@ Every decoder checks the declared datatype and shape against the data it got and
 Binary layout (REST binary extension and gRPC ``raw_*_contents``): little-endian, row-major, no
 padding; BOOL is one byte; each BYTES element is a 4-byte little-endian length then its bytes.
 BYTES elements that are valid UTF-8 are decoded to ``str`` (tabular models want text); a tensor
-holding any element that is not stays ``bytes``.
+holding any element that is not stays ``bytes``. A BYTES tensor whose ``parameters.content_type`` is
+``base64`` (MLServer's convention; encoded images) goes into JSON bodies as base64 text.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import struct
 from collections.abc import Sequence
@@ -27,6 +29,8 @@ _FLOAT = frozenset({"FP16", "FP32", "FP64"})
 #: Most dimensions of a tensor, and most bytes its dimensions may describe (numpy's limits).
 _MAX_DIMS = 32
 _MAX_BYTES = np.iinfo(np.intp).max
+#: The tensor ``parameters.content_type`` of BYTES sent as base64 text in JSON.
+BASE64 = "base64"
 
 #: V2 datatype -> the InferTensorContents field that carries it (FP16 travels raw only).
 CONTENTS_FIELD: dict[str, str | None] = {
@@ -285,14 +289,18 @@ def raw_bytes(array: np.ndarray, datatype: str) -> bytes:
 
 
 def json_entry(tensor: Tensor, binary: bool, blobs: list[bytes]) -> dict[str, Any]:
-    """A tensor's entry in a V2 JSON body (``inputs`` or ``outputs``): its data inline, or, when
-    ``binary`` is asked (or its strings cannot be JSON), its binary layout appended to ``blobs``
-    with the entry saying its size."""
+    """A tensor's entry in a V2 JSON body (``inputs`` or ``outputs``): its data inline (base64 text
+    for a ``content_type = "base64"`` tensor), or, when ``binary`` is asked (or its strings cannot
+    be JSON), its binary layout appended to ``blobs`` with the entry saying its size."""
     entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
-    if binary or (tensor.datatype == "BYTES" and not json_safe(tensor.array)):
+    as_base64 = tensor.datatype == "BYTES" and tensor.parameters.get("content_type") == BASE64
+    if binary or (tensor.datatype == "BYTES" and not as_base64 and not json_safe(tensor.array)):
         blob = raw_bytes(tensor.array, tensor.datatype)
         entry["parameters"] = {"binary_data_size": len(blob)}
         blobs.append(blob)
+    elif as_base64:
+        entry["parameters"] = {"content_type": BASE64}
+        entry["data"] = [base64.b64encode(_as_bytes(v)).decode("ascii") for v in tensor.array.reshape(-1).tolist()]
     else:
         entry["data"] = json_data(tensor.array, tensor.datatype)
     return entry

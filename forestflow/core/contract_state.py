@@ -7,21 +7,32 @@ shadow fan-out.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from forestflow.core.bandit import RewardStats, arm_shares, pick, shaped
 from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import (
+    BanditParams,
     ContractSettings,
     LogLevel,
+    RouterType,
     ServableMetrics,
     ServableSettings,
+    StickyParams,
     is_valid,
     phase_in_pct,
     recency_key,
     to_expire,
 )
 from forestflow.core.router import WeightedPicker, router_weights
+from forestflow.core.sticky import sticky_pick
+
+#: Routed requests between two recomputations of a bandit's shares (when its rewards moved).
+BANDIT_REFRESH_EVERY = 16
 
 
 @dataclass(slots=True)
@@ -53,6 +64,13 @@ class ContractState:
         self._fresh_router = False
         #: Requests that reached this contract (drives SAMPLE shadowing).
         self.request_count = 0
+        #: Draws of the bandit routers (seed it for reproducible routing).
+        self.rng = np.random.default_rng()
+        #: The bandit's current shares by release, the rewards they came from, and routed
+        #: requests since they were computed.
+        self.bandit_shares: dict[str, float] = {}
+        self._bandit_basis: tuple[Any, ...] | None = None
+        self._since_shares = 0
 
     # ---- membership ---------------------------------------------------------------------------
     def add(self, entry: ServableEntry) -> None:
@@ -97,7 +115,7 @@ class ContractState:
         for release in expired:
             del self.servables[release]
         survivors = {r: self.servables[r].metrics for r in valid if r not in expired}
-        weights = router_weights(self.settings.router, survivors)
+        weights = router_weights(self.weights_router, survivors)
         before = [(i.key, i.weight) for i in self.picker.items]
         if self._fresh_router:
             self._fresh_router = False
@@ -106,10 +124,33 @@ class ContractState:
         after = [(i.key, i.weight) for i in self.picker.items]
         return Evaluation(expired=expired, routing_changed=before != after)
 
+    @property
+    def weights_router(self) -> RouterType:
+        """The router whose phase-in weights this contract routes by (a sticky router's ``over``)."""
+        params = self.settings.router_params
+        return params.over if isinstance(params, StickyParams) else self.settings.router
+
+    @property
+    def sticky_key(self) -> str | None:
+        """The ``configs`` name whose value keeps a caller on one release (sticky routers only)."""
+        params = self.settings.router_params
+        return params.key if self.settings.router is RouterType.STICKY and isinstance(params, StickyParams) else None
+
     # ---- per request --------------------------------------------------------------------------
-    def route(self) -> str | None:
-        """Count the request and pick the release that answers it (None: nothing is active)."""
+    def route(self, sticky_value: str | None = None, rewards: Mapping[str, RewardStats] | None = None) -> str | None:
+        """Count the request and pick the release that answers it (None: nothing is active).
+
+        ``sticky_value``: the request's value of :attr:`sticky_key` (a sticky router assigns it by
+        its hash; requests without one are routed by phase-in as the Fair router does).
+        ``rewards``: every routed release's reward statistics (a bandit router picks from them).
+        """
         self.request_count += 1
+        router = self.settings.router
+        if router is RouterType.STICKY and sticky_value is not None:
+            weights = [(i.key, i.weight) for i in self.picker.items if i.key in self.servables]
+            return sticky_pick(sticky_value, weights, str(self.contract))
+        if router.is_bandit and rewards is not None:
+            return self._bandit_route(rewards)
         # A router restored from the store can name releases whose servables are not held here
         # yet (while the gateway starts or a follower loads them): the next routed one answers.
         for _ in range(max(1, len(self.picker.items))):
@@ -117,6 +158,28 @@ class ContractState:
             if picked is None or picked in self.servables:
                 return picked
         return None
+
+    def _bandit_route(self, rewards: Mapping[str, RewardStats]) -> str | None:
+        arms = [(i.key, i.weight) for i in self.picker.items if i.key in self.servables]
+        if not arms:
+            return None
+        basis = tuple((key, weight, rewards.get(key, RewardStats())) for key, weight in arms)
+        self._since_shares += 1
+        if basis != self._bandit_basis and (
+            self._bandit_basis is None
+            or self._since_shares >= BANDIT_REFRESH_EVERY
+            or [a[:2] for a in basis] != [a[:2] for a in self._bandit_basis]
+        ):
+            params = self.settings.router_params
+            params = params if isinstance(params, BanditParams) else BanditParams()
+            raw = arm_shares(self.settings.router, params, [stats for _, _, stats in basis], self.rng)
+            # A release still phasing in gets at most its phase-in share; the others are uncapped.
+            caps = [weight / 100 if weight < 100 else 1.0 for _, weight in arms]
+            self.bandit_shares = dict(zip((key for key, _ in arms), shaped(raw, caps, params.min_share)))
+            self._bandit_basis = basis
+            self._since_shares = 0
+        keys = list(self.bandit_shares)
+        return keys[pick(list(self.bandit_shares.values()), float(self.rng.random()))]
 
     def shadow_targets(self, answered: str | None, sample_every: int) -> list[str]:
         """Releases that get a shadow copy of the current request.

@@ -28,6 +28,8 @@ class ServableDefinition:
     created_at_ms: int = 0
     #: Expected sha256 (hex) of the model file the flavor loads; empty = not checked.
     sha256: str = ""
+    #: A model-agnostic explainer (``{"KernelShap": {"background": ..., "samples": n}}``); None = none.
+    explainer: dict[str, Any] | None = None
 
     @property
     def has_artifact(self) -> bool:

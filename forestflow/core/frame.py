@@ -35,6 +35,8 @@ DATATYPES: dict[str, np.dtype[Any]] = {
 _BY_DTYPE: dict[np.dtype[Any], str] = {v: k for k, v in DATATYPES.items()}
 
 NUMERIC_DATATYPES = frozenset(DATATYPES) - {"BYTES", "BOOL"}
+#: The ``content_type`` of a BYTES tensor holding one encoded image (PNG, JPEG...) per element.
+IMAGE = "image"
 
 
 def datatype_of(array: np.ndarray) -> str:
@@ -58,6 +60,9 @@ class TensorSpec:
     description: str = ""
     #: For categorical inputs: the allowed levels, in the model's order.
     domain: tuple[str, ...] | None = None
+    #: What a BYTES tensor's elements hold when that is not text, e.g. "image" (one encoded image
+    #: each); V2 metadata gives it as the tensor's ``parameters.content_type``.
+    content_type: str | None = None
 
 
 @dataclass(slots=True)

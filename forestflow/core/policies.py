@@ -165,14 +165,65 @@ class RouterType(enum.Enum):
 
     FAIR = "FairPhaseInPctBasedRouter"
     LATEST = "LatestPhaseInPctBasedRouter"
+    #: Phase-in shares, a request's ``configs[key]`` keeping it on one release (:class:`StickyParams`).
+    STICKY = "StickyPhaseInRouter"
+    #: Bandits among the valid releases, learning from reward feedback (:class:`BanditParams`).
+    THOMPSON = "ThompsonSamplingRouter"
+    EPSILON_GREEDY = "EpsilonGreedyRouter"
+
+    @property
+    def is_bandit(self) -> bool:
+        """Whether the router learns from rewards."""
+        return self in (RouterType.THOMPSON, RouterType.EPSILON_GREEDY)
+
+
+@dataclass(frozen=True, slots=True)
+class StickyParams:
+    """StickyPhaseInRouter: ``key`` names the ``configs`` entry (V2: the request parameter) whose
+    value keeps a caller on one release; ``over`` is the router whose phase-in weights are shared."""
+
+    key: str
+    over: RouterType = RouterType.FAIR
+
+
+class RewardKind(enum.Enum):
+    """What a bandit's rewards look like: 0/1 conversions, or any real number."""
+
+    BERNOULLI = "bernoulli"
+    GAUSSIAN = "gaussian"
+
+
+@dataclass(frozen=True, slots=True)
+class BanditParams:
+    """ThompsonSamplingRouter and EpsilonGreedyRouter settings (each with a default, so ``{}`` works).
+
+    ``min_share`` is the floor every routed release keeps (none starves); a release still phasing
+    in is capped at its phase-in percentage.
+    """
+
+    rewards: RewardKind = RewardKind.BERNOULLI
+    epsilon: float = 0.1
+    min_share: float = 0.05
+    prior_alpha: float = 1.0
+    prior_beta: float = 1.0
+
+
+RouterParams = StickyParams | BanditParams
 
 
 @dataclass(frozen=True, slots=True)
 class ContractSettings:
-    """Router and expiration policy of a contract (defaults as ForestFlow: KeepLatest(1) + Fair)."""
+    """Router and expiration policy of a contract (defaults as ForestFlow: KeepLatest(1) + Fair).
+
+    ``router_params`` holds the settings of the routers that have some (sticky, bandits);
+    ``allow_pinned_releases`` lets any caller pick the answering release with
+    ``X-Forestflow-Release`` (otherwise only the admin token holder may).
+    """
 
     expiration: ExpirationPolicy = KeepLatest(1)
     router: RouterType = RouterType.FAIR
+    router_params: RouterParams | None = None
+    allow_pinned_releases: bool = False
 
 
 # ---- evaluation -------------------------------------------------------------------------------
@@ -191,6 +242,10 @@ class ServableMetrics:
     error_count: int = 0
     #: Shadow copies that failed, timed out or were dropped.
     shade_error_count: int = 0
+    #: Reward feedback joined to this release's answers: how many, their sum and sum of squares.
+    feedback_count: int = 0
+    reward_sum: float = 0.0
+    reward_squares: float = 0.0
     #: This process's sliding windows (not persisted): error rate, latency, shadow agreement.
     window: ReleaseWindow = field(default_factory=ReleaseWindow, compare=False, repr=False)
 

@@ -94,9 +94,10 @@ def router_weights(router: RouterType, survivors: dict[str, ServableMetrics]) ->
     """(key, weight) of the servables that receive user traffic, in ForestFlow's order.
 
     Fair: every survivor, weight = phase-in %. Latest: the newest valid servable alone once it is
-    at 100 %, otherwise it and the previous one weighted by their phase-in %.
+    at 100 %, otherwise it and the previous one weighted by their phase-in %. The bandits route
+    among the same releases as Fair (their phase-in % caps their share).
     """
-    if router is RouterType.FAIR:
+    if router is not RouterType.LATEST:
         ordered = sorted(survivors, key=lambda k: recency_key(survivors[k]))
         return [(k, survivors[k].current_phase_in_pct) for k in ordered]
     newest_first = sorted(survivors, key=lambda k: recency_key(survivors[k]), reverse=True)[:2]

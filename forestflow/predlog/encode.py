@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,8 @@ from forestflow.predlog.record import PredictionRecord, WireBody
 _SERVED = {True: key(2, 0) + b"\x01", False: key(2, 0) + b"\x00"}
 _PREDICTION, _INFERENCE_REQUEST = key(1, 2), key(3, 2)
 _WIRE_REQUEST_JSON_LENGTH, _WIRE_RESPONSE_JSON_LENGTH = key(20, 0), key(21, 0)
+_PINNED = key(22, 0) + b"\x01"
+_EVENT_TIME = key(10, 0)
 #: CR and LF as spaces: in valid JSON they can only be whitespace between tokens (a string holds
 #: them escaped, as a backslash and a letter), so the swap keeps the document's meaning.
 _LINE_BREAKS_TO_SPACES = bytes.maketrans(b"\r\n", b"  ")
@@ -113,6 +116,8 @@ def _protocol_field(protocol: str) -> bytes:
 def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
     """The fields PredictionEvent and PredictionEventGP share (servedRequest, loggingSettings, 10-17)."""
     tail = _protocol_field(record.protocol)
+    if record.pinned:
+        tail += _PINNED
     if record.trace_id:
         tail += embedded(30, record.trace_id.encode())
     if record.error:
@@ -135,6 +140,8 @@ def encode_event(record: PredictionRecord) -> bytes:
     which parses to the message the protobuf API builds field by field (tested).
     """
     fields = _servable_fields(record.logging, record.fqrv)
+    if record.feedback is not None:
+        return _feedback_event(record, fields)
     payload = _common_fields(record, fields)
     if record.raw_request is not None:  # GraphPipe
         payload += embedded(3, record.raw_request)
@@ -147,6 +154,37 @@ def encode_event(record: PredictionRecord) -> bytes:
     if record.response is None:
         return payload + request
     return b"".join((payload, request, prediction_bytes_after(fields.prediction_fqrv, record.response, _PREDICTION)))
+
+
+def _feedback_event(record: PredictionRecord, fields: _ServableFields) -> bytes:
+    """A feedback event: who answered (fqrv, requestId), when, and the reward (field 23)."""
+    assert record.feedback is not None
+    return b"".join(
+        (
+            fields.served_head,
+            _EVENT_TIME + varint(record.event_time_ms),
+            embedded(11, record.request_id.encode()),
+            fields.fqrv_field,
+            _protocol_field(record.protocol),
+            _PINNED if record.pinned else b"",
+            embedded(23, key(1, 1) + struct.pack("<d", record.feedback)),
+        )
+    )
+
+
+def _feedback_event_json(record: PredictionRecord, fields: _ServableFields) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "servedRequest": True,
+        "loggingSettings": fields.logging_json,
+        "eventTimeMS": str(record.event_time_ms),
+        "requestId": record.request_id,
+        "fqrv": fields.fqrv_json,
+        "protocol": record.protocol,
+        "feedback": {"reward": record.feedback},
+    }
+    if record.pinned:
+        event["pinned"] = True
+    return event
 
 
 def _wire_fields(record: PredictionRecord) -> bytes:
@@ -209,6 +247,10 @@ def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_
     """
     fields = _servable_fields(record.logging, record.fqrv)
     graphpipe, wire = record.raw_request is not None, isinstance(record.request_json, WireBody)
+    if kafka_key is _KEY_OF_RECORD:
+        kafka_key = record.key
+    if record.feedback is not None:
+        return orjson.dumps({"topic": "basic", "key": kafka_key, "event": _feedback_event_json(record, fields)})
     event: dict[str, Any] = {}
     if graphpipe:
         if record.raw_response is not None:
@@ -240,6 +282,8 @@ def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_
         event["error"] = record.error
         event["errorCode"] = record.error_code
     event["protocol"] = record.protocol
+    if record.pinned:
+        event["pinned"] = True
     if record.trace_id:
         event["traceId"] = record.trace_id
     if wire:
@@ -251,7 +295,5 @@ def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_
         between = record.response.parameters.get("intermediate")
         if between:
             event["intermediate"] = {name: column.tolist() for name, column in between.items()}
-    if kafka_key is _KEY_OF_RECORD:
-        kafka_key = record.key
     line = {"topic": "graphpipe" if graphpipe else "basic", "key": kafka_key, "event": event}
     return orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -77,6 +77,11 @@ class PredictionRecord:
     response_json: bytes | None = None
     #: The OpenTelemetry trace id (hex) of the request, "" when tracing is off.
     trace_id: str = ""
+    #: Answered by the release the caller pinned (``X-Forestflow-Release``), not by the router.
+    pinned: bool = False
+    #: A feedback event: the reward reported for the answer to ``request_id`` (no request or
+    #: response then; ``configs`` holds the answered request's key features).
+    feedback: float | None = None
 
     @property
     def key(self) -> str | None:

@@ -27,11 +27,11 @@ import structlog
 
 from forestflow.core.ids import FQRV
 from forestflow.core.locator import FileLocator, GitLocator, HttpLocator, Locator, S3Locator, git_tag, parse_locator
+from forestflow.extras import needed_for
 from forestflow.registry.sources import FetchLimits
 from forestflow.registry.sources.git import fetch_git
 from forestflow.registry.sources.http import fetch_http
-from forestflow.registry.sources.local import check_local, copy_local, digest_local
-from forestflow.registry.sources.s3 import fetch_s3
+from forestflow.registry.sources.local import changed_while_read, check_local, copy_local, digest_local
 from forestflow.settings import Settings
 
 log = structlog.get_logger("forestflow.artifacts")
@@ -70,8 +70,11 @@ class ArtifactCache:
         file_roots: list[Path] | None = None,
         git_ssh_scheme: str = "https",
         git_ssl_verify: bool = True,
+        written: list[tuple[Path, str, bool]] | None = None,
     ) -> None:
         self.root = root
+        #: What the gateway writes while it runs (a file:// source may not hold or lie inside one).
+        self.written = written if written is not None else [(root, "the artifact cache", True)]
         self.limits = limits or FetchLimits(2 * 1024**3, 300.0)
         self.file_roots = file_roots if file_roots is not None else [Path.cwd().resolve()]
         self.git_ssh_scheme = git_ssh_scheme
@@ -90,12 +93,20 @@ class ArtifactCache:
         Each worker of ``--workers N`` (``replica`` ``w<i>``) has a cache of its own under it: claims
         are held in memory, so a cache shared by processes would let one remove what another uses.
         """
+        log_file = settings.data_dir / settings.log_file
         return cls(
             settings.data_dir / "artifacts" / replica if replica else settings.data_dir / "artifacts",
             FetchLimits(settings.artifact_max_bytes, settings.artifact_download_timeout_s),
             settings.file_roots,
             settings.git_ssh_scheme,
             settings.git_ssl_verify,
+            [  # a model directory of its own under the data dir is fine; these are not
+                (settings.data_dir, "the gateway's data directory", False),
+                (settings.data_dir / "state", "the gateway's registry state", True),
+                (settings.data_dir / "artifacts", "the artifact cache", True),
+                (log_file, "the prediction log", True),
+                (log_file.with_name(f"{log_file.stem}.gp{log_file.suffix}"), "the GraphPipe prediction log", True),
+            ],
         )
 
     # ---- fetching ---------------------------------------------------------------------------------
@@ -141,6 +152,8 @@ class ArtifactCache:
             elif isinstance(locator, GitLocator):
                 await fetch_git(locator.repo_url, git_tag(request.fqrv), staging, self.limits, self.git_ssl_verify)
             else:
+                with needed_for("an S3 model source"):  # aiobotocore comes with the s3 extra
+                    from forestflow.registry.sources.s3 import fetch_s3
                 await fetch_s3(locator, request.files, staging, self.limits)
             digest = await asyncio.to_thread(_digest_tree, staging)
             await asyncio.to_thread(_publish, staging, self.root / digest)
@@ -154,18 +167,23 @@ class ArtifactCache:
         return digest
 
     def _fetch_local(self, uri: str, locator: FileLocator) -> str:
-        source, files = check_local(uri, locator.path, self.file_roots, self.limits)
-        digest = digest_local(source, files)
-        target = self.root / digest
-        if not target.is_dir():
+        source, files = check_local(uri, locator.path, self.file_roots, self.limits, self.written)
+        try:
+            digest = digest_local(source, files)
+            if (self.root / digest).is_dir():
+                return digest
             self.fetch_count += 1
             staging = Path(tempfile.mkdtemp(prefix=_STAGING, dir=self._ensure_root()))
             try:
                 copy_local(uri, source, files, staging, self.limits)
-                _publish(staging, target)
+                # Named by what was copied: a source changed since its digest is still cached as copied.
+                digest = _digest_tree(staging)
+                _publish(staging, self.root / digest)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
+        except OSError as exc:  # a file vanished or moved under us: the reason, not a 500
+            raise changed_while_read(uri, exc) from None
         return digest
 
     # ---- releasing and pruning ----------------------------------------------------------------------

@@ -16,6 +16,7 @@ import structlog
 
 from forestflow.codecs.ff_settings import MLFLOW
 from forestflow.core.definition import ServableDefinition
+from forestflow.core.ids import FQRV
 from forestflow.core.locator import mlflow_model_dir
 from forestflow.errors import CreateServableRequestInvalidError, GatewayError
 from forestflow.registry.artifacts import ArtifactCache, ArtifactClaim, ArtifactRequest
@@ -23,6 +24,7 @@ from forestflow.registry.registry import Loaded
 from forestflow.runtime.base import Servable
 from forestflow.runtime.batching import batch_policy
 from forestflow.runtime.flavors import create_servable
+from forestflow.runtime.kernel_shap import KernelExplainer, read_background
 from forestflow.runtime.scheduler import ServableScheduler
 from forestflow.settings import Settings
 
@@ -37,16 +39,26 @@ class ServableLoader:
         self.artifacts = artifacts
         #: Loads that failed since start (``/metrics``).
         self.load_failures = 0
+        #: What each load under way is doing: ``fetching`` its artifact or ``loading`` it (``/health/ready``).
+        self.phases: dict[FQRV, str] = {}
 
     async def load(self, defn: ServableDefinition, *, restoring: bool = False) -> Loaded:
         """Fetch, create, verify and load; a failure is a GatewayError (422 with the reason).
 
         ``restoring``: the definition was accepted before (restored at start, or learnt from the
         shared store), not deployed now; see :attr:`Servable.restoring`."""
+        self.phases[defn.fqrv] = "fetching" if defn.has_artifact else "loading"
+        try:
+            return await self._fetch_and_load(defn, restoring)
+        finally:
+            self.phases.pop(defn.fqrv, None)
+
+    async def _fetch_and_load(self, defn: ServableDefinition, restoring: bool) -> Loaded:
         claim: ArtifactClaim | None = None
         if defn.has_artifact:
             path = mlflow_model_dir(defn.path) if defn.flavor == MLFLOW else defn.path
             claim = await self.artifacts.fetch(ArtifactRequest(path, defn.fqrv, _needed_files(defn)))
+        self.phases[defn.fqrv] = "loading"
         flavor_settings = defn.flavor_settings
         if defn.flavor == "H2OMojo":  # the gateway's H2O scorer choice (a servable's own "scorer" wins)
             flavor_settings = {"gatewayScorer": self.settings.h2o_scorer, **flavor_settings}
@@ -61,6 +73,7 @@ class ServableLoader:
                 await asyncio.to_thread(_verify_sha256, servable, defn.sha256)
             started = time.perf_counter()
             await self._load(defn, servable)
+            explainer = await self._explainer(defn, servable, directory)
             load_seconds = time.perf_counter() - started
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
@@ -82,7 +95,34 @@ class ServableLoader:
             coalesce_rows=batch_rows,
             batch_wait_us=policy.wait_us,
         )
-        return Loaded(defn, servable, scheduler, claim, load_seconds)
+        return Loaded(defn, servable, scheduler, claim, load_seconds, explainer)
+
+    async def _explainer(self, defn: ServableDefinition, servable: Servable, directory: Path) -> KernelExplainer | None:
+        """The KernelSHAP explainer the definition declares, with its background scored once (422 if it cannot be)."""
+        if defn.explainer is None:
+            return None
+        body = defn.explainer["KernelShap"]
+        samples = int(body["samples"])
+        if samples > self.settings.kernel_shap_max_samples:
+            raise CreateServableRequestInvalidError(
+                f"explainer.KernelShap.samples = {samples} is over the limit (kernel_shap_max_samples = "
+                f"{self.settings.kernel_shap_max_samples})"
+            )
+        background = read_background(body["background"], directory, self.settings.kernel_shap_max_background)
+        explainer = KernelExplainer(background, samples, self.settings.max_rows)
+        try:
+            if servable.runs_on_loop:
+                answer = await servable.apredict(background, self.settings.request_timeout_ms / 1000)
+                await asyncio.to_thread(explainer.prepare, lambda _: answer)
+            else:
+                await asyncio.to_thread(explainer.prepare, servable.predict)
+        except GatewayError as exc:
+            raise CreateServableRequestInvalidError(f"the explainer's background cannot be scored: {exc.message}") from None
+        except Exception as exc:
+            raise CreateServableRequestInvalidError(
+                f"the explainer's background cannot be scored: {type(exc).__name__}: {exc}"
+            ) from None
+        return explainer
 
     async def _load(self, defn: ServableDefinition, servable: Servable) -> None:
         try:

@@ -67,6 +67,7 @@ class RedisStore:
         self.url = url
         self.sync_interval_s = sync_interval_s
         self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.namespace = namespace
         self.docs_key, self.meta_key = f"{namespace}:docs", f"{namespace}:meta"
         self.counters_key, self.channel = f"{namespace}:counters", f"{namespace}:changes"
         self._conn_kwargs: dict[str, Any] = {
@@ -145,6 +146,11 @@ class RedisStore:
         self._tasks = []
         await self._redis.aclose()
         await self._pool.disconnect()
+
+    @property
+    def client(self) -> Redis:
+        """The pooled client (for what replicas share beside the registry: the answers index)."""
+        return self._redis
 
     # ---- counters ---------------------------------------------------------------------------------
     def peer_counters(self, fqrv: FQRV) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from forestflow.core.contract_state import ContractState, Evaluation, ServableEntry
 from forestflow.core.definition import ServableDefinition
@@ -35,6 +36,8 @@ class Loaded:
     artifact: ArtifactClaim | None = None
     #: How long ``load`` took (``/metrics``).
     load_seconds: float = 0.0
+    #: The model-agnostic explainer its definition declares (a ``runtime.kernel_shap.KernelExplainer``), if any.
+    explainer: Any = None
 
 
 @dataclass(slots=True)
@@ -53,10 +56,14 @@ class Registry:
     def __init__(self) -> None:
         self.contracts: dict[Contract, ContractState] = {}
         self.loaded: dict[FQRV, Loaded] = {}
-        #: Releases whose load failed, with the reason (the gateway is not ready while any is here).
+        #: Releases of the store whose load failed here, with the last reason (the gateway is not
+        #: ready while any is here; ``release_loads`` retries them and keeps this up to date).
         self.failed: dict[FQRV, str] = {}
         #: Releases being loaded (deploys in flight and loads learnt from the store).
         self.pending: set[FQRV] = set()
+        #: Releases the store deleted that this process keeps serving until the releases replacing
+        #: them are loaded here (make-before-break; ``replica_sync`` keeps this up to date).
+        self.kept: set[FQRV] = set()
         #: Taken by every change, so a change and the store write before it are never interleaved.
         self.lock = asyncio.Lock()
         #: Set when counters or routing moved since they were last persisted.
@@ -86,10 +93,11 @@ class Registry:
             raise UnknownServable(fqrv)
         return loaded
 
-    def servable_entries(self, contract: Contract) -> list[ServableEntry]:
-        """The contract's servables, oldest first; NoActiveServablesForContract when it has none."""
+    def servable_entries(self, contract: Contract, *, empty_ok: bool = False) -> list[ServableEntry]:
+        """The contract's servables, oldest first; NoActiveServablesForContract when it has none
+        (unless ``empty_ok``)."""
         state = self.contract_state(contract)
-        if not state.servables:
+        if not state.servables and not empty_ok:
             raise NoActiveServablesForContract(contract)
         return sorted(state.servables.values(), key=lambda e: (e.metrics.created_at_ms, e.fqrv.release))
 
@@ -106,8 +114,9 @@ class Registry:
         loading here (or failed to load), else 422 NoActiveServablesForContract (all invalid)."""
         if any(f.contract == contract for f in self.pending):
             return ContractNotReady(contract)
-        if any(f.contract == contract for f in self.failed):
-            return ContractNotReady(contract, "a release failed to load on this gateway")
+        failed = sorted(str(f) for f in self.failed if f.contract == contract)
+        if failed:
+            return ContractNotReady(contract, f"{', '.join(failed)} failed to load on this process (retried)")
         return NoActiveServablesForContract(contract)
 
     def is_held(self, fqrv: FQRV) -> bool:
@@ -130,11 +139,6 @@ class Registry:
         self.failed.pop(defn.fqrv, None)
         state.add(ServableEntry(defn.fqrv, defn.settings, metrics))
         return state
-
-    def record_failure(self, defn: ServableDefinition, reason: str) -> None:
-        """Remember that a release could not be loaded (its contract is kept, so it can be listed)."""
-        self.failed[defn.fqrv] = reason
-        self.ensure_contract(defn.fqrv.contract, defn.contract_settings)
 
     def remove(self, contract: Contract, releases: list[str]) -> list[Loaded]:
         """Take releases out of their contract; returns the servables the caller must unload."""

@@ -43,6 +43,9 @@ def metrics_to_doc(m: ServableMetrics) -> dict[str, Any]:
         "shadeCount": m.shade_count,
         "errorCount": m.error_count,
         "shadeErrorCount": m.shade_error_count,
+        "feedbackCount": m.feedback_count,
+        "rewardMicros": to_micros(m.reward_sum),
+        "rewardSquareMicros": to_micros(m.reward_squares),
         "becameValidAtMS": m.became_valid_at_ms,
         "currentPhaseInPct": m.current_phase_in_pct,
         "performanceMetrics": m.performance_metrics,
@@ -62,7 +65,19 @@ def metrics_from_doc(doc: dict[str, Any] | None, created_at_ms: int) -> Servable
         performance_metrics=performance_from_doc(doc),
         error_count=int(doc.get("errorCount", 0)),
         shade_error_count=int(doc.get("shadeErrorCount", 0)),
+        feedback_count=int(doc.get("feedbackCount", 0)),
+        reward_sum=int(doc.get("rewardMicros", 0)) / MICROS,
+        reward_squares=int(doc.get("rewardSquareMicros", 0)) / MICROS,
     )
+
+
+#: Rewards are kept as integer millionths, so they ride with the (integer) per-replica counters.
+MICROS = 1_000_000
+
+
+def to_micros(value: float) -> int:
+    """A reward sum in millionths."""
+    return round(value * MICROS)
 
 
 def performance_from_doc(doc: dict[str, Any]) -> dict[str, float]:
@@ -70,8 +85,17 @@ def performance_from_doc(doc: dict[str, Any]) -> dict[str, float]:
     return {str(k): float(v) for k, v in (doc.get("performanceMetrics") or {}).items()}
 
 
-#: The per-replica counters of a ``metrics/*`` document, in the order the stores keep them.
-COUNTERS = ("scoreCount", "shadeCount", "errorCount", "shadeErrorCount")
+#: The per-replica counters of a ``metrics/*`` document, in the order the stores keep them
+#: (reward sums in millionths, :data:`MICROS`).
+COUNTERS = (
+    "scoreCount",
+    "shadeCount",
+    "errorCount",
+    "shadeErrorCount",
+    "feedbackCount",
+    "rewardMicros",
+    "rewardSquareMicros",
+)
 
 
 def counters_of(doc: dict[str, Any]) -> list[int]:

@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "arrays.h"
+
 /* Node kinds (h2o_tree_reader: LEAF, NUMERIC, BITSET, NA_VS_REST). */
 enum { LEAF = 0, NUMERIC = 1, BITSET = 2, NA_VS_REST = 3 };
 /* Columns of the int32 node table. */
@@ -57,46 +59,52 @@ static int32_t java_int(double d) {
     return (int32_t)d;
 }
 
+/* Whether a row goes right at internal node `node`: genmodel's scoreTree decision. */
+static inline int goes_right(const Model *m, const double *x, int32_t node, int version) {
+    const int32_t *nd = m->nodes + (Py_ssize_t)node * N_WIDTH;
+    int kind = nd[N_KIND], right;
+    double d;
+    int64_t n_levels;
+    d = x[nd[N_COL]];
+    n_levels = m->dom_len[nd[N_COL]];
+    if (isnan(d)) {
+        right = nd[N_NA_LEFT] == 0;
+    } else if (kind == NUMERIC && (n_levels < 0 || version < 2)) { /* the common case: a number against a threshold */
+        right = d >= m->values[node];
+    } else {
+        int32_t di = java_int(d), start = nd[N_BSTART];
+        int64_t rel; /* in 64 bits: a level near INT_MIN minus the offset must not wrap */
+        int outside = 0;
+        if (version >= 1 && start >= 0) { /* a level outside the bitset in effect counts as NA */
+            rel = (int64_t)di - nd[N_BOFF];
+            outside = rel < 0 || rel >= nd[N_BCOUNT];
+        }
+        if (version >= 2 && n_levels >= 0 && n_levels <= di) /* so does a level past the column's domain */
+            outside = 1;
+        if (outside) {
+            right = nd[N_NA_LEFT] == 0;
+        } else if (kind == NA_VS_REST) {
+            right = 0;
+        } else if (kind == NUMERIC) {
+            right = d >= m->values[node];
+        } else { /* BITSET: levels in the set go right */
+            rel = (int64_t)di - nd[N_BOFF];
+            if (rel < 0 || rel >= nd[N_BCOUNT])
+                right = 0; /* MOJO 1.00 (contains0): outside the set */
+            else
+                right = (m->bits[start + (rel >> 3)] & (1 << (rel & 7))) != 0;
+        }
+    }
+    return right;
+}
+
 /* One tree's leaf value for one row, following genmodel's scoreTree decisions. */
 static double tree_value(const Model *m, const double *x, int32_t node, int version) {
     for (;;) {
         const int32_t *nd = m->nodes + (Py_ssize_t)node * N_WIDTH;
-        int kind = nd[N_KIND], right;
-        double d;
-        int64_t n_levels;
-        if (kind == LEAF)
+        if (nd[N_KIND] == LEAF)
             return m->values[node];
-        d = x[nd[N_COL]];
-        n_levels = m->dom_len[nd[N_COL]];
-        if (isnan(d)) {
-            right = nd[N_NA_LEFT] == 0;
-        } else if (kind == NUMERIC && (n_levels < 0 || version < 2)) { /* the common case: a number against a threshold */
-            right = d >= m->values[node];
-        } else {
-            int32_t di = java_int(d), start = nd[N_BSTART];
-            int64_t rel; /* in 64 bits: a level near INT_MIN minus the offset must not wrap */
-            int outside = 0;
-            if (version >= 1 && start >= 0) { /* a level outside the bitset in effect counts as NA */
-                rel = (int64_t)di - nd[N_BOFF];
-                outside = rel < 0 || rel >= nd[N_BCOUNT];
-            }
-            if (version >= 2 && n_levels >= 0 && n_levels <= di) /* so does a level past the column's domain */
-                outside = 1;
-            if (outside) {
-                right = nd[N_NA_LEFT] == 0;
-            } else if (kind == NA_VS_REST) {
-                right = 0;
-            } else if (kind == NUMERIC) {
-                right = d >= m->values[node];
-            } else { /* BITSET: levels in the set go right */
-                rel = (int64_t)di - nd[N_BOFF];
-                if (rel < 0 || rel >= nd[N_BCOUNT])
-                    right = 0; /* MOJO 1.00 (contains0): outside the set */
-                else
-                    right = (m->bits[start + (rel >> 3)] & (1 << (rel & 7))) != 0;
-            }
-        }
-        node = right ? nd[N_RIGHT] : nd[N_LEFT];
+        node = goes_right(m, x, node, version) ? nd[N_RIGHT] : nd[N_LEFT];
     }
 }
 
@@ -200,28 +208,6 @@ static void score_rows(const Model *m) {
         }
     }
 }
-
-/* A C-contiguous buffer of ``ndim`` dimensions whose items have this struct format letter and size. */
-static int get_array(PyObject *obj, Py_buffer *view, const char *name, char code, Py_ssize_t itemsize, int ndim, int writable) {
-    const char *fmt;
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
-        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous%s array", name, writable ? " writable" : "");
-        return -1;
-    }
-    fmt = view->format ? view->format : "B";
-    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@' || fmt[0] == '|')
-        fmt++;
-    /* int32 is 'i'; int64 is 'l' on LP64 hosts and 'q' elsewhere. */
-    if (view->itemsize != itemsize || !(fmt[0] == code || (code == 'q' && fmt[0] == 'l')) || fmt[1] != '\0' || view->ndim != ndim) {
-        PyErr_Format(PyExc_TypeError, "%s must be a %d-D array of '%c' items of %zd bytes, got %d-D '%s'", name, ndim, code, itemsize,
-                     view->ndim, view->format ? view->format : "B");
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
-static Py_ssize_t dim(const Py_buffer *v, int i) { return v->shape ? v->shape[i] : v->len / v->itemsize; }
 
 /* NULL when every root, target, child, column and bitset of the tables is in range and every
  * child comes after its parent (so a walk always ends); else what is wrong. */
@@ -390,9 +376,80 @@ release_nodes:
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(decisions_doc,
+"decisions(X, nodes, values, bits, dom_len, params, out)\n\n"
+"For every row of X and every internal node of the tables, whether scoring sends the row right\n"
+"(out: uint8, rows x nodes, 1 = right; leaves get 0), with exactly score()'s decisions: TreeSHAP\n"
+"(runtime/treeshap.py) reads them. The tables are checked as check_tables() checks them.");
+
+static PyObject *decisions(PyObject *Py_UNUSED(self), PyObject *args) {
+    enum { D_X, D_NODES, D_VALUES, D_BITS, D_DOM_LEN, D_PARAMS, D_OUT, D_COUNT };
+    static const struct { const char *name; char code; Py_ssize_t size; int ndim, writable; } spec[D_COUNT] = {
+        {"X", 'd', 8, 2, 0},       {"nodes", 'i', 4, 2, 0},  {"values", 'd', 8, 1, 0}, {"bits", 'B', 1, 1, 0},
+        {"dom_len", 'q', 8, 1, 0}, {"params", 'd', 8, 1, 0}, {"out", 'B', 1, 2, 1},
+    };
+    PyObject *objs[D_COUNT];
+    Py_buffer views[D_COUNT];
+    int got = 0, ok = 0;
+    Py_ssize_t i, k;
+    Model m;
+
+    if (!PyArg_UnpackTuple(args, "decisions", D_COUNT, D_COUNT, &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6]))
+        return NULL;
+    for (; got < D_COUNT; got++)
+        if (get_array(objs[got], &views[got], spec[got].name, spec[got].code, spec[got].size, spec[got].ndim, spec[got].writable) < 0)
+            goto done;
+    memset(&m, 0, sizeof m);
+    m.X = views[D_X].buf;
+    m.n_rows = dim(&views[D_X], 0);
+    m.n_features = dim(&views[D_X], 1);
+    m.nodes = views[D_NODES].buf;
+    m.n_nodes = dim(&views[D_NODES], 0);
+    m.values = views[D_VALUES].buf;
+    m.bits = views[D_BITS].buf;
+    m.n_bits = dim(&views[D_BITS], 0);
+    m.dom_len = views[D_DOM_LEN].buf;
+    m.params = views[D_PARAMS].buf;
+    if (dim(&views[D_NODES], 1) != N_WIDTH || dim(&views[D_VALUES], 0) != m.n_nodes || dim(&views[D_DOM_LEN], 0) != m.n_features ||
+        dim(&views[D_PARAMS], 0) != P_COUNT || dim(&views[D_OUT], 0) != m.n_rows || dim(&views[D_OUT], 1) != m.n_nodes) {
+        PyErr_SetString(PyExc_ValueError, "decisions(): array shapes do not fit one another");
+        goto done;
+    }
+    { /* the tables are checked here too: a walk out of bounds is never the answer */
+        const char *error = check_layout(m.nodes, m.n_nodes, m.n_bits, NULL, NULL, 0, m.n_features, 1);
+        if (error == NULL && !(m.params[P_VERSION] >= 0 && m.params[P_VERSION] <= 2))
+            error = "unknown tree version";
+        if (error != NULL) {
+            PyErr_Format(PyExc_ValueError, "decisions(): %s", error);
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    {
+        int version = (int)m.params[P_VERSION];
+        uint8_t *out = views[D_OUT].buf;
+        for (i = 0; i < m.n_rows; i++) {
+            const double *x = m.X + i * m.n_features;
+            uint8_t *row = out + i * m.n_nodes;
+            for (k = 0; k < m.n_nodes; k++)
+                row[k] = m.nodes[k * N_WIDTH + N_KIND] == LEAF ? 0 : (uint8_t)goes_right(&m, x, (int32_t)k, version);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    ok = 1;
+
+done:
+    while (got-- > 0)
+        PyBuffer_Release(&views[got]);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"score", score, METH_VARARGS, score_doc},
     {"check_tables", check_tables, METH_VARARGS, check_tables_doc},
+    {"decisions", decisions, METH_VARARGS, decisions_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,3 +21,13 @@ def score(
 def check_tables(
     nodes: np.ndarray, values: np.ndarray, bits: np.ndarray, roots: np.ndarray, target: np.ndarray, n_features: int, width: int, /
 ) -> None: ...
+def decisions(
+    X: np.ndarray,
+    nodes: np.ndarray,
+    values: np.ndarray,
+    bits: np.ndarray,
+    dom_len: np.ndarray,
+    params: np.ndarray,
+    out: np.ndarray,
+    /,
+) -> None: ...

@@ -54,6 +54,11 @@ class Servable(abc.ABC):
     #: Whether ``predict`` converts each declared input to its datatype itself (with its own 400s):
     #: the gateway then checks only the shapes of declared inputs, not their datatypes.
     converts_inputs: bool = False
+    #: Whether the servable explains its trees exactly: it then implements
+    #: ``runtime.treeshap.TreeExplainable`` (``shap_inputs``). A flavor may decide at load (an H2O
+    #: MOJO scored natively does; one scored by genmodel does not). Other servables may still be
+    #: explained model-agnostically when their definition declares an ``explainer`` (KernelSHAP).
+    tree_explainable: bool = False
 
     def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
         self.fqrv = fqrv

@@ -13,6 +13,7 @@ from typing import Any
 
 from forestflow.core.ids import FQRV
 from forestflow.errors import CreateServableRequestInvalidError
+from forestflow.extras import needed_for
 from forestflow.runtime.base import Servable
 
 FlavorFactory = Callable[[FQRV, Path, dict[str, Any]], Servable]
@@ -36,7 +37,10 @@ def create_servable(flavor: str, fqrv: FQRV, artifact_dir: Path, settings: dict[
         loader = _FLAVORS[flavor]
     except KeyError:
         raise CreateServableRequestInvalidError(f"unknown flavor {flavor!r}; supported: {', '.join(flavor_names())}") from None
-    return loader()(fqrv, artifact_dir, settings)
+    # A flavor's module imports its libraries when it is first used: one an extra installs is a 422 naming it.
+    with needed_for(f"the {flavor} flavor"):
+        factory = loader()
+    return factory(fqrv, artifact_dir, settings)
 
 
 def _python_flavor() -> FlavorFactory:
@@ -94,6 +98,18 @@ def _regressor_step() -> FlavorFactory:
     return RegressorStep
 
 
+def _image_decode_step() -> FlavorFactory:
+    from forestflow.runtime.image_steps import ImageDecodeStep
+
+    return ImageDecodeStep
+
+
+def _image_encode_step() -> FlavorFactory:
+    from forestflow.runtime.image_steps import ImageEncodeStep
+
+    return ImageEncodeStep
+
+
 register_flavor("Python", _python_flavor)
 register_flavor("H2OMojo", _h2o_flavor)
 register_flavor("ONNX", _onnx_flavor)
@@ -101,5 +117,7 @@ register_flavor("Pipeline", _pipeline_flavor)
 register_flavor("Map", _map_step)
 register_flavor("Classifier", _classifier_step)
 register_flavor("Regressor", _regressor_step)
+register_flavor("ImageDecode", _image_decode_step)
+register_flavor("ImageEncode", _image_encode_step)
 register_flavor("RemoteV2", _remote_flavor)  # a model served by another V2 server: no artifact
 register_flavor("MLflow", _mlflow_flavor)  # MLFlowServeRequest: the model's MLmodel picks the flavor

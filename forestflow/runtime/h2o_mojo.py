@@ -33,6 +33,7 @@ from forestflow.runtime.h2o_tree_reader import InvalidMojo, NativeUnsupported, p
 
 if TYPE_CHECKING:
     from forestflow.runtime.h2o_native import NativeTreeScorer
+    from forestflow.runtime.treeshap import ShapForest
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class H2OMojoServable(Servable):
         self._batch = True
         self._meta: ServableMetadata | None = None
         self._native: NativeTreeScorer | None = None
+        self._shap_forest: ShapForest | None = None
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -190,6 +192,7 @@ class H2OMojoServable(Servable):
             self._classes = np.array(list(domain) if domain is not None else ["0", "1"], dtype=object)
         self._batch = True
         self._native = scorer
+        explains = self._load_shap_forest(model)
         try:
             scorer.warm()
             self._warm()
@@ -209,10 +212,31 @@ class H2OMojoServable(Servable):
             "scoring": "batch",
             "scorer": "native",
             "trees": int(len(model.trees.roots)),
+            "explanations": explains,
             "loadSeconds": round(time.perf_counter() - started, 3),
         }
         self._meta = self._build_metadata(facts)
         self.ready = True
+
+    def _load_shap_forest(self, model: Any) -> str:
+        """Prepare exact TreeSHAP (node weights from the MOJO's aux files); says how the model explains."""
+        from forestflow.runtime.h2o_shap import NotExplainable, shap_forest
+
+        try:
+            self._shap_forest = shap_forest(model)
+        except (NotExplainable, ValueError) as exc:
+            self._shap_forest = None
+            self.tree_explainable = False
+            return f"none: {exc}"
+        self.tree_explainable = True
+        return "TreeSHAP"
+
+    def shap_inputs(self, frame: Frame) -> tuple[ShapForest, np.ndarray]:
+        """The forest and the decisions of this batch's rows (``runtime.treeshap.TreeExplainable``)."""
+        if self._native is None or self._shap_forest is None:
+            raise ServableNotReady(f"servable {self.fqrv} cannot explain its trees")
+        X, _, _ = build_matrix(frame, self._columns, self._offset, NA, self._index)
+        return self._shap_forest, self._native.decisions(X)
 
     def _load_jvm(self, path: Path, why_not_native: str) -> None:
         """Load the MOJO with genmodel in the in-process JVM."""
@@ -336,7 +360,8 @@ class H2OMojoServable(Servable):
 
     def unload(self) -> None:
         """Drop the model (the Java one can then be collected)."""
-        self._model = self._wrapper = self._native = None
+        self._model = self._wrapper = self._native = self._shap_forest = None
+        self.tree_explainable = False
         super().unload()
 
     # -- scoring -----------------------------------------------------------------------------

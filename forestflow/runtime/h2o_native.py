@@ -168,6 +168,15 @@ class NativeTreeScorer:
                 preds[i, 0] = break_tie(preds[i], X[i], prior)
         return preds
 
+    def decisions(self, X: np.ndarray) -> np.ndarray:
+        """uint8 ``(n, nodes)``: 1 where ``score`` sends the row right at a split (TreeSHAP's input)."""
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            raise ValueError(f"expected rows of {self.n_features} features, got shape {X.shape}")
+        out = np.empty((X.shape[0], len(self._nodes)), dtype=np.uint8)
+        _h2o_trees.decisions(X, self._nodes, self._values, self._bits, self._dom_len, self._params, out)
+        return out
+
     def warm(self) -> float:
         """Score two rows (numbers and NAs) once, touching every table; returns the seconds it took."""
         start = time.perf_counter()

@@ -160,6 +160,9 @@ class TreeModel:
     binomial_double_trees: bool
     trees: TreeTable
     info: dict[str, str] = field(repr=False, default_factory=dict)
+    #: Each tree's ``trees/tCC_GGG_aux.bin`` (node weights, for explanations), in ``trees.roots`` order;
+    #: None where the MOJO has none.
+    aux: list[bytes | None] = field(repr=False, default_factory=list)
 
     @property
     def response(self) -> str | None:
@@ -250,6 +253,8 @@ def read_tree_model(path: str | Path) -> TreeModel:
                 raise NativeUnsupported(f"link function {link!r} is left to genmodel")
             init_f = _number(info, "init_f", 0.0)
         blobs = _tree_files(zf, names, groups, per_group)
+        aux_names = [name[: -len(".bin")] + "_aux.bin" for _, _, name, _ in blobs]
+        aux = [zf.read(name) if name in names else None for name in aux_names]
         offset_col = _value(info, "offset_column", None)
         tree_version = 0 if version == 1.0 else (1 if version == 1.1 else 2)
         width = 1 if category == "Regression" else n_classes + 1
@@ -295,6 +300,7 @@ def read_tree_model(path: str | Path) -> TreeModel:
             binomial_double_trees=bdt,
             trees=table,
             info=info,
+            aux=aux,
         )
 
 

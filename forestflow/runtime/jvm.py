@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from forestflow.extras import pip_command
+
 __all__ = [
     "JAVA_DIR",
     "JVMError",
@@ -77,9 +79,15 @@ def genmodel_jar() -> Path:
             raise JVMError(f"genmodel_jar = {override!r} is not a file (FORESTFLOW_GENMODEL_JAR)")
         return path
     # find_spec locates the package without importing it (importing h2o is slow and not needed).
-    spec = importlib.util.find_spec("h2o")
+    try:
+        spec = importlib.util.find_spec("h2o")
+    except ImportError:
+        spec = None
     if spec is None or not spec.submodule_search_locations:
-        raise JVMError("the 'h2o' package is not installed: it ships the genmodel jar (pip install h2o==3.46.0.11)")
+        raise JVMError(
+            f"the 'h2o' package, which ships the genmodel jar, is not installed: {pip_command('h2o-jvm')} "
+            "(or set genmodel_jar to a genmodel jar)"
+        )
     for location in spec.submodule_search_locations:
         jar = Path(location) / "backend" / "bin" / "h2o.jar"
         if jar.is_file():
@@ -121,8 +129,8 @@ def ensure_jvm() -> None:
             )
         try:
             import jpype
-        except ImportError as exc:  # pragma: no cover - JPype is a declared dependency
-            raise JVMError("JPype1 is not installed (pip install JPype1)") from exc
+        except ImportError as exc:  # JPype comes with the h2o-jvm extra
+            raise JVMError(f"JPype1, which starts the JVM, is not installed: {pip_command('h2o-jvm')}") from exc
         if not jpype.isJVMStarted():
             jar = genmodel_jar()
             try:

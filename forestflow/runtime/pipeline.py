@@ -202,8 +202,23 @@ class PipelineServable(Servable):
         assert self._meta is not None, "metadata before load"
         return self._meta
 
+    def _request_content_types(self) -> dict[str, str]:
+        """The content type of each request column as the first step reading it declares it
+        (an ``image_decode`` step's input is ``"image"``)."""
+        found: dict[str, str] = {}
+        for step in self._steps:
+            declared = {i.name: i.content_type for i in step.servable.metadata().inputs if i.content_type}
+            for name, from_request, key in step.reads:
+                if from_request and key not in found and name in declared:
+                    found[key] = declared[name]
+        return found
+
     def _build_metadata(self, spec: PipelineSpec, file_name: str) -> ServableMetadata:
-        inputs = tuple(TensorSpec(p.name, p.datatype, p.shape, "request input") for p in spec.request_inputs)
+        content_types = self._request_content_types()
+        inputs = tuple(
+            TensorSpec(p.name, p.datatype, p.shape, "request input", content_type=content_types.get(p.name))
+            for p in spec.request_inputs
+        )
         outputs = []
         classification = None
         for key in spec.outputs:
@@ -218,6 +233,7 @@ class PipelineServable(Servable):
                     port.shape,
                     f"{port.name} of step {producer.name!r}",
                     model_spec.domain if model_spec else None,
+                    model_spec.content_type if model_spec else None,
                 )
             )
             source = meta.extra.get("classification")

@@ -76,6 +76,7 @@ class StepSpec:
         if self.flavor.takes_ports:
             settings["pipelineInputs"] = [p.as_json() for p in self.inputs]
             settings["pipelineOutputs"] = [p.as_json() for p in self.outputs]
+            settings["stepName"] = self.name
         return settings
 
 

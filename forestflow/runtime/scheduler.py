@@ -89,6 +89,9 @@ class _Job:
     queued_at: float = 0.0
     #: Scored on its own: it is being retried after the combined call it was part of failed.
     alone: bool = False
+    #: Not ``predict`` but this call (an explanation): never combined with others, never on the loop.
+    #: For a servable that ``runs_on_loop`` it is a coroutine function taking (frame, timeout_s).
+    work: Callable[..., Any] | None = None
 
 
 @dataclass(slots=True)
@@ -227,14 +230,21 @@ class ServableScheduler:
         return not self.thread_limit or self.running + self.stats.abandoned_running < self.thread_limit
 
     async def submit(
-        self, frame: Frame, priority: Priority, timeout_s: float, on_start: Callable[[], None] | None = None
+        self,
+        frame: Frame,
+        priority: Priority,
+        timeout_s: float,
+        on_start: Callable[[], None] | None = None,
+        work: Callable[..., Any] | None = None,
     ) -> Frame:
         """Score ``frame``; raises Overloaded / ShadowDropped / DeadlineExceeded / the model's error.
 
         Cancelling the caller withdraws the job: out of the queue, or its slot freed if running.
-        ``on_start`` is called when the job starts scoring.
+        ``on_start`` is called when the job starts scoring. ``work`` replaces ``predict`` for this job
+        (an explanation): it runs alone, on a scoring thread (or as a task for a servable that
+        ``runs_on_loop``), under the same queue, slots and deadline.
         """
-        future = self.offer(frame, priority, timeout_s, on_start)
+        future = self.offer(frame, priority, timeout_s, on_start, work)
         try:
             return await future
         except asyncio.CancelledError:
@@ -247,7 +257,12 @@ class ServableScheduler:
             del future, frame
 
     def offer(
-        self, frame: Frame, priority: Priority, timeout_s: float, on_start: Callable[[], None] | None = None
+        self,
+        frame: Frame,
+        priority: Priority,
+        timeout_s: float,
+        on_start: Callable[[], None] | None = None,
+        work: Callable[..., Any] | None = None,
     ) -> asyncio.Future[Frame]:
         """Admit ``frame`` without waiting and return the future of its result.
 
@@ -262,7 +277,7 @@ class ServableScheduler:
         # (so a newcomer never overtakes it).
         must_queue = not self._can_start() or self.queues[Priority.LIVE] or (priority is Priority.SHADOW and queue)
         # With a batch wait, a job that could start waits for company while other work scores.
-        wait = not must_queue and self._may_wait(frame.num_rows) and len(queue) < self._limit(priority)
+        wait = not must_queue and work is None and self._may_wait(frame.num_rows) and len(queue) < self._limit(priority)
         if must_queue and len(queue) >= self._limit(priority):
             if priority is Priority.LIVE:
                 self.stats.live_rejected += 1
@@ -274,11 +289,13 @@ class ServableScheduler:
             raise ShadowDropped(f"shadow queue of {self.servable.fqrv} is full")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        if not must_queue and priority is Priority.LIVE and frame.num_rows <= self.servable.inline_max_rows:
+        if not must_queue and work is None and priority is Priority.LIVE and frame.num_rows <= self.servable.inline_max_rows:
             if on_start is not None:  # scored on the loop, now or at the end of this turn: no queue
                 on_start()
             return self._inline(frame, loop, deadline)
         job = _Job(frame, priority, deadline, loop.create_future(), timeout_s, on_start=on_start, queued_at=loop.time())
+        if work is not None:
+            job.work, job.alone = work, True
         if self.servable.runs_on_loop:
             job.context = contextvars.copy_context()
         job.timer = loop.call_at(deadline, self._expire, job)
@@ -510,13 +527,15 @@ class ServableScheduler:
         frame = batch[0].frame if len(batch) == 1 else Frame.concat([j.frame for j in batch])
         on_loop = self.servable.runs_on_loop
         try:
+            work = batch[0].work  # set only on a job that runs alone
             if on_loop:  # a coroutine on this loop: the call gets what is left of the latest deadline
                 timeout_s = max(job.deadline for job in batch) - loop.time()
-                task: asyncio.Future[Frame] = loop.create_task(self._apredict(frame, timeout_s), context=batch[0].context)
+                call = self._apredict(frame, timeout_s) if work is None else work(frame, timeout_s)
+                task: asyncio.Future[Frame] = loop.create_task(call, context=batch[0].context)
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             else:
-                task = loop.run_in_executor(self.executor, self._predict, frame)
+                task = loop.run_in_executor(self.executor, self._predict if work is None else work, frame)
         except RuntimeError:  # the executor was shut down (gateway stopping)
             self._finish(batch, error=Overloaded(f"servable {self.servable.fqrv} is unloading"))
             return

@@ -48,5 +48,7 @@ register_platform("python", StepPlatform("Python", "modulePath", gate="allow_pyt
 register_platform("map", StepPlatform("Map", None, takes_ports=True))
 register_platform("classifier", StepPlatform("Classifier", None, takes_ports=True))
 register_platform("regressor", StepPlatform("Regressor", None, takes_ports=True))
+register_platform("image_decode", StepPlatform("ImageDecode", None, takes_ports=True))
+register_platform("image_encode", StepPlatform("ImageEncode", None, takes_ports=True))
 register_platform("onnx", StepPlatform("ONNX", "modelPath"))
 register_platform("remote_v2", StepPlatform("RemoteV2", None))

@@ -1,4 +1,4 @@
-"""Trains the iris model MLServer serves in the README's "Models served elsewhere" and the RemoteV2 tests.
+"""Trains the iris model MLServer serves in docs/remote.md and the RemoteV2 tests.
 
     .venv-mlserver/bin/python servables/mlserver-iris/train.py DEST
 

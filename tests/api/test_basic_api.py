@@ -213,7 +213,7 @@ async def test_contract_routes(gw: InProcessGateway) -> None:
     async with gw.session.put(gw.url + "/acme/demo/1", json=latest) as r:
         assert r.status == 200 and "ContractUpdatedSuccessfully" in await r.json()
     async with gw.session.put(gw.url + "/acme/demo/1", json={"router": {"Nope": {}}}) as r:
-        assert r.status == 400
+        assert r.status == 422  # settings that cannot be applied, naming the field
         assert "expirationPolicy: required" in (await r.json())["error"]
     async with gw.session.get(gw.url + "/acme/demo/1/servable-settings") as r:
         [entry] = await r.json()

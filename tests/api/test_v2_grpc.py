@@ -193,3 +193,25 @@ def test_grpc_is_not_imported_when_disabled(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+async def test_x_forestflow_release_metadata_pins_a_release_when_the_contract_allows_it(tmp_path: Path) -> None:
+    keep = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 3}}, "router": {"FairPhaseInPctBasedRouter": {}}}
+    async with v2_gateway(tmp_path / "data") as gw:
+        await gw.deploy(python_servable(contract_settings=keep))
+        await gw.deploy(python_servable(release="v2", validity=[{"NeverValid": {}}]))
+        async with grpc.aio.insecure_channel(gw.grpc_target) as channel:
+            call = channel.unary_unary(
+                f"/{SERVICE}/ModelInfer",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=M["ModelInferResponse"].FromString,
+            )
+            request = M["ModelInferRequest"](**raw_request([1.0], [b"a"]))
+            pin = (("x-forestflow-release", "v2"),)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call(request, metadata=pin)
+            assert refused.value.code() == STATUS[Kind.FORBIDDEN]
+            async with gw.server.session.put(gw.url + "/acme/demo/1", json={**keep, "allowPinnedReleases": True}) as r:
+                assert r.status == 200
+            assert (await call(request, metadata=pin)).model_version == "v2"
+            assert (await call(request)).model_version == "v1"

@@ -36,6 +36,12 @@ def event_to_proto(record: PredictionRecord) -> Any:
     event.eventTimeMS = record.event_time_ms
     event.requestId = record.request_id
     _fill_fqrv(event.fqrv, record.fqrv)
+    if record.pinned:
+        event.pinned = True
+    if record.feedback is not None:  # a feedback event: who answered, when, and the reward
+        event.protocol = record.protocol
+        event.feedback.reward = record.feedback
+        return event
     event.latencyMs = record.latency_ms
     event.status = record.status
     if record.error:
@@ -70,11 +76,28 @@ def more_records() -> list[PredictionRecord]:
         protocol="",
     )
     traced = [dataclasses.replace(base[i], trace_id="4bf92f3577b34da6a3ce929d0e0e4736") for i in (0, 4)]
-    return [*base, odd, *traced]
+    pinned = dataclasses.replace(base[0], pinned=True)
+    feedback = dataclasses.replace(base[0], protocol="feedback", feedback=-0.25, response=None, request_json=None)
+    return [*base, odd, *traced, pinned, feedback, dataclasses.replace(feedback, pinned=True)]
 
 
 @pytest.mark.parametrize(
-    "record", more_records(), ids=["ok", "vector", "failed", "shadow", "gp", "gp-failed", "odd", "traced", "gp-traced"]
+    "record",
+    more_records(),
+    ids=[
+        "ok",
+        "vector",
+        "failed",
+        "shadow",
+        "gp",
+        "gp-failed",
+        "odd",
+        "traced",
+        "gp-traced",
+        "pinned",
+        "feedback",
+        "feedback-pinned",
+    ],
 )
 def test_event_matches_protobuf_api(record: PredictionRecord) -> None:
     decoded = decode_event(encode_event(record), record.is_graphpipe)
@@ -105,6 +128,8 @@ def test_record_fields_keep_the_order_the_service_builds_them_in() -> None:
         "request_json",
         "response_json",
         "trace_id",
+        "pinned",
+        "feedback",
     ]
 
 

@@ -1,4 +1,4 @@
-"""The README's example events (section "Prediction events") have exactly the fields the encoders write."""
+"""The example events of docs/prediction-log.md have exactly the fields the encoders write."""
 
 from __future__ import annotations
 
@@ -17,13 +17,12 @@ from forestflow.predlog.encode import encode_event, encode_event_json, event_to_
 from forestflow.predlog.record import PredictionRecord, WireBody
 from tests.predlog import make_record
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "prediction-log.md"
 
 
 def readme_examples() -> dict[str, dict[str, Any]]:
-    """The JSON examples of the section, by protocol."""
-    section = README.read_text().split("## Prediction events", 1)[1].split("\n## ", 1)[0]
-    examples = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", section, re.S)]
+    """The JSON examples of the page, by protocol."""
+    examples = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", PAGE.read_text(), re.S)]
     return {example["event"]["protocol"]: example for example in examples}
 
 

@@ -96,17 +96,19 @@ async def test_a_document_that_does_not_parse_leaves_the_servable_serving(tmp_pa
         assert gateway.contract_state(Contract.parse("acme.demo.1")).settings.expiration.servables_to_keep == 3
 
 
-async def test_a_servable_that_fails_to_load_is_reported_and_retried_when_its_definition_changes(tmp_path: Path) -> None:
-    async with serve_in_process(tmp_path / "data") as gw:
+async def test_a_servable_that_fails_to_load_is_reported_and_loaded_at_once_when_its_definition_changes(
+    tmp_path: Path,
+) -> None:
+    async with serve_in_process(tmp_path / "data", load_retry_first_s=30) as gw:  # no retry by the clock here
         gateway = gw.gateway
         broken = registry("v1")
         broken["servable/acme.demo.1.v1"] = servable_doc("v1", directory=tmp_path / "missing")
         await gateway.replica_sync.reconcile(broken)
         await until(lambda: V1 in gateway.failed and not gateway.registry.pending)
         assert not gateway.ready
-        await gateway.replica_sync.reconcile(broken)  # same definition: not retried
-        assert not gateway.registry.pending
-        await gateway.replica_sync.reconcile(registry("v1"))
+        await gateway.replica_sync.reconcile(broken)  # same definition: its retry waits for its backoff
+        assert not gateway.registry.pending and gateway.loads.statuses[V1].attempts == 1
+        await gateway.replica_sync.reconcile(registry("v1"))  # a new definition: attempted at once
         await until(lambda: gateway.ready and V1 in gateway.loaded)
         assert gateway.failed == {}
 

@@ -173,7 +173,7 @@ async def test_redis_away_writes_fail_fast_then_an_empty_redis_is_reseeded(redis
         await a.check()  # a notices the empty registry first and writes its snapshot back
         raw = redis_server.client()
         assert raw.hget("forestflow:docs", "contract/acme.demo.1") is not None
-        assert raw.hget("forestflow:counters", f"acme.demo.1.v1@{a.replica_id}") == "4 0 0 0"  # score shade error shade-error
+        assert raw.hget("forestflow:counters", f"acme.demo.1.v1@{a.replica_id}") == "4 0 0 0 0 0 0"  # store.COUNTERS order
         await wait_for(lambda: bool(loads) and b.epoch == a.epoch, 3)
         assert set(loads[-1]) == {"servable/acme.demo.1.v1", "contract/acme.demo.1", "metrics/acme.demo.1.v1"}
         assert loads[-1]["metrics/acme.demo.1.v1"]["scoreCount"] == 0 and b.peer_counters(FQ)[:2] == (4, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from forestflow.errors import CreateServableRequestInvalidError
@@ -12,8 +13,15 @@ from forestflow.registry.sources import FetchLimits, too_large
 _BLOCK = 1 << 20
 
 
-def check_local(uri: str, raw_path: str, roots: list[Path], limits: FetchLimits) -> tuple[Path, list[Path]]:
-    """The resolved source and its files, after the roots, existence, symlink and size checks."""
+def check_local(
+    uri: str, raw_path: str, roots: list[Path], limits: FetchLimits, written: Sequence[tuple[Path, str, bool]] = ()
+) -> tuple[Path, list[Path]]:
+    """The resolved source and its files, after the roots, existence, symlink and size checks.
+
+    ``written``: what the gateway writes to while it runs (path, what it is, whether a source
+    inside it is refused too). A source that holds one is refused: its copy would race with
+    those writes.
+    """
     source = Path(raw_path).expanduser()
     if not source.is_absolute():
         source = Path.cwd() / source
@@ -24,9 +32,13 @@ def check_local(uri: str, raw_path: str, roots: list[Path], limits: FetchLimits)
             f"(artifact_roots: {', '.join(str(r) for r in roots)}); an operator can add one with "
             "FORESTFLOW_ARTIFACT_ROOTS"
         )
+    _check_not_written(uri, resolved, written)
     if not resolved.exists():
         raise CreateServableRequestInvalidError(f"path {uri!r}: {resolved} does not exist")
-    files = sorted(p for p in resolved.rglob("*") if not p.is_dir()) if resolved.is_dir() else [resolved]
+    try:
+        files = sorted(p for p in resolved.rglob("*") if not p.is_dir()) if resolved.is_dir() else [resolved]
+    except OSError as exc:
+        raise changed_while_read(uri, exc) from None
     total = 0
     for file in files:
         if file.is_symlink() and not _inside(file.resolve(), roots):
@@ -35,7 +47,10 @@ def check_local(uri: str, raw_path: str, roots: list[Path], limits: FetchLimits)
             )
         if not file.is_file():
             raise CreateServableRequestInvalidError(f"path {uri!r}: {file} is not a regular file")
-        total += file.stat().st_size
+        try:
+            total += file.stat().st_size
+        except OSError as exc:
+            raise changed_while_read(uri, exc) from None
         if total > limits.max_bytes:  # refused before a single byte is copied
             raise too_large(f"path {uri!r}", limits)
     return resolved, files
@@ -68,6 +83,31 @@ def copy_local(uri: str, source: Path, files: list[Path], staging: Path, limits:
                     raise too_large(f"path {uri!r}", limits)
                 out.write(block)
         os.utime(target, (file.stat().st_atime, file.stat().st_mtime))
+
+
+def _check_not_written(uri: str, source: Path, written: Sequence[tuple[Path, str, bool]]) -> None:
+    """Refuse a source that holds something the gateway writes, or lies inside one (``inside``)."""
+    for path, what, inside in written:
+        path = path.resolve()
+        if path == source or path.is_relative_to(source):
+            raise CreateServableRequestInvalidError(
+                f"path {uri!r}: {source} contains {what} ({path}), which the gateway writes to while it runs, so "
+                "a copy of it could never be consistent; deploy from a directory that holds only the model's files"
+            )
+        if inside and source.is_relative_to(path):
+            raise CreateServableRequestInvalidError(
+                f"path {uri!r}: {source} is inside {what} ({path}), which the gateway writes to while it runs; "
+                "deploy from a directory that holds only the model's files"
+            )
+
+
+def changed_while_read(uri: str, exc: OSError) -> CreateServableRequestInvalidError:
+    """The refusal of a local source whose files changed (vanished, moved) while they were read."""
+    name = exc.filename or "a file"
+    return CreateServableRequestInvalidError(
+        f"path {uri!r}: {name} changed while it was read ({exc.strerror or exc}); something else writes "
+        "to the source: deploy from a directory that holds only the model's files"
+    )
 
 
 def _inside(path: Path, roots: list[Path]) -> bool:
