@@ -162,11 +162,13 @@ async def test_a_malformed_mojo_is_a_422_naming_it_and_what_is_wrong(gw: InProce
     from tests.runtime.test_h2o_native import edited_mojo
 
     name = "prostate_gbm_binomial"
+    models = tmp_path / "models"  # not the gateway's data directory's parent: deploys from there are refused
+    models.mkdir()
     for i, case in enumerate(("bernoulli with one class", "an exploding tree")):
         source, ini, tree, reason = BAD[case]
-        mojo = edited_mojo(tmp_path, source, ini, {"trees/t00_000.bin": tree} if tree else None, name=f"crafted{i}.zip")
+        mojo = edited_mojo(models, source, ini, {"trees/t00_000.bin": tree} if tree else None, name=f"crafted{i}.zip")
         async with gw.session.post(
-            gw.url + "/servable", json=definition(name, release=f"bad{i}", directory=tmp_path, mojo=mojo)
+            gw.url + "/servable", json=definition(name, release=f"bad{i}", directory=models, mojo=mojo)
         ) as r:
             payload = await r.json()
         assert r.status == 422, payload
