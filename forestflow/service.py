@@ -24,7 +24,7 @@ import structlog
 
 from forestflow import tracing
 from forestflow.administration import Administration
-from forestflow.core import input_report
+from forestflow.core import declared, input_report
 from forestflow.core.bandit import RewardStats
 from forestflow.core.contract_state import ContractState, ServableEntry
 from forestflow.core.definition import ServableDefinition
@@ -429,12 +429,15 @@ class Gateway:
             self._fan_out(state, shadows, context)
             raise self.registry.inactive_error(contract)
         entry = state.servables[answered]
+        loaded = self.registry.loaded.get(entry.fqrv)
+        if loaded is not None and loaded.servable.ready:  # what the model declares, checked before it runs (a 400, not its 500)
+            servable = loaded.servable
+            frame = declared.fit_inputs(frame, servable.metadata().inputs, not servable.converts_inputs)
         entry.metrics.score_count += 1
         self.registry.counters_dirty = True
         self.registry.dirty.add(contract)
         fqrv = entry.fqrv
         started = time.perf_counter()
-        loaded = self.registry.loaded.get(fqrv)
         try:
             if loaded is None:  # cold: loaded now (one load for every request waiting), else a 503
                 loaded = await self.residency.get(fqrv, timeout)

@@ -204,7 +204,8 @@ async def infer(
     if not isinstance(explain, bool):
         raise InvalidInput(f"parameters.explain must be true or false, got {explain!r}")
     model_parameters = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS and k != "explain"}
-    frame, layout = decode_inputs(tensors, decoding_specs(gateway, route), model_parameters)
+    meta = gateway.decoding_metadata(route)
+    frame, layout = decode_inputs(tensors, meta.inputs if meta else (), model_parameters, meta.outputs if meta else ())
     result = await gateway.infer(
         contract,
         frame,

@@ -700,14 +700,16 @@ static int schema_groups(PyObject *schema, Group **out, Py_ssize_t *n_out, PyObj
             status = NO;
             break;
         }
-        const char *name = PyUnicode_AsUTF8(type);
+        Py_ssize_t name_len;
+        const char *name = PyUnicode_AsUTF8AndSize(type, &name_len);
         if (name == NULL) {
             PyErr_Clear();
             status = NO;
             break;
         }
+        /* by length and bytes: a name with a NUL inside ("Float64\0junk") is not "Float64" */
         for (size_t t = 0; t < N_FF_TYPES; t++)
-            if (strcmp(name, FF_TYPES[t].name) == 0)
+            if ((size_t)name_len == FF_TYPES[t].length && memcmp(name, FF_TYPES[t].name, FF_TYPES[t].length) == 0)
                 groups[i].type = &FF_TYPES[t];
         for (Py_ssize_t j = 0; j < i && groups[i].type != NULL; j++)
             if (groups[j].type == groups[i].type)
@@ -923,10 +925,11 @@ enum { EL_NUMBER = 1, EL_FLOAT = 2, EL_NULL = 4, EL_BOOL = 8, EL_TEXT = 16 };
  * integer; nulls as NaN in FP data), all booleans, all strings for BYTES. NO otherwise.
  */
 static int typed_data(Reader *r, PyObject *datatype, PyObject **out) {
-    const char *dt = PyUnicode_AsUTF8(datatype);
+    Py_ssize_t dt_len;
+    const char *dt = PyUnicode_AsUTF8AndSize(datatype, &dt_len);
     if (dt == NULL)
         return ERR;
-    int text = strcmp(dt, "BYTES") == 0, fp = dt[0] == 'F' && dt[1] == 'P';
+    int text = dt_len == 5 && memcmp(dt, "BYTES", 5) == 0, fp = dt_len >= 2 && dt[0] == 'F' && dt[1] == 'P';
     int seen = 0;
     Vec values = {NULL, 0, 0}, ints = {NULL, 0, 0};
     int status = OK;

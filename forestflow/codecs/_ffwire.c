@@ -383,6 +383,12 @@ static int open_column(PyObject *array, Column *c, Py_ssize_t rows, int *code) {
         return -1;
     }
     c->width = rows > 0 ? c->view.len / c->itemsize / rows : 0;
+    if (c->kind == KIND_UNSIGNED && c->itemsize == 8) { /* Int64 cannot hold 2^63 and above: the caller writes those as text */
+        Py_ssize_t n = c->view.len / c->itemsize;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (varint_value(c, i) > (uint64_t)INT64_MAX)
+                return 0;
+    }
     return 1;
 }
 

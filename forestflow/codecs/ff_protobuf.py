@@ -14,7 +14,7 @@ import numpy as np
 
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs import _ffwire
-from forestflow.codecs.schema_datum import FF_DTYPES, TENSOR_KEY, _ff_type, one_name_per_value
+from forestflow.codecs.schema_datum import FF_DTYPES, TENSOR_KEY, _ff_type, exact_columns, one_name_per_value
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 
@@ -45,15 +45,16 @@ _ffwire.set_types(
 
 def _readable(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Columns converted to what the C writer reads: contiguous, native order, text as objects (each
-    to the dtype of its ForestFlow type, so it keeps that type)."""
-    return {name: np.ascontiguousarray(c, dtype=FF_DTYPES[_ff_type(c)]) for name, c in columns.items()}
+    to the dtype of its ForestFlow type, so it keeps that type; see ``exact_columns`` for uint64)."""
+    return {name: np.ascontiguousarray(c, dtype=FF_DTYPES[_ff_type(c)]) for name, c in exact_columns(columns).items()}
 
 
 def _converted(
     outer: bytes, prefix: bytes, schema_tag: int, datum_tag: int, frame: Frame, configs: dict[str, str] | None
 ) -> bytes:
     """The message of a frame whose columns the C writer could not read as they are (e.g. a column
-    sliced with a step, fixed-width text, another byte order): written from converted copies."""
+    sliced with a step, fixed-width text, another byte order, a uint64 past Int64's range): written
+    from converted copies."""
     out = _ffwire.message(outer, prefix, schema_tag, datum_tag, frame.num_rows, _readable(frame.columns), configs)
     if out is None:  # converted columns are exactly what the writer reads
         raise TypeError(f"the C writer refused converted columns of {', '.join(frame.columns)}")

@@ -23,6 +23,7 @@ import orjson
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs import _ffjson
 from forestflow.codecs.ff_settings import fqrv_to_json
+from forestflow.core.declared import NotRepresentable, numbers_as
 from forestflow.core.frame import DATATYPES, Frame, datatype_of
 from forestflow.core.ids import FQRV
 from forestflow.errors import InvalidInput
@@ -59,6 +60,8 @@ _V2_TO_FF = {
     "UINT64": "Int64",
     "BOOL": "Bool",
 }
+#: Numeric ForestFlow type -> the V2 datatype of its column (the inverse of the signed part above).
+_FF_TO_V2 = {ff: v2 for v2, ff in _V2_TO_FF.items() if v2[0] in "IF"}
 
 
 def _column(ff_type: str, values: list[Any], field: str) -> np.ndarray:
@@ -88,9 +91,28 @@ def _column(ff_type: str, values: list[Any], field: str) -> np.ndarray:
             raise InvalidInput(f"field {field!r}: {ff_type} tensors take numbers (null only in Float tensors)")
         values = [math.nan if v is None else v for v in values]
     try:
-        return np.array(values, dtype=FF_DTYPES[ff_type])
+        if any(type(v) is str for v in values):  # protobuf's JSON mapping: numbers in strings ("NaN" too)
+            values = [_number_text(v, ff_type) if type(v) is str else v for v in values]
+        raw = np.array(values)
+        if raw.dtype.kind not in "iuf" or raw.ndim != 1:
+            raise ValueError
+        return numbers_as(raw, _FF_TO_V2[ff_type], ff_type)
+    except NotRepresentable as exc:
+        raise InvalidInput(f"field {field!r}: {exc}") from None
     except (ValueError, TypeError, OverflowError):
         raise InvalidInput(f"field {field!r}: values are not valid {ff_type} numbers") from None
+
+
+def _number_text(text: str, ff_type: str) -> int | float:
+    """A number given as a string: an integer for the Int types when it is written as one."""
+    if "_" in text:  # Python's digit grouping: not a JSON number
+        raise ValueError(text)
+    if ff_type.startswith("Int"):
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    return float(text)
 
 
 def _frame(schema: Sequence[tuple[str, list[str]]], datums: Iterable[Sequence[tuple[str, Sequence[Any]]]]) -> Frame:
@@ -253,6 +275,28 @@ def ff_type_name(datatype: str) -> str:
 _FF_OF_DTYPE: dict[np.dtype[Any], str] = {dtype: _V2_TO_FF[name] for name, dtype in DATATYPES.items() if name in _V2_TO_FF}
 
 
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def exact_columns(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``columns`` as ForestFlow's types hold them exactly: an unsigned 64-bit column with a value
+    past Int64's range goes out as its decimal text (a String column), as no ForestFlow type holds
+    it (written as Int64 it read back negative). The same dict when nothing needs that."""
+    big = [
+        name
+        for name, c in columns.items()
+        if c.dtype.kind == "u" and c.dtype.itemsize == 8 and c.size and int(c.max()) > _INT64_MAX
+    ]
+    if not big:
+        return columns
+    out = dict(columns)
+    for name in big:
+        text = np.empty(columns[name].shape, dtype=object)
+        text.reshape(-1)[:] = [str(v) for v in columns[name].reshape(-1).tolist()]
+        out[name] = text
+    return out
+
+
 def _ff_type(column: np.ndarray) -> str:
     ff_type = _FF_OF_DTYPE.get(column.dtype)
     if ff_type is not None:
@@ -338,6 +382,9 @@ def _schema_datum_bytes(frame: Frame) -> tuple[bytes, bytes]:
     Each group's rows are written by one orjson call; ``_ffjson.datum`` interleaves them into the
     records with the constant JSON around them (no Python object per record).
     """
+    columns = exact_columns(frame.columns)
+    if columns is not frame.columns:
+        frame = Frame(columns, frame.parameters)
     groups = type_groups(frame)
     schema = _schema_json(tuple((t, tuple(names)) for t, names in groups))
     if not groups or frame.num_rows == 0:

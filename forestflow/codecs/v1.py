@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from forestflow.core.declared import NotRepresentable, numbers_as
 from forestflow.core.frame import DATATYPES, NUMERIC_DATATYPES, Frame, TensorSpec
 from forestflow.errors import InvalidInput
 
@@ -62,9 +63,12 @@ def _scalar_column(name: str, values: list[Any], spec: TensorSpec | None) -> np.
         if datatype.startswith("FP"):
             values = [np.nan if v is None else v for v in values]
         try:
-            return np.array(values, dtype=DATATYPES[datatype])
-        except (ValueError, TypeError, OverflowError):
-            raise InvalidInput(f"input {name!r}: values do not fit {datatype}") from None
+            raw = np.array(values)
+        except ValueError:  # ragged
+            raw = np.array([None])
+        if raw.dtype.kind not in "iuf" or raw.ndim != 1:
+            raise InvalidInput(f"input {name!r}: values do not fit {datatype}")
+        return _fitted(name, raw, datatype)
     if datatype == "BOOL" and all(isinstance(v, bool) for v in values):
         return np.array(values, dtype=np.bool_)
     try:
@@ -78,13 +82,22 @@ def _scalar_column(name: str, values: list[Any], spec: TensorSpec | None) -> np.
     return arr
 
 
-def _typed_rows(raw: np.ndarray, datatype: str) -> np.ndarray | None:
+def _fitted(name: str, raw: np.ndarray, datatype: str) -> np.ndarray:
+    """Numbers as the numeric ``datatype``; a 400 naming the input for one it cannot hold (a fraction
+    or out of range for an integer type, past a float type's range), never truncated or wrapped."""
+    try:
+        return numbers_as(raw, datatype)
+    except NotRepresentable as exc:
+        raise InvalidInput(f"input {name!r}: {exc}") from None
+
+
+def _typed_rows(name: str, raw: np.ndarray, datatype: str) -> np.ndarray | None:
     """``raw`` (as JSON gave it) in the input's datatype; None when its values are of the wrong kind."""
     if datatype in NUMERIC_DATATYPES:
         target = DATATYPES[datatype]
         if raw.dtype.kind not in "iuf" or (raw.dtype.kind == "f" and target.kind in "iu"):
             return None  # strings, booleans, or fractions for an integer input
-        return raw.astype(target)
+        return _fitted(name, raw, datatype)
     if datatype == "BOOL":
         return raw if raw.dtype.kind == "b" else None
     if datatype == "BYTES":
@@ -100,7 +113,7 @@ def _vector_column(name: str, values: list[Any], spec: TensorSpec, where: Where)
     try:
         raw = np.array(values)
         if raw.dtype.kind != "O" and _fits(raw.shape[1:], dims):
-            typed = _typed_rows(raw, spec.datatype)
+            typed = _typed_rows(name, raw, spec.datatype)
             if typed is not None:
                 return typed
     except (ValueError, OverflowError):
@@ -114,7 +127,7 @@ def _vector_column(name: str, values: list[Any], spec: TensorSpec, where: Where)
         if row is None or row.dtype.kind == "O" or not _fits(row.shape, dims):
             got = f"shape {list(row.shape)}" if row is not None and row.dtype.kind != "O" else "a ragged or mixed value"
             raise InvalidInput(f"{where(i)}: input {name!r} ({declared}) takes shape {list(dims)} per instance, got {got}")
-        if _typed_rows(row, spec.datatype) is None:
+        if _typed_rows(name, row, spec.datatype) is None:
             raise InvalidInput(f"{where(i)}: input {name!r} expects {spec.datatype} values, got {_short(value)}")
     try:  # every row is right on its own: the values themselves do not fit the datatype
         return np.array(values, dtype=DATATYPES.get(spec.datatype))

@@ -9,8 +9,10 @@ The layout is detected (TrustyAI's rule: several tensors are pd; one tensor name
 input is np) unless ``parameters.content_type`` says "np" or "pd". The ambiguous single tensor
 ``[1, K]`` is resolved with the model's inputs: named after a one-value-per-row input it is K rows
 of that feature (pd), otherwise it is one row of K features (np, K must equal the input count).
-Outputs are always batch-first: ``[N, k]`` (or ``[N]`` when every request tensor was 1-D), never
-TrustyAI's ``[1, N*k]`` that its reader cannot split into rows. An input whose own
+Outputs are always batch-first, never TrustyAI's ``[1, N*k]`` that its reader cannot split into
+rows: ``[N, k]``, and a one-value output ``[N, 1]`` when the request was a table of two axes (np,
+or pd columns ``[N, 1]`` / ``[1, N]``) or the output is declared ``[-1, 1]``, else ``[N]`` (a
+vector input sent as ``[N, 4]`` is not a table: an output declared ``[-1]`` is answered ``[N]``). An input whose own
 ``parameters.content_type`` is ``base64`` (MLServer's Base64Codec) reaches the model decoded.
 """
 
@@ -41,6 +43,8 @@ class Layout:
     rank: int
     #: Whether the client named the layout in ``parameters.content_type`` (then it is echoed).
     explicit: bool = False
+    #: The declared shapes of the model's outputs, by name (answers follow them).
+    outputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 def requested_content_type(parameters: dict[str, Any]) -> str | None:
@@ -163,8 +167,11 @@ def _specs_by_name(specs: Sequence[TensorSpec]) -> dict[str, TensorSpec]:
     return by_name
 
 
-def decode_inputs(tensors: Sequence[Tensor], specs: Sequence[TensorSpec], parameters: dict[str, Any]) -> tuple[Frame, Layout]:
-    """Turn request tensors into a Frame of the model's inputs, and remember the layout."""
+def decode_inputs(
+    tensors: Sequence[Tensor], specs: Sequence[TensorSpec], parameters: dict[str, Any], outputs: Sequence[TensorSpec] = ()
+) -> tuple[Frame, Layout]:
+    """Turn request tensors into a Frame of the model's inputs, and remember the layout (and the
+    declared ``outputs``, which the answer follows)."""
     if not tensors:
         raise InvalidInput("inputs: at least one input tensor is required")
     asked = requested_content_type(parameters)
@@ -181,21 +188,37 @@ def decode_inputs(tensors: Sequence[Tensor], specs: Sequence[TensorSpec], parame
             names = ", ".join(t.name for t in tensors)
             raise InvalidInput(f"the np layout takes one input tensor holding every feature, got {len(tensors)}: {names}")
         columns = _decode_np(tensors[0], specs)
-        rank = 2
+        vector = len(specs) == 1 and len(specs[0].shape) > 1  # the one input takes a vector: a tensor, not a table
+        rank = 1 if vector else 2
+        loose = frozenset() if vector else frozenset(columns)
     else:
         columns = _decode_pd(tensors, by_name)
-        rank = 1 if all(t.array.ndim <= 1 for t in tensors) else 2
-    frame = Frame(columns, dict(parameters))
-    return frame, Layout(layout, rank, asked is not None)
+        rank = 1 if all(not _tabular_2d(t, by_name.get(t.name)) for t in tensors) else 2
+        loose = frozenset()
+    frame = Frame(columns, dict(parameters), loose)
+    declared = tuple((s.name, tuple(s.shape)) for s in outputs)
+    return frame, Layout(layout, rank, asked is not None, declared)
+
+
+def _tabular_2d(tensor: Tensor, spec: TensorSpec | None) -> bool:
+    """Whether a pd tensor has a second axis because of a tabular layout (MLServer's [N, 1], TrustyAI's
+    [1, N] of a one-value-per-row feature), not because its input takes a vector per row."""
+    if tensor.array.ndim <= 1:
+        return False
+    return spec is None or _per_row_dims(spec) in ((), (1,))
 
 
 def encode_outputs(frame: Frame, layout: Layout, requested: Sequence[str] | None = None) -> list[Tensor]:
     """The output tensors of a scored Frame, batch-first, in the requested order (else all)."""
     if requested:
         frame = frame.select(list(requested))
+    declared = dict(layout.outputs)
     out = []
     for name, column in frame.columns.items():
-        array = column.reshape(len(column), 1) if column.ndim == 1 and layout.rank == 2 else column
+        shape = declared.get(name)
+        # [N, 1] for a tabular request (TrustyAI's reader needs two axes) or an output declared [-1, 1]
+        two_d = layout.rank == 2 or (shape is not None and len(shape) >= 2)
+        array = column.reshape(len(column), 1) if column.ndim == 1 and two_d else column
         out.append(Tensor(name, datatype_of(column), array))
     return out
 

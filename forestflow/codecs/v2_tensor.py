@@ -20,12 +20,15 @@ from typing import Any
 
 import numpy as np
 
+from forestflow.core.declared import NotRepresentable, numbers_as
 from forestflow.core.frame import DATATYPES
 from forestflow.errors import InvalidInput
 
 _LENGTH = struct.Struct("<I")
-_INTEGER = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
 _FLOAT = frozenset({"FP16", "FP32", "FP64"})
+#: Most dimensions of a tensor, and most bytes its dimensions may describe (numpy's limits).
+_MAX_DIMS = 32
+_MAX_BYTES = np.iinfo(np.intp).max
 #: The tensor ``parameters.content_type`` of BYTES sent as base64 text in JSON.
 BASE64 = "base64"
 
@@ -68,7 +71,17 @@ def check_header(name: str, datatype: Any, shape: Any, what: str = "input") -> t
         raise InvalidInput(f"{what} {name!r}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
     if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidInput(f"{what} {name!r}: shape must be a list of non-negative integers, got {shape!r}")
-    return DATATYPES[datatype], tuple(shape)
+    dtype = DATATYPES[datatype]
+    # numpy refuses an array whose dimensions (zeros aside) multiply past its index range, even an
+    # empty one ([1, 2^62, 2^62, 0]), and more than _MAX_DIMS of them.
+    if len(shape) > _MAX_DIMS or math.prod(d for d in shape if d) * dtype.itemsize > _MAX_BYTES:
+        raise InvalidInput(f"{what} {name!r}: shape {_short_shape(shape)} is larger than any tensor can be")
+    return dtype, tuple(shape)
+
+
+def _short_shape(shape: Sequence[int]) -> str:
+    text = str(list(shape))
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def element_count(shape: Sequence[int]) -> int:
@@ -167,21 +180,10 @@ def _array_from_flat(
         kind = "f"
     if kind not in "biuf":
         raise InvalidInput(f"{what} {name!r}: {datatype} data must be numbers in range, got {raw[0]!r}")
-    if datatype in _INTEGER:
-        if kind == "f" and not np.all(np.isfinite(raw) & (raw == np.trunc(raw))):
-            raise InvalidInput(f"{what} {name!r}: {datatype} data must be integers")
-        info = np.iinfo(dtype)
-        low, high = raw.min(), raw.max()  # compared as Python numbers: uint64 vs int64 bounds
-        if (int(low) if kind in "biu" else float(low)) < info.min or (int(high) if kind in "biu" else float(high)) > info.max:
-            raise InvalidInput(f"{what} {name!r}: value out of range for {datatype}")
-        return raw.astype(dtype).reshape(dims)
-    if datatype == "FP64":
-        return raw.astype(dtype, copy=False).reshape(dims)
-    with np.errstate(over="ignore"):
-        out = raw.astype(dtype)
-    if kind == "f" and np.any(np.isinf(out) & np.isfinite(raw)):
-        raise InvalidInput(f"{what} {name!r}: value out of range for {datatype}")
-    return out.reshape(dims)
+    try:
+        return numbers_as(raw, datatype).reshape(dims)
+    except NotRepresentable as exc:
+        raise InvalidInput(f"{what} {name!r}: {exc}") from None
 
 
 def array_from_raw(name: str, datatype: Any, shape: Any, buf: bytes | memoryview, what: str = "input") -> np.ndarray:

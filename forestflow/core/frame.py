@@ -71,6 +71,9 @@ class Frame:
 
     columns: dict[str, np.ndarray]
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: Columns whose datatype the request could not choose one by one (a V2 np tensor holds every
+    #: feature in one datatype): not held to the datatypes the model declares (core/declared.py).
+    loose_datatypes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         lengths = {len(col) if col.ndim else -1 for col in self.columns.values()}

@@ -209,11 +209,49 @@ static void score_rows(const Model *m) {
     }
 }
 
+/* NULL when every root, target, child, column and bitset of the tables is in range and every
+ * child comes after its parent (so a walk always ends); else what is wrong. */
+static const char *check_layout(const int32_t *nodes, Py_ssize_t n_nodes, Py_ssize_t n_bits, const int32_t *roots, const int32_t *target,
+                                Py_ssize_t n_trees, Py_ssize_t n_features, Py_ssize_t width) {
+    Py_ssize_t t, k;
+    for (t = 0; t < n_trees; t++)
+        if (roots[t] < 0 || roots[t] >= n_nodes || target[t] < 0 || target[t] >= width)
+            return "a tree's root or target is out of range";
+    for (k = 0; k < n_nodes; k++) {
+        const int32_t *nd = nodes + k * N_WIDTH;
+        if (nd[N_KIND] == LEAF)
+            continue;
+        if (nd[N_KIND] < LEAF || nd[N_KIND] > NA_VS_REST || nd[N_COL] < 0 || nd[N_COL] >= n_features || nd[N_LEFT] < 0 ||
+            nd[N_LEFT] >= n_nodes || nd[N_RIGHT] < 0 || nd[N_RIGHT] >= n_nodes || nd[N_BCOUNT] < 0 ||
+            (nd[N_KIND] == BITSET && nd[N_BSTART] < 0) ||
+            (nd[N_BSTART] >= 0 && (Py_ssize_t)nd[N_BSTART] + ((Py_ssize_t)nd[N_BCOUNT] + 7) / 8 > n_bits))
+            return "a node refers outside the tables";
+        if (nd[N_LEFT] <= k || nd[N_RIGHT] <= k)
+            return "a node's child does not come after it (a cycle)";
+    }
+    return NULL;
+}
+
+/* NULL when the parameters name a known algorithm, family, link and version, and the class count
+ * fits the prediction width score_rows writes (p[2] for binomial, p[1..nclasses] for classes). */
+static const char *check_params(const double *pr, Py_ssize_t width) {
+    double ncl = pr[P_NCLASSES];
+    int classes;
+    if (!(pr[P_ALGO] == ALGO_GBM || pr[P_ALGO] == ALGO_DRF) || !(pr[P_FAMILY] >= 0 && pr[P_FAMILY] <= FAMILY_REGRESSION) ||
+        pr[P_FAMILY] != floor(pr[P_FAMILY]) || !(pr[P_LINK] >= 0 && pr[P_LINK] <= LINK_INVERSE) || pr[P_LINK] != floor(pr[P_LINK]) ||
+        !(pr[P_VERSION] >= 0 && pr[P_VERSION] <= 2) || !(ncl >= 1 && ncl <= 65536) || ncl != floor(ncl))
+        return "unknown algorithm, family, link, version or class count";
+    classes = pr[P_ALGO] == ALGO_GBM ? pr[P_FAMILY] != FAMILY_REGRESSION : ncl > 1;
+    if (classes && (ncl < 2 || width != (Py_ssize_t)ncl + 1 || (pr[P_ALGO] == ALGO_GBM && pr[P_FAMILY] == FAMILY_BINOMIAL && width != 3)))
+        return "the prediction width does not fit the family and class count";
+    return NULL;
+}
+
 PyDoc_STRVAR(score_doc,
 "score(X, offsets, nodes, values, bits, roots, target, dom_len, params, prior, model_distrib, preds, ties)\n\n"
 "score0 of every row of X (float64, rows x features, NaN = NA) into preds (float64, rows x width,\n"
 "zeroed); ties[i] (uint8) is set to 1 where a multinomial label needs genmodel's tie-breaking.\n"
-"The tables must have passed check_tables() (the walk does not check bounds).\n"
+"The tables and parameters are checked first (as check_tables() does): a ValueError, never a walk out of bounds.\n"
 "nodes is int32 (nodes x 8), values float64 (nodes), bits uint8, roots and target int32 (trees),\n"
 "dom_len int64 (features), params float64 (10), prior and model_distrib float64 (classes).");
 
@@ -267,6 +305,15 @@ static PyObject *score(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "score(): array shapes do not fit one another");
         goto done;
     }
+    {
+        const char *error = check_params(m.params, m.width);
+        if (error == NULL)
+            error = check_layout(m.nodes, m.n_nodes, m.n_bits, m.roots, m.target, m.n_trees, m.n_features, m.width);
+        if (error != NULL) {
+            PyErr_Format(PyExc_ValueError, "score(): %s", error);
+            goto done;
+        }
+    }
     Py_BEGIN_ALLOW_THREADS
     score_rows(&m);
     Py_END_ALLOW_THREADS
@@ -282,12 +329,12 @@ done:
 
 PyDoc_STRVAR(check_tables_doc,
 "check_tables(nodes, values, bits, roots, target, n_features, width)\n\n"
-"Raises ValueError unless every root, child, column, target and bitset of the tables is in range:\n"
-"score() walks them without bounds checks, so a scorer checks its tables once, when it is built.");
+"Raises ValueError unless every root, child, column, target and bitset of the tables is in range and\n"
+"every child comes after its parent: a scorer checks its tables when it is built (score() checks again).");
 
 static PyObject *check_tables(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *o_nodes, *o_values, *o_bits, *o_roots, *o_target;
-    Py_ssize_t n_features, width, n_nodes, n_bits, n_trees, t, k;
+    Py_ssize_t n_features, width, n_nodes, n_bits, n_trees;
     Py_buffer nodes_v, values_v, bits_v, roots_v, target_v;
     const int32_t *nodes, *roots, *target;
     const char *error = NULL;
@@ -311,18 +358,8 @@ static PyObject *check_tables(PyObject *Py_UNUSED(self), PyObject *args) {
     n_trees = dim(&roots_v, 0);
     if (dim(&nodes_v, 1) != N_WIDTH || dim(&values_v, 0) != n_nodes || dim(&target_v, 0) != n_trees)
         error = "the node, value, root and target tables do not fit one another";
-    for (t = 0; error == NULL && t < n_trees; t++)
-        if (roots[t] < 0 || roots[t] >= n_nodes || target[t] < 0 || target[t] >= width)
-            error = "a tree's root or target is out of range";
-    for (k = 0; error == NULL && k < n_nodes; k++) {
-        const int32_t *nd = nodes + k * N_WIDTH;
-        if (nd[N_KIND] == LEAF)
-            continue;
-        if (nd[N_KIND] < LEAF || nd[N_KIND] > NA_VS_REST || nd[N_COL] < 0 || nd[N_COL] >= n_features || nd[N_LEFT] < 0 ||
-            nd[N_LEFT] >= n_nodes || nd[N_RIGHT] < 0 || nd[N_RIGHT] >= n_nodes || nd[N_BCOUNT] < 0 ||
-            (nd[N_BSTART] >= 0 && (Py_ssize_t)nd[N_BSTART] + ((Py_ssize_t)nd[N_BCOUNT] + 7) / 8 > n_bits))
-            error = "a node refers outside the tables";
-    }
+    else
+        error = check_layout(nodes, n_nodes, n_bits, roots, target, n_trees, n_features, width);
     if (error != NULL)
         PyErr_Format(PyExc_ValueError, "check_tables(): %s", error);
     PyBuffer_Release(&target_v);
@@ -343,7 +380,7 @@ PyDoc_STRVAR(decisions_doc,
 "decisions(X, nodes, values, bits, dom_len, params, out)\n\n"
 "For every row of X and every internal node of the tables, whether scoring sends the row right\n"
 "(out: uint8, rows x nodes, 1 = right; leaves get 0), with exactly score()'s decisions: TreeSHAP\n"
-"(runtime/treeshap.py) reads them. The tables must have passed check_tables().");
+"(runtime/treeshap.py) reads them. The tables are checked as check_tables() checks them.");
 
 static PyObject *decisions(PyObject *Py_UNUSED(self), PyObject *args) {
     enum { D_X, D_NODES, D_VALUES, D_BITS, D_DOM_LEN, D_PARAMS, D_OUT, D_COUNT };
@@ -377,6 +414,15 @@ static PyObject *decisions(PyObject *Py_UNUSED(self), PyObject *args) {
         dim(&views[D_PARAMS], 0) != P_COUNT || dim(&views[D_OUT], 0) != m.n_rows || dim(&views[D_OUT], 1) != m.n_nodes) {
         PyErr_SetString(PyExc_ValueError, "decisions(): array shapes do not fit one another");
         goto done;
+    }
+    { /* the tables are checked here too: a walk out of bounds is never the answer */
+        const char *error = check_layout(m.nodes, m.n_nodes, m.n_bits, NULL, NULL, 0, m.n_features, 1);
+        if (error == NULL && !(m.params[P_VERSION] >= 0 && m.params[P_VERSION] <= 2))
+            error = "unknown tree version";
+        if (error != NULL) {
+            PyErr_Format(PyExc_ValueError, "decisions(): %s", error);
+            goto done;
+        }
     }
     Py_BEGIN_ALLOW_THREADS
     {

@@ -51,6 +51,9 @@ class Servable(abc.ABC):
     #: Whether the servable scores on the event loop, as a coroutine (``aload``/``apredict``), not
     #: in a thread: flavors that wait on the network (remote backends) rather than compute.
     runs_on_loop: bool = False
+    #: Whether ``predict`` converts each declared input to its datatype itself (with its own 400s):
+    #: the gateway then checks only the shapes of declared inputs, not their datatypes.
+    converts_inputs: bool = False
     #: Whether the servable explains its trees exactly: it then implements
     #: ``runtime.treeshap.TreeExplainable`` (``shap_inputs``). A flavor may decide at load (an H2O
     #: MOJO scored natively does; one scored by genmodel does not). Other servables may still be

@@ -29,7 +29,7 @@ from forestflow.errors import CreateServableRequestInvalidError, PredictionFaile
 from forestflow.runtime import inline_probe, jvm
 from forestflow.runtime.base import Servable, ServableMetadata
 from forestflow.runtime.h2o_inputs import NA, UNSEEN, ModelColumn, build_matrix, missing_columns
-from forestflow.runtime.h2o_tree_reader import NativeUnsupported, parse_model_ini
+from forestflow.runtime.h2o_tree_reader import InvalidMojo, NativeUnsupported, parse_model_ini
 
 if TYPE_CHECKING:
     from forestflow.runtime.h2o_native import NativeTreeScorer
@@ -87,6 +87,8 @@ class H2OMojoServable(Servable):
     reads_parameters = False
     #: A batch crosses into Java (or the native scorer) in one call: concurrent requests may share it.
     batchable = True
+    #: Numbers for a categorical (as their text) and numeric strings for a number are read as genmodel reads them.
+    converts_inputs = True
 
     def __init__(self, fqrv: Any, artifact_dir: Path, settings: dict[str, Any]) -> None:
         super().__init__(fqrv, artifact_dir, settings)
@@ -156,6 +158,8 @@ class H2OMojoServable(Servable):
                 return
             except NativeUnsupported as exc:
                 why_not_native = str(exc)
+            except InvalidMojo as exc:  # malformed: not handed to genmodel either
+                raise CreateServableRequestInvalidError(f"MOJO file {path.name!r} is invalid: {exc}") from None
             except CreateServableRequestInvalidError:
                 raise
             except Exception as exc:  # a MOJO the reader does not understand: genmodel may

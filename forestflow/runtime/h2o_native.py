@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from forestflow.runtime import _h2o_trees
-from forestflow.runtime.h2o_tree_reader import LINKS, TreeModel
+from forestflow.runtime.h2o_tree_reader import LINKS, TreeModel, TreeTable
 
 # Slots of the packed parameters (_h2o_trees.c reads them in this order).
 _GBM, _DRF = 0, 1
@@ -89,28 +89,19 @@ def break_tie(p: np.ndarray, row: np.ndarray, prior: list[float] | None) -> int:
     raise RuntimeError("no tied class found")
 
 
+def node_table(t: TreeTable) -> np.ndarray:
+    """The int32 node table the C kernel reads (one row per node, its columns in _h2o_trees.c's order)."""
+    columns = [t.kind, t.column, t.na_left, t.left, t.right, t.bits_start, t.bits_offset, t.bits_count]
+    return np.ascontiguousarray(np.stack([c.astype(np.int32) for c in columns], axis=1), dtype=np.int32)
+
+
 class NativeTreeScorer:
     """Scores encoded rows for one GBM/DRF model exactly as genmodel's ``score0`` does."""
 
     def __init__(self, model: TreeModel) -> None:
         self.model = model
         t = model.trees
-        self._nodes = np.ascontiguousarray(
-            np.stack(
-                [
-                    t.kind.astype(np.int32),
-                    t.column,
-                    t.na_left.astype(np.int32),
-                    t.left,
-                    t.right,
-                    t.bits_start,
-                    t.bits_offset,
-                    t.bits_count,
-                ],
-                axis=1,
-            ),
-            dtype=np.int32,
-        )
+        self._nodes = node_table(t)
         self._values, self._bits, self._roots, self._target = t.split, t.bits, t.roots, t.target
         features = model.domains[: model.n_features]
         self._dom_len = np.array([-1 if d is None else len(d) for d in features], dtype=np.int64)
@@ -195,4 +186,4 @@ class NativeTreeScorer:
         return time.perf_counter() - start
 
 
-__all__ = ["NativeTreeScorer", "break_tie"]
+__all__ = ["NativeTreeScorer", "break_tie", "node_table"]

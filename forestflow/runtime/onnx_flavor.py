@@ -90,6 +90,8 @@ class OnnxServable(Servable):
     reads_parameters = False
     #: One session call scores a whole batch: its fixed cost (feeds, the call, outputs) is paid once.
     batchable = True
+    #: Values are converted to each input's element type (onnx_io.coerce, with its own 400s).
+    converts_inputs = True
 
     def __init__(self, fqrv: FQRV, artifact_dir: Path, settings: dict[str, Any]) -> None:
         super().__init__(fqrv, artifact_dir, settings)

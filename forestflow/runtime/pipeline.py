@@ -139,6 +139,8 @@ class PipelineServable(Servable):
         self.max_concurrency = min(limits) if limits else None
         # Request parameters reach every step, so requests are only scored together when theirs agree.
         self.reads_parameters = any(s.reads_parameters for s in servables)
+        # A step that converts what it is given (H2O, ONNX) is held to its own checks, not the gateway's.
+        self.converts_inputs = any(s.converts_inputs for s in servables)
         self._meta = self._build_metadata(spec, file_name)
         self.ready = True
 

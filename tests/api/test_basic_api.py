@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from forestflow._proto import forestflow_pb2 as pb
 from tests.support import InProcessGateway, python_servable, score_body
@@ -20,6 +23,14 @@ async def score(gw: InProcessGateway, body: Any, path: str = "/acme/demo/1/score
     async with gw.session.post(gw.url + path, **kwargs) as r:
         assert r.headers["Content-Type"] == "application/json"
         return r.status, await r.json()
+
+
+async def score_protobuf(gw: InProcessGateway, request: pb.InferenceRequest) -> tuple[int, bytes]:
+    """POST a protobuf InferenceRequest to /score: the status and the body."""
+    async with gw.session.post(
+        gw.url + "/acme/demo/1/score", data=request.SerializeToString(), headers={"Content-Type": "application/x-protobuf"}
+    ) as r:
+        return r.status, await r.read()
 
 
 async def test_deploy_and_score_mixed_batch(gw: InProcessGateway) -> None:
@@ -46,11 +57,9 @@ async def test_protobuf_score_body(gw: InProcessGateway) -> None:
     entry.fields.append("x")
     for x in (1.0, 2.0):
         request.datum.add().tensors.add().Float64.data.append(x)
-    async with gw.session.post(
-        gw.url + "/acme/demo/1/score", data=request.SerializeToString(), headers={"Content-Type": "application/x-protobuf"}
-    ) as r:
-        assert r.status == 200
-        prediction = pb.Prediction.FromString(await r.read())
+    status, answer = await score_protobuf(gw, request)
+    assert status == 200
+    prediction = pb.Prediction.FromString(answer)
     assert [d.tensors[0].Float64.data[0] for d in prediction.datum] == [2.0, 4.0]
     assert prediction.fqrv.release_version == "v1"
 
@@ -236,3 +245,53 @@ async def test_contracts_named_in_paths_are_cached_within_a_bound(gw: InProcessG
     async with gw.session.post(gw.url + "/v2/models/acme.demo.1/infer", json={"inputs": []}) as r:
         assert r.status != 404
     assert v2_common._MODEL_CONTRACTS.get("acme.demo.1") is not None
+
+
+async def test_values_a_declared_type_cannot_hold_are_400_naming_the_field(gw: InProcessGateway) -> None:
+    """JSON (the C reader declines these, the Python path answers) and protobuf; each value used to be
+    changed silently: 1.5 -> 1, -1.9 -> -1, 1e39 -> inf, 70000 -> inf."""
+    await deploy(gw, python_servable())
+    cases = [
+        ("Int64", 1.5, "field 'n': Int64 data must be integers"),
+        ("Int8", -1.9, "field 'n': Int8 data must be integers"),
+        ("Int8", 300, "field 'n': value out of range for Int8"),
+        ("Int16", "70000", "field 'n': value out of range for Int16"),
+        ("Float32", 1e39, "field 'n': value out of range for Float32"),
+        ("Float16", 70000, "field 'n': value out of range for Float16"),
+    ]
+    for ff_type, value, message in cases:
+        body = {
+            "schema": [{"type": "Float64", "fields": ["x"]}, {"type": ff_type, "fields": ["n"]}],
+            "datum": [{"tensors": [{"Float64": {"data": [1.0]}}, {ff_type: {"data": [value]}}]}],
+        }
+        status, payload = await score(gw, body)
+        assert status == 400, (ff_type, value, payload)
+        assert message in payload["error"], payload
+    request = pb.InferenceRequest()
+    request.schema.add(type=pb.TensorType.Value("Int8"), fields=["n"])
+    request.datum.add().tensors.add().Int8.data.append(300)
+    status, answer = await score_protobuf(gw, request)
+    assert status == 400 and "field 'n': value out of range for Int8" in orjson.loads(answer)["error"], answer
+    fine = {"schema": [{"type": "Int8", "fields": ["n"]}], "datum": [{"tensors": [{"Int8": {"data": [-128]}}]}]}
+    assert (await score(gw, fine))[0] == 200
+
+
+async def test_uint64_answers_past_int64_read_back_exactly_in_protobuf_and_json(gw: InProcessGateway) -> None:
+    """They were written as negative Int64 in the protobuf answer (and the Kafka event)."""
+    await deploy(gw, python_servable(directory=Path(__file__).with_name("servables"), module="uint64.py"))
+    request = pb.InferenceRequest()
+    request.schema.add(type=pb.Float64, fields=["x"])
+    for x in (0.0, 7.0):
+        request.datum.add().tensors.add().Float64.data.append(x)
+    status, answer = await score_protobuf(gw, request)
+    assert status == 200
+    prediction = pb.Prediction.FromString(answer)
+    assert [(e.type, list(e.fields)) for e in prediction.schema] == [(pb.String, ["big"]), (pb.Int64, ["fits"])]
+    assert [(d.tensors[0].String.data[0], d.tensors[1].Int64.data[0]) for d in prediction.datum] == [
+        (str(2**64 - 1), 0),
+        (str(2**64 - 8), 7),
+    ]
+    status, payload = await score(
+        gw, {"schema": [{"type": "Float64", "fields": ["x"]}], "datum": [{"tensors": [{"Float64": {"data": [7]}}]}]}
+    )
+    assert status == 200 and payload["Prediction"]["datum"][0]["tensors"][0] == {"String": {"data": [str(2**64 - 8)]}}, payload

@@ -144,6 +144,29 @@ async def test_corrupt_and_non_mojo_zips_are_422_and_others_keep_serving(gw: InP
         assert [e["FQRV"]["releaseVersion"] for e in await r.json()] == ["r1"]
 
 
+async def test_a_malformed_mojo_is_a_422_naming_it_and_what_is_wrong(gw: InProcessGateway, tmp_path: Path) -> None:
+    """Crafted from a fixture: a bernoulli model of one class (the C scorer wrote past its rows) and a
+    169-byte tree whose left subtrees have size 0 (it flattened into 2^19 nodes)."""
+    from tests.runtime.test_h2o_invalid import BAD
+    from tests.runtime.test_h2o_native import edited_mojo
+
+    name = "prostate_gbm_binomial"
+    models = tmp_path / "models"  # not the gateway's data directory's parent: deploys from there are refused
+    models.mkdir()
+    for i, case in enumerate(("bernoulli with one class", "an exploding tree")):
+        source, ini, tree, reason = BAD[case]
+        mojo = edited_mojo(models, source, ini, {"trees/t00_000.bin": tree} if tree else None, name=f"crafted{i}.zip")
+        async with gw.session.post(
+            gw.url + "/servable", json=definition(name, release=f"bad{i}", directory=models, mojo=mojo)
+        ) as r:
+            payload = await r.json()
+        assert r.status == 422, payload
+        assert payload["code"] == "CreateServableRequestInvalidError"
+        assert f"MOJO file {mojo!r} is invalid" in payload["error"] and reason in payload["error"], payload
+    async with gw.session.get(gw.url + "/h2o/prostate-gbm-binomial/1/releases") as r:
+        assert r.status == 404 or await r.json() == [], "no malformed release was kept"
+
+
 async def test_metadata_names_the_scorer_the_gateway_setting_picked(tmp_path: Path) -> None:
     """h2o_scorer = auto: the GBM natively, the GLM with genmodel; = jvm: both with genmodel."""
     from tests.support import serve_in_process

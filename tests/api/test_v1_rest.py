@@ -73,3 +73,32 @@ async def test_bad_predict_requests(gw: InProcessGateway, payload: Any, status: 
         assert r.status == 404
     async with gw.session.post(gw.url + PREDICT, json={"instances": [[1, 1, 1]]}) as r:
         assert await r.json() == {"predictions": [{"y": 6.0, "pair": [1.0, 6.0]}]}
+
+
+@pytest.mark.parametrize(
+    ("instances", "mentions"),
+    [
+        ([{"q": [300, 1], "u": 1}], "input 'q': value out of range for INT8"),  # was answered as 44 + 1 + 1
+        ([[[1, -129], 1]], "input 'q': value out of range for INT8"),
+        ([{"q": [1, 2], "u": -1}], "input 'u': value out of range for UINT8"),  # was answered as 255
+        ([{"q": [1, 2], "u": 256}], "input 'u': value out of range for UINT8"),
+        ([{"q": [1, 2], "u": 1.5}], "input 'u': UINT8 data must be integers"),
+    ],
+)
+async def test_values_an_integer_input_cannot_hold_are_400(gw: InProcessGateway, instances: Any, mentions: str) -> None:
+    async with gw.session.post(gw.url + "/servable", json=python_servable(directory=LINEAR, module="typed.py")) as r:
+        assert r.status == 200, await r.text()
+    async with gw.session.post(gw.url + PREDICT, json={"instances": [{"q": [100, 27], "u": 255}]}) as r:
+        assert (r.status, await r.json()) == (200, {"predictions": [382]})
+    async with gw.session.post(gw.url + PREDICT, json={"instances": instances}) as r:
+        body = await r.json()
+        assert r.status == 400, body
+        assert mentions in body["error"], body
+
+
+async def test_a_float_past_an_fp32_inputs_range_is_400(gw: InProcessGateway) -> None:
+    async with gw.session.post(gw.url + "/servable", json=python_servable(directory=LINEAR, module="vector.py")) as r:
+        assert r.status == 200, await r.text()
+    async with gw.session.post(gw.url + PREDICT, json={"instances": [[1e39, 0, 0, 0]]}) as r:
+        body = await r.json()
+        assert r.status == 400 and "input 'INPUT0': value out of range for FP32" in body["error"], body

@@ -124,7 +124,15 @@ async def test_errors_map_to_status_codes_and_the_server_keeps_serving(v2: tuple
     mismatch["raw_input_contents"] = mismatch["raw_input_contents"][:1]
     short = raw_request([1.0, 2.0], [b"a", b"b"])
     short["raw_input_contents"][0] = b"\x00" * 12
+    huge = M["ModelInferRequest"](model_name=MODEL)
+    huge.inputs.add(name="x", datatype="FP64", shape=[1, 2**62, 2**62, 0])
     cases = [
+        (
+            {"model_name": MODEL, "inputs": huge.inputs, "raw_input_contents": [b""]},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "'x': shape",
+        ),
+        ({"model_name": MODEL, "inputs": huge.inputs}, grpc.StatusCode.INVALID_ARGUMENT, "'x': shape"),
         (raw_request([1.0], [b"a"]) | {"model_name": "no.such.1"}, grpc.StatusCode.NOT_FOUND, "no.such.1"),
         (raw_request([1.0], [b"a"]) | {"model_version": "v9"}, grpc.StatusCode.NOT_FOUND, "v9"),
         (mismatch, grpc.StatusCode.INVALID_ARGUMENT, "raw_input_contents"),

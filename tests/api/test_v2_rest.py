@@ -213,6 +213,17 @@ BAD_REQUESTS: list[tuple[str, Any, str]] = [
         "'echo'",
     ),
     ("bad content_type", {"parameters": {"content_type": "xml"}, "inputs": json_inputs([1.0], ["a"])}, "content_type"),
+    (
+        "shape product overflows",  # was a 500 with a traceback (numpy: array is too big)
+        {"inputs": [{"name": "x", "shape": [1, 2**62, 2**62, 0], "datatype": "FP64", "data": []}]},
+        "input 'x': shape [1, 4611686018427387904, 4611686018427387904, 0] is larger than any tensor can be",
+    ),
+    (
+        "binary shape product overflows",
+        b'{"inputs": [{"name": "x", "shape": [2, 4611686018427387904, 4, 0], "datatype": "FP32",'
+        b' "parameters": {"binary_data_size": 0}}]}',
+        "'x': shape",
+    ),
 ]
 
 

@@ -177,7 +177,7 @@ def test_random_score_bodies_decode_as_the_python_path_does() -> None:
         ),
         (
             b'{"schema": [{"type": "Int8", "fields": ["a"]}], "datum": [{"tensors": [{"Int8": {"data": [300]}}]}]}',
-            "field 'a': values are not valid Int8 numbers",
+            "field 'a': value out of range for Int8",
         ),
         (
             b'{"schema": [{"type": "String", "fields": ["a"]}], "datum": [{"tensors": [{"String": {"data": ["\\ud800"]}}]}]}',
@@ -191,6 +191,18 @@ def test_random_score_bodies_decode_as_the_python_path_does() -> None:
 )
 def test_bad_bodies_get_the_messages_they_always_got(body: bytes, message: str) -> None:
     assert _python_path(body) == message
+    assert _front_end(body) == message
+
+
+@pytest.mark.parametrize("name", ["Float64\u0000junk", "Int8\u0000", "String\u0000\u0000"])
+def test_a_type_name_with_a_nul_inside_is_refused_by_both_paths(name: str) -> None:
+    """The C reader compared the UTF-8 name with strcmp, so "Float64\\0junk" read as Float64."""
+    key = name.split("\u0000")[0]
+    value = "a" if key == "String" else 1
+    body = orjson.dumps({"schema": [{"type": name, "fields": ["x"]}], "datum": [{"tensors": [{key: {"data": [value]}}]}]})
+    assert _ffjson.score_request(body) is None
+    message = _python_path(body)
+    assert isinstance(message, str) and message.startswith("schema[0].type: unknown tensor type"), message
     assert _front_end(body) == message
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 
 from forestflow._proto import forestflow_pb2 as pb
+from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings, LogLevel
 from forestflow.predlog.encode import decode_event, encode_event
 from forestflow.predlog.record import PredictionRecord
 from tests.codecs.test_ff_protobuf import prediction_to_proto, request_to_proto
+from tests.predlog import make_record
 from tests.predlog.test_encode_json import records
 
 
@@ -128,3 +131,19 @@ def test_record_fields_keep_the_order_the_service_builds_them_in() -> None:
         "pinned",
         "feedback",
     ]
+
+
+def test_uint64_values_past_int64_reach_consumers_as_their_digits() -> None:
+    """In the request and the prediction of an event (they were negative Int64 values)."""
+    big = np.array([2**64 - 1], dtype=np.uint64)
+    record = dataclasses.replace(
+        make_record(1),
+        request=Frame.from_columns({"id": big, "x": np.array([1.0])}),
+        response=Frame.from_columns({"hash": big - np.uint64(1), "n": np.array([3], dtype=np.uint64)}),
+    )
+    event = decode_event(encode_event(record))
+    assert event == event_to_proto(record)
+    assert [e.type for e in event.inferenceRequest.schema] == [pb.String, pb.Float64]
+    assert list(event.inferenceRequest.datum[0].tensors[0].String.data) == [str(2**64 - 1)]
+    assert list(event.prediction.datum[0].tensors[0].String.data) == [str(2**64 - 2)]
+    assert list(event.prediction.datum[0].tensors[1].Int64.data) == [3]

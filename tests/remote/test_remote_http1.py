@@ -123,3 +123,52 @@ async def test_refused_connection_and_an_answer_that_is_not_http(scripted: Scrip
     with pytest.raises(ValueError, match="line break"):
         await pool.post(pool.head("/x"), {"X-Bad": "a\r\nInjected: 1"}, b"", 5.0)
     pool.close()
+
+
+def chunked(*body: bytes, headers: str = "") -> bytes:
+    return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n" + headers.encode() + b"\r\n" + b"".join(body)
+
+
+BROKEN_FRAMING = {
+    "negative chunk size": (chunked(b"-6\r\nabcdef\r\n0\r\n\r\n"), "bad chunk size"),
+    "0x chunk size": (chunked(b"0x5\r\nabcde\r\n0\r\n\r\n"), "bad chunk size"),
+    "signed chunk size": (chunked(b"+5\r\nabcde\r\n0\r\n\r\n"), "bad chunk size"),
+    "underscored chunk size": (chunked(b"1_0\r\n0123456789abcdef\r\n0\r\n\r\n"), "bad chunk size"),
+    "chunk data without CRLF": (chunked(b"3\r\nabcXY0\r\n\r\n"), "not followed by CRLF"),
+    "endless chunk-size line": (chunked(b"5" * 5000), "chunk-size line too long"),
+    "signed Content-Length": (b"HTTP/1.1 200 OK\r\nContent-Length: +1_0\r\n\r\n0123456789", "bad Content-Length"),
+    "two Content-Lengths": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nab", "bad Content-Length"),
+    "Content-Length over the cap": (b"HTTP/1.1 200 OK\r\nContent-Length: 4097\r\n\r\n", "over 4096"),
+    "chunks over the cap": (chunked(b"800\r\n" + b"a" * 2048 + b"\r\n801\r\n"), "over 4096"),
+    "read-to-close over the cap": (b"HTTP/1.0 200 OK\r\n\r\n" + b"a" * 5000, "over 4096"),
+    "gzip past the cap": (ok(gzip.compress(b"z" * 5000), "Content-Encoding: gzip"), "inflates past 4096"),
+    "truncated gzip": (ok(gzip.compress(b"inflated")[:-6], "Content-Encoding: gzip"), "truncated"),
+    "gzip then junk": (ok(gzip.compress(b"inflated") + b"junk", "Content-Encoding: gzip"), "after its end"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_FRAMING)
+async def test_an_answer_that_breaks_the_framing_fails_its_call_and_closes_the_connection(scripted: Scripted, case: str) -> None:
+    answer, reason = BROKEN_FRAMING[case]
+    scripted.answers = [answer, ok(b"next")]
+    pool = Http1Pool(f"http://127.0.0.1:{scripted.port}", {}, 4, max_body=4096)
+    head = pool.head("/x")
+    with pytest.raises(ValueError, match=reason):
+        await asyncio.wait_for(pool.post(head, {}, b"", 5.0), 5.0)
+    assert (await pool.post(head, {}, b"", 5.0)).body == b"next"
+    assert scripted.connections == 2  # the broken one was closed, never reused
+    pool.close()
+
+
+async def test_gzip_members_are_all_inflated_and_sizes_are_hex(scripted: Scripted) -> None:
+    two = gzip.compress(b"first,") + gzip.compress(b"second")
+    scripted.answers = [
+        ok(two, "Content-Encoding: gzip"),
+        chunked(b"A\r\n0123456789\r\nf ; ext\r\n" + b"f" * 15 + b"\r\n0\r\nTrailer: x\r\n\r\n"),
+    ]
+    pool = Http1Pool(f"http://127.0.0.1:{scripted.port}", {}, 4)
+    head = pool.head("/x")
+    assert (await pool.post(head, {}, b"", 5.0)).body == b"first,second"
+    assert (await pool.post(head, {}, b"", 5.0)).body == b"0123456789" + b"f" * 15
+    assert scripted.connections == 1
+    pool.close()

@@ -180,9 +180,17 @@ async def test_pipeline_step_on_a_backend(tmp_path: Path, backend: V2Gateway, fr
     assert status == 200 and answer["Prediction"]["datum"][0]["tensors"][0]["Float64"]["data"] == [12.0], answer
     # Undeployed (unloaded on a thread): each remote step gives its connections back on the loop.
     from forestflow.runtime.remote import grpc_client, rest_client
+    from forestflow.runtime.remote.http1 import MAX_BODY
 
-    assert rest_client._SESSIONS.users(f'["{backend.url}",[]]') == 1 and grpc_client._CHANNELS.users(backend.grpc_target) == 1
+    assert (
+        rest_client._SESSIONS.users(rest_client.pool_key(backend.url, {}, MAX_BODY)) == 1
+        and grpc_client._CHANNELS.users(backend.grpc_target) == 1
+    )
     async with front.server.session.delete(front.url + "/acme/front/1/pipe") as r:
         assert r.status == 200
-    await wait_for(lambda: rest_client._SESSIONS.users(f'["{backend.url}",[]]') == 0, 10, "the REST step's session closed")
+    await wait_for(
+        lambda: rest_client._SESSIONS.users(rest_client.pool_key(backend.url, {}, MAX_BODY)) == 0,
+        10,
+        "the REST step's session closed",
+    )
     assert grpc_client._CHANNELS.users(backend.grpc_target) == 0

@@ -112,9 +112,12 @@ async def test_deploy_fails_422_naming_url_and_model(backend: V2Gateway, front: 
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])
 async def test_releases_calling_one_server_share_its_connections(backend: V2Gateway, front: V2Gateway, protocol: str) -> None:
     from forestflow.runtime.remote import grpc_client, rest_client
+    from forestflow.runtime.remote.http1 import MAX_BODY
 
     url = backend.url if protocol == "rest" else backend.grpc_target
-    pool, key = (rest_client._SESSIONS, f'["{url}",[]]') if protocol == "rest" else (grpc_client._CHANNELS, url)
+    pool, key = (
+        (rest_client._SESSIONS, rest_client.pool_key(url, {}, MAX_BODY)) if protocol == "rest" else (grpc_client._CHANNELS, url)
+    )
     keep_two = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 2}}, "router": {"LatestPhaseInPctBasedRouter": {}}}
     first = remote_servable(url, protocol=protocol, release="r1")
     first["contractSettings"] = keep_two

@@ -191,26 +191,35 @@ def test_native_refuses_what_it_cannot_score() -> None:
         make("prostate_gbm_binomial.zip", scorer="fast").load()
 
 
-def _edited_mojo(tmp_path: Path, source: str, edit: Callable[[str], str]) -> str:
-    """A copy of a fixture MOJO whose model.ini went through ``edit``; returns its file name."""
-    target = tmp_path / f"edited_{source}"
+def edited_mojo(
+    tmp_path: Path,
+    source: str,
+    edit: Callable[[str], str] | None = None,
+    files: dict[str, Callable[[bytes], bytes]] | None = None,
+    name: str | None = None,
+) -> str:
+    """A copy of a fixture MOJO whose model.ini went through ``edit`` and whose other files went through
+    ``files[file name]``; returns its file name."""
+    target = tmp_path / (name or f"edited_{source}")
     with zipfile.ZipFile(FIXTURES / source) as src, zipfile.ZipFile(target, "w") as dst:
         for item in src.infolist():
             data = src.read(item.filename)
-            if item.filename == "model.ini":
+            if item.filename == "model.ini" and edit is not None:
                 data = edit(data.decode()).encode()
+            if files and item.filename in files:
+                data = files[item.filename](data)
             dst.writestr(item, data)
     return target.name
 
 
 def test_calibrated_and_unknown_mojos_go_to_genmodel(tmp_path: Path) -> None:
     """A MOJO carrying calibration, or a newer tree format, is refused natively; auto hands it to the JVM."""
-    calibrated = _edited_mojo(
+    calibrated = edited_mojo(
         tmp_path,
         "prostate_gbm_binomial.zip",
         lambda ini: ini.replace("[columns]", "calib_method = platt\ncalib_glm_beta = [1.5, -0.5]\n\n[columns]"),
     )
-    newer = _edited_mojo(
+    newer = edited_mojo(
         tmp_path, "prostate_drf_regression.zip", lambda ini: ini.replace("mojo_version = 1.40", "mojo_version = 1.50")
     )
     for mojo, reason in ((calibrated, "calibrated"), (newer, "newer")):

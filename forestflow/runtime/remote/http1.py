@@ -8,12 +8,20 @@ built once) on a pooled connection and reads the answer with a small parser: a s
 then a body of ``Content-Length`` bytes, chunked, or up to the close. Metadata and readiness calls
 stay on aiohttp. Nothing is retried here; the caller maps what is raised (``OSError`` for a
 connection that could not be made, ``ConnectionError`` for one lost before the whole answer came,
-``TimeoutError``, ``ValueError`` for an answer that is not HTTP/1.x) to its own errors.
+``TimeoutError``, ``ValueError`` for an answer that is not HTTP/1.x or breaks its framing) to its own
+errors.
+
+The framing is read strictly, because a lenient reading of a hostile answer is how a client hangs or
+mixes answers up: ``Content-Length`` is plain decimal digits, a chunk size plain hex digits, chunk
+data ends in CRLF, a gzip body is inflated whole (every member) or refused, and neither the body as
+sent nor as inflated may pass ``max_body`` bytes. An answer that breaks any of this closes its
+connection and fails its call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import time
 import zlib
@@ -25,6 +33,12 @@ from urllib.parse import urlsplit
 IDLE_S = 30.0
 #: Largest head (status line and headers) read from an answer.
 _MAX_HEAD = 65536
+#: Largest answer body (as sent, and as inflated) unless the pool is given its own bound.
+MAX_BODY = 64 * 1024 * 1024
+#: Longest chunk-size line (size and extensions) and trailer section read.
+_MAX_CHUNK_LINE = 4096
+_DIGITS = re.compile(rb"[0-9]{1,18}")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
 
 
 class NotConnected(OSError):
@@ -43,10 +57,10 @@ class Answer:
 class _Connection(asyncio.Protocol):
     """One connection; one request at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_body: int = MAX_BODY) -> None:
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[Answer] | None = None
-        self.reader = _Reader()
+        self.reader = _Reader(max_body)
         self.closed = False
         self.idle_since = 0.0
 
@@ -79,7 +93,11 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
-            answer = self.reader.at_close()
+            try:
+                answer = self.reader.at_close()
+            except ValueError as broken:  # read to the close, and over the size bound
+                waiter.set_exception(broken)
+                return
             if answer is not None:
                 waiter.set_result(answer)
             else:
@@ -96,10 +114,11 @@ class _Connection(asyncio.Protocol):
 class _Reader:
     """An HTTP/1.x answer read from the bytes as they come."""
 
-    __slots__ = ("buf", "status", "headers", "length", "chunked", "must_close", "chunks", "_head_done")
+    __slots__ = ("buf", "status", "headers", "length", "chunked", "must_close", "chunks", "size", "max_body", "_head_done")
 
-    def __init__(self) -> None:
+    def __init__(self, max_body: int = MAX_BODY) -> None:
         self.buf = bytearray()
+        self.max_body = max_body
         self._reset()
 
     def _reset(self) -> None:
@@ -109,6 +128,7 @@ class _Reader:
         self.chunked = False
         self.must_close = False
         self.chunks: list[bytes] = []
+        self.size = 0  # bytes of body in chunks so far
         self._head_done = False
 
     def feed(self, data: bytes) -> Answer | None:
@@ -127,6 +147,8 @@ class _Reader:
                 return self.feed(b"")
         if self.chunked:
             return self._chunks()
+        if self.length < 0 and len(self.buf) > self.max_body:
+            raise ValueError(f"answer body over {self.max_body} bytes")
         if self.length >= 0 and len(self.buf) >= self.length:
             body = bytes(self.buf[: self.length])
             del self.buf[: self.length]
@@ -163,12 +185,12 @@ class _Reader:
         if "chunked" in headers.get("transfer-encoding", "").lower():
             self.chunked = True
         elif "content-length" in headers:
-            try:
-                self.length = int(headers["content-length"])
-            except ValueError:
-                raise ValueError(f"bad Content-Length {headers['content-length']!r}") from None
-            if self.length < 0:
-                raise ValueError(f"bad Content-Length {headers['content-length']!r}")
+            text = headers["content-length"]
+            if not _DIGITS.fullmatch(text.encode("latin-1")):
+                raise ValueError(f"bad Content-Length {text[:40]!r}")
+            self.length = int(text)
+            if self.length > self.max_body:
+                raise ValueError(f"answer body of {self.length} bytes is over {self.max_body}")
         elif self.status in (204, 304):
             self.length = 0
         else:
@@ -177,32 +199,38 @@ class _Reader:
     def _chunks(self) -> Answer | None:
         buf = self.buf
         while True:
-            end = buf.find(b"\r\n")
+            end = buf.find(b"\r\n", 0, _MAX_CHUNK_LINE + 2)
             if end < 0:
+                if len(buf) > _MAX_CHUNK_LINE:
+                    raise ValueError("chunk-size line too long")
                 return None
-            size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise ValueError(f"bad chunk size {size_text[:20]!r}") from None
+            size_text = bytes(buf[:end]).split(b";", 1)[0].rstrip(b" \t")
+            if not _HEX.fullmatch(size_text):
+                raise ValueError(f"bad chunk size {size_text[:20]!r}")
+            size = int(size_text, 16)
             if size == 0:
                 trailer = buf.find(b"\r\n\r\n", end)
                 if trailer < 0:
+                    if len(buf) > end + _MAX_CHUNK_LINE:
+                        raise ValueError("chunked trailer too long")
                     return None
                 del buf[: trailer + 4]
                 return self._answer(b"".join(self.chunks))
-            if len(buf) < end + 2 + size + 2:
+            if self.size + size > self.max_body:
+                raise ValueError(f"answer body over {self.max_body} bytes")
+            start = end + 2
+            if len(buf) < start + size + 2:
                 return None
-            self.chunks.append(bytes(buf[end + 2 : end + 2 + size]))
-            del buf[: end + 2 + size + 2]
+            if buf[start + size : start + size + 2] != b"\r\n":
+                raise ValueError("chunk data not followed by CRLF")
+            self.chunks.append(bytes(buf[start : start + size]))
+            del buf[: start + size + 2]
+            self.size += size
 
     def _answer(self, body: bytes) -> Answer:
         encoding = self.headers.get("content-encoding", "identity").lower()
         if encoding in ("gzip", "x-gzip", "deflate"):
-            try:
-                body = zlib.decompress(body, 47)  # gzip or zlib, told by its header
-            except zlib.error as exc:
-                raise ValueError(f"bad {encoding} body: {exc}") from None
+            body = _inflate(body, encoding, self.max_body)
         elif encoding != "identity":
             raise ValueError(f"unsupported Content-Encoding {encoding!r}")
         answer = Answer(self.status, self.headers, body)
@@ -212,10 +240,36 @@ class _Reader:
         return answer
 
 
-class Http1Pool:
-    """Keep-alive connections to one server (``http`` or ``https`` URL), at most ``limit`` at once."""
+def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """A gzip body inflated whole, every member of it (or a zlib one); ValueError when it is
+    truncated, followed by bytes that are not another member, or inflates past ``limit`` bytes."""
+    parts: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        inflater = zlib.decompressobj(47)  # gzip or zlib, told by its header
+        try:
+            part = inflater.decompress(rest, limit - size + 1)
+        except zlib.error as exc:
+            raise ValueError(f"bad {encoding} body: {exc}") from None
+        size += len(part)
+        if size > limit:
+            raise ValueError(f"{encoding} body inflates past {limit} bytes")
+        if not inflater.eof:
+            raise ValueError(f"bad {encoding} body: truncated")
+        parts.append(part)
+        rest = inflater.unused_data
+        if not rest:
+            return b"".join(parts)
+        if not rest.startswith(b"\x1f\x8b"):
+            raise ValueError(f"bad {encoding} body: {len(rest)} bytes after its end")
 
-    def __init__(self, url: str, headers: dict[str, str], limit: int) -> None:
+
+class Http1Pool:
+    """Keep-alive connections to one server (``http`` or ``https`` URL), at most ``limit`` at once;
+    answer bodies (as sent and as inflated) of at most ``max_body`` bytes."""
+
+    def __init__(self, url: str, headers: dict[str, str], limit: int, max_body: int = MAX_BODY) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -226,6 +280,7 @@ class Http1Pool:
         default_port = self.port == (443 if parts.scheme == "https" else 80)
         self.host_header = host if default_port else f"{host}:{self.port}"
         self.headers = {"Accept-Encoding": "identity", **headers}
+        self.max_body = max_body
         self._idle: deque[_Connection] = deque()
         self._slots = asyncio.Semaphore(limit) if limit > 0 else None
         self._open: set[_Connection] = set()
@@ -301,7 +356,11 @@ class Http1Pool:
         try:
             async with asyncio.timeout_at(deadline):
                 _, connection = await loop.create_connection(
-                    _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None
+                    lambda: _Connection(self.max_body),
+                    self.host,
+                    self.port,
+                    ssl=self.ssl,
+                    server_hostname=self.host if self.ssl else None,
                 )
         except TimeoutError:
             raise

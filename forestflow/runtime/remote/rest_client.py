@@ -22,7 +22,7 @@ from forestflow.core.ids import FQRV
 from forestflow.errors import BackendFailed, BackendUnavailable, DeadlineExceeded, GatewayError, InvalidInput, PayloadTooLarge
 from forestflow.runtime.remote.backend import Backend, ModelInfo, NotSent
 from forestflow.runtime.remote.config import REST, RemoteConfig
-from forestflow.runtime.remote.http1 import Http1Pool, NotConnected
+from forestflow.runtime.remote.http1 import MAX_BODY, Http1Pool, NotConnected
 from forestflow.runtime.remote.pools import SharedPool
 from forestflow.runtime.remote.wire import spec_of
 
@@ -36,13 +36,15 @@ _QUOTED = 500
 
 
 class RestBackend(Backend):
-    """Calls ``{url}/v2/models/{model}[/versions/{v}]`` over one pooled session."""
+    """Calls ``{url}/v2/models/{model}[/versions/{v}]`` over one pooled session; answers of at most
+    ``max_body`` bytes (the gateway's own request body limit)."""
 
     protocol = REST
 
-    def __init__(self, config: RemoteConfig, fqrv: FQRV) -> None:
+    def __init__(self, config: RemoteConfig, fqrv: FQRV, max_body: int = MAX_BODY) -> None:
         self.config = config
         self.fqrv = fqrv
+        self.max_body = max_body
         model = f"{config.url}/v2/models/{quote(config.model, safe='')}"
         self.model_url = model + (f"/versions/{quote(config.version, safe='')}" if config.version else "")
         self._session: aiohttp.ClientSession | None = None
@@ -63,8 +65,7 @@ class RestBackend(Backend):
 
     @property
     def _pool_key(self) -> str:
-        """Releases calling one server with the same headers share its session."""
-        return orjson.dumps([self.config.url, sorted(self.config.headers.items())]).decode()
+        return pool_key(self.config.url, self.config.headers, self.max_body)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -209,9 +210,14 @@ class _Clients:
     posts: Http1Pool
 
 
+def pool_key(url: str, headers: dict[str, str], max_body: int) -> str:
+    """Releases calling one server with the same headers (and answer size bound) share its clients."""
+    return orjson.dumps([url, sorted(headers.items()), max_body]).decode()
+
+
 def _new_clients(key: str) -> _Clients:
-    url, headers = orjson.loads(key)
-    return _Clients(_new_session(url, headers), Http1Pool(url, dict(headers), _MAX_CONNECTIONS))
+    url, headers, max_body = orjson.loads(key)
+    return _Clients(_new_session(url, headers), Http1Pool(url, dict(headers), _MAX_CONNECTIONS, max_body))
 
 
 async def _close_clients(clients: _Clients) -> None:

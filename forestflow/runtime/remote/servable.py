@@ -134,9 +134,10 @@ class RemoteV2Servable(Servable):
 
     def _make_backend(self) -> Backend:
         if self.config.protocol == REST:
+            from forestflow.runtime.remote.http1 import MAX_BODY
             from forestflow.runtime.remote.rest_client import RestBackend
 
-            return RestBackend(self.config, self.fqrv)
+            return RestBackend(self.config, self.fqrv, int(_either(None, self.gateway_settings, "max_body_bytes", MAX_BODY)))
         from forestflow.runtime.remote.grpc_client import GrpcBackend
 
         return GrpcBackend(self.config, self.fqrv)

@@ -1,0 +1,405 @@
+"""Fuzzing every C entry point with hypothesis, against the Python path where there is one.
+
+The C extensions read request bodies (``_ffjson``, ``_ffgp``), write answers and events
+(``_ffwire``, ``_ffgp``, ``_kafka_records``) and walk model tables (``_h2o_trees``); the H2O reader
+turns a model file into those tables. Each test feeds them what hypothesis makes of valid input
+(bytes cut, dropped, replaced and inserted anywhere; numbers of every width) and checks the answer
+against an oracle: the Python decoder, the protobuf library, graphpipe's and aiokafka's readers.
+A crash would take the test process down; ``scripts/asan.sh`` runs this module under
+AddressSanitizer, where a read one byte out of bounds fails too. Example counts are bounded (the
+``slow`` mark runs many more of the cheap ones).
+"""
+
+from __future__ import annotations
+
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from aiokafka.record.default_records import DefaultRecordBatch
+from graphpipe import convert
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from forestflow._proto import forestflow_pb2 as pb
+from forestflow.codecs import _ffgp, _ffjson, _ffwire
+from forestflow.codecs.graphpipe import encode_infer_response
+from forestflow.core.frame import Frame
+from forestflow.core.ids import FQRV, Contract
+from forestflow.predlog.kafka_batch import RecordBatch
+from forestflow.predlog.log import LogEntry
+from forestflow.runtime import _h2o_trees
+from forestflow.runtime.h2o_native import NativeTreeScorer, node_table
+from forestflow.runtime.h2o_tree_reader import InvalidMojo, flatten_trees, read_tree_model
+from tests.codecs.test_json_columns import (
+    _front_end,
+    _python_path,
+    _same_frame,
+    _score_body,
+    _v2_body,
+    _v2_front_end,
+    _v2_python,
+)
+from tests.runtime.test_h2o_mojo import FIXTURES
+
+FAST = settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+MANY = settings(max_examples=3000, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+FQ = FQRV(Contract("acme", "fuzz", 1), "r1")
+
+
+@st.composite
+def mutated(draw: Any, body: bytes) -> bytes:
+    """``body`` with up to four edits anywhere: cut short, a byte dropped, replaced or inserted."""
+    data = bytearray(body)
+    for _ in range(draw(st.integers(0, 4))):
+        if not data:
+            break
+        at = draw(st.integers(0, len(data) - 1))
+        edit = draw(st.sampled_from(["cut", "drop", "replace", "insert"]))
+        byte = draw(st.sampled_from(list(b'{}[],:"\\\x00\xff\xc3 1e-.0nt') + [draw(st.integers(0, 255))]))
+        if edit == "cut":
+            del data[at:]
+        elif edit == "drop":
+            del data[at]
+        elif edit == "replace":
+            data[at] = byte
+        else:
+            data.insert(at, byte)
+    return bytes(data)
+
+
+# ---- _ffjson: BASIC and V2 request bodies, C against orjson and the Python conversions ---------------------
+@st.composite
+def score_bodies(draw: Any) -> bytes:
+    return draw(mutated(_score_body(draw(st.randoms(use_true_random=False)))))
+
+
+@st.composite
+def v2_bodies(draw: Any) -> bytes:
+    return draw(mutated(_v2_body(draw(st.randoms(use_true_random=False)))))
+
+
+def _check_score_body(body: bytes) -> None:
+    expected, got = _python_path(body), _front_end(body)
+    if isinstance(expected, str):
+        assert got == expected, body
+    else:
+        assert not isinstance(got, str), (body, got)
+        assert _same_frame(got[0], expected[0]) and got[1] == expected[1], body
+
+
+def _check_v2_body(head: bytes) -> None:
+    expected, got = _v2_python(head), _v2_front_end(head)
+    if isinstance(expected, str):
+        assert got == expected, head
+    else:
+        assert not isinstance(got, str), (head, got)
+        assert [(n, d) for n, d, _ in got] == [(n, d) for n, d, _ in expected], head
+        for (_, _, a), (_, _, b) in zip(got, expected):
+            same = np.array_equal(a, b, equal_nan=True) if a.dtype.kind == "f" else a.tolist() == b.tolist()
+            assert a.shape == b.shape and a.dtype == b.dtype and same, head
+
+
+@FAST
+@given(score_bodies())
+def test_ffjson_score_request_agrees_with_the_python_path(body: bytes) -> None:
+    _check_score_body(body)
+
+
+@FAST
+@given(v2_bodies())
+def test_ffjson_v2_request_agrees_with_orjson(head: bytes) -> None:
+    _check_v2_body(head)
+
+
+@pytest.mark.slow
+@MANY
+@given(score_bodies(), v2_bodies())
+def test_ffjson_many_more_bodies(body: bytes, head: bytes) -> None:
+    _check_score_body(body)
+    _check_v2_body(head)
+
+
+@FAST
+@given(
+    st.lists(st.lists(st.lists(st.integers(-5, 5) | st.text(max_size=3), max_size=2), max_size=5), min_size=1, max_size=3),
+    st.integers(0, 5),
+)
+def test_ffjson_datum_interleaves_or_declines(groups: list[list[list[Any]]], rows: int) -> None:
+    """Each group's rows as orjson writes them: the records, or None when a group has another row count."""
+    openings = [b'{"tensors":[{"G0":{"data":'] + [b'}},{"G%d":{"data":' % g for g in range(1, len(groups))]
+    out = _ffjson.datum(rows, openings, [orjson.dumps(g) for g in groups], b"}}]}")
+    if any(len(g) != rows for g in groups):
+        assert out is None
+        return
+    assert out is not None
+    records = orjson.loads(out)
+    assert [[t[f"G{g}"]["data"] for g, t in enumerate(r["tensors"])] for r in records] == [
+        [groups[g][i] for g in range(len(groups))] for i in range(rows)
+    ]
+
+
+# ---- _ffgp: GraphPipe string vectors and answers ------------------------------------------------------------
+def _strings_oracle(buf: bytes, start: int, count: int) -> list[bytes] | None:
+    """The flatbuffer strings whose uoffsets start at ``start``, read in Python; None if any points outside."""
+    if start < 0 or count > int((len(buf) - start) / 4):  # as C divides: toward zero
+        return None
+    out = []
+    for i in range(count):
+        at = start + 4 * i
+        if at < 0 or at + 4 > len(buf):
+            return None
+        target = at + struct.unpack_from("<I", buf, at)[0]
+        if target + 4 > len(buf):
+            return None
+        n = struct.unpack_from("<I", buf, target)[0]
+        if target + 4 + n > len(buf):
+            return None
+        out.append(buf[target + 4 : target + 4 + n])
+    return out
+
+
+@FAST
+@given(st.binary(max_size=64), st.integers(-8, 70), st.integers(0, 20))
+def test_ffgp_read_strings_reads_what_python_reads(buf: bytes, start: int, count: int) -> None:
+    got = _ffgp.read_strings(buf, start, count)
+    expected = _strings_oracle(buf, start, count)
+    if expected is None:
+        assert got is None
+        return
+    assert got is not None
+    try:
+        assert got == [b.decode("utf-8") for b in expected]
+    except UnicodeDecodeError:
+        assert got == expected
+
+
+@FAST
+@given(st.lists(st.one_of(st.text(max_size=10), st.binary(max_size=10), st.none(), st.integers()), max_size=12))
+def test_ffgp_write_strings_reads_back(values: list[Any]) -> None:
+    written = _ffgp.write_strings(values)
+    # A vector of strings: count, then a uoffset per element; read back at the first uoffset.
+    (count,) = struct.unpack_from("<I", written, 0)
+    assert count == len(values)
+    expected = [v if isinstance(v, bytes) else b"" if v is None else str(v).encode() for v in values]
+    assert _strings_oracle(written, 4, count) == expected
+
+
+_GP_DTYPES = ["u1", "i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"]
+
+
+@st.composite
+def gp_frames(draw: Any) -> Frame:
+    rows = draw(st.integers(0, 4))
+    columns: dict[str, np.ndarray] = {}
+    for i in range(draw(st.integers(1, 4))):
+        if draw(st.booleans()):
+            column = np.empty(rows, dtype=object)
+            column[:] = draw(st.lists(st.text(max_size=6) | st.binary(max_size=6), min_size=rows, max_size=rows))
+        else:
+            dtype = np.dtype(draw(st.sampled_from(_GP_DTYPES)))
+            width = draw(st.integers(1, 3))
+            column = np.frombuffer(
+                draw(st.binary(min_size=rows * width * dtype.itemsize, max_size=rows * width * dtype.itemsize)), dtype=dtype
+            )
+            column = column.reshape(rows, width) if width > 1 else column
+        columns[f"c{i}"] = column
+    return Frame(columns)
+
+
+@FAST
+@given(gp_frames())
+def test_ffgp_infer_response_reads_back_with_graphpipes_reader(frame: Frame) -> None:
+    outputs, errors = convert.deserialize_infer_response(encode_infer_response(FQ, frame))
+    assert errors == []
+    assert outputs[0].reshape(-1).tolist() == [str(FQ).encode()]
+    for got, column in zip(outputs[1:], frame.columns.values()):
+        want = column.reshape(len(column), int(np.prod(column.shape[1:])))
+        if column.dtype == object:
+            # graphpipe's reader makes numpy bytes_ of them, which drop trailing NULs
+            texts = [v if isinstance(v, bytes) else v.encode() for v in column]
+            assert [bytes(v) for v in got.reshape(-1)] == [t.rstrip(b"\0") for t in texts]
+        else:
+            assert got.shape == want.shape and got.tobytes() == want.astype(want.dtype.newbyteorder("<")).tobytes()
+
+
+# ---- _ffwire: varints and event heads ----------------------------------------------------------------------
+def _varint_oracle(data: bytes, pos: int) -> tuple[int, int] | None:
+    value = shift = 0
+    while pos < len(data) and shift < 70:
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        shift += 7
+        if not byte & 0x80:
+            return (value & (2**64 - 1), pos) if shift <= 70 else None
+    return None
+
+
+@FAST
+@given(st.binary(max_size=14), st.integers(0, 14))
+def test_ffwire_read_varint_reads_what_python_reads(data: bytes, pos: int) -> None:
+    expected = _varint_oracle(data, pos)
+    try:
+        got = _ffwire.read_varint(data, pos)
+    except ValueError:
+        assert expected is None or expected[1] - pos > 10 or (expected[1] - pos == 10 and data[expected[1] - 1] > 1)
+        return
+    assert got == expected
+
+
+@FAST
+@given(
+    st.integers(0, 2**62),
+    st.text(max_size=40),
+    st.binary(max_size=30),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.integers(-(2**31), 2**31 - 1),
+)
+def test_ffwire_event_head_parses_with_protobuf(time_ms: int, request_id: str, fqrv: bytes, latency: float, status: int) -> None:
+    try:
+        request_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return  # a lone surrogate: not a str the gateway makes
+    head = _ffwire.event_head(b"", time_ms, request_id, b"", latency, status, b"")
+    event = pb.PredictionEvent.FromString(head)
+    assert (event.eventTimeMS, event.requestId, event.latencyMs, event.status) == (time_ms, request_id, latency, status)
+
+
+# ---- _kafka_records: record batches read back by aiokafka ---------------------------------------------------
+@FAST
+@given(st.lists(st.tuples(st.none() | st.binary(max_size=300), st.binary(max_size=400)), min_size=1, max_size=6))
+def test_kafka_records_read_back_with_aiokafka(items: list[tuple[bytes | None, bytes]]) -> None:
+    entries = [LogEntry(False, key, value) for key, value in items]
+    parsed = DefaultRecordBatch(bytes(RecordBatch(entries, "none")._build()))
+    assert parsed.validate_crc()
+    assert [(r.offset, r.key, r.value) for r in parsed] == [(i, k, v) for i, (k, v) in enumerate(items)]
+
+
+# ---- _h2o_trees: random tables are refused or scored, never walked out of bounds ----------------------------
+@st.composite
+def tables(draw: Any) -> tuple[np.ndarray, ...]:
+    n = draw(st.integers(1, 12))
+    small = st.integers(-2, n + 2)
+    nodes = np.array(draw(st.lists(st.lists(small, min_size=8, max_size=8), min_size=n, max_size=n)), dtype=np.int32)
+    nodes[:, 0] %= 5  # node kinds 0-3, and 4 (unknown)
+    bits = np.frombuffer(draw(st.binary(min_size=1, max_size=8)), dtype=np.uint8).copy()
+    trees = draw(st.integers(0, 3))
+    roots = np.array(draw(st.lists(small, min_size=trees, max_size=trees)), dtype=np.int32)
+    target = np.array(draw(st.lists(st.integers(-1, 3), min_size=trees, max_size=trees)), dtype=np.int32)
+    params = np.array(
+        [
+            draw(st.integers(0, 2)),
+            draw(st.integers(-1, 3)),
+            draw(st.integers(0, 4)),
+            0.1,
+            draw(st.integers(0, 4)),
+            2,
+            0,
+            0,
+            0.5,
+            2,
+        ],
+        dtype=np.float64,
+    )
+    return nodes, np.linspace(-1, 1, n), bits, roots, target, params
+
+
+@FAST
+@given(tables(), st.integers(1, 4), st.integers(1, 5), st.integers(0, 3))
+def test_h2o_kernel_refuses_or_scores_random_tables(tabs: tuple[np.ndarray, ...], features: int, width: int, rows: int) -> None:
+    nodes, values, bits, roots, target, params = tabs
+    X = np.where(np.arange(rows * features).reshape(rows, features) % 3 == 0, np.nan, 1.0)
+    dom_len = np.full(features, 4, dtype=np.int64)
+    prior = np.ones(max(width - 1, 1))
+    try:
+        _h2o_trees.check_tables(nodes, values, bits, roots, target, features, width)
+        checked = True
+    except ValueError:
+        checked = False
+    preds = np.zeros((rows, width))
+    try:
+        _h2o_trees.score(
+            X,
+            np.zeros(rows),
+            nodes,
+            values,
+            bits,
+            roots,
+            target,
+            dom_len,
+            params,
+            prior,
+            prior,
+            preds,
+            np.zeros(rows, dtype=np.uint8),
+        )
+    except ValueError:
+        return
+    assert checked  # score() accepts only tables check_tables() accepts
+
+
+# ---- the H2O reader: mutated tree files and model.ini are refused by name, or read into tables that score ------
+_TREE_MOJOS = ["prostate_gbm_binomial.zip", "iris_drf_multinomial.zip", "prostate_gbm_highcard.zip"]
+
+
+def _zip_files(name: str) -> dict[str, bytes]:
+    with zipfile.ZipFile(FIXTURES / name) as z:
+        return {n: z.read(n) for n in z.namelist()}
+
+
+_FILES = {name: _zip_files(name) for name in _TREE_MOJOS}
+
+
+@st.composite
+def damaged_mojos(draw: Any) -> tuple[str, dict[str, bytes]]:
+    name = draw(st.sampled_from(_TREE_MOJOS))
+    files = dict(_FILES[name])
+    target = draw(st.sampled_from(sorted(n for n in files if n.startswith("trees/") or n == "model.ini")))
+    files[target] = draw(mutated(files[target]))
+    return name, files
+
+
+def _read(tmp: Path, files: dict[str, bytes]) -> Any:
+    path = tmp / "fuzz.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        for n, data in files.items():
+            z.writestr(n, data)
+    return read_tree_model(path)
+
+
+@FAST
+@given(damaged_mojos())
+def test_h2o_reader_refuses_damaged_files_or_reads_tables_that_score(
+    tmp_path_factory: Any, case: tuple[str, dict[str, bytes]]
+) -> None:
+    _, files = case
+    try:
+        model = _read(tmp_path_factory.mktemp("mojo"), files)
+    except InvalidMojo as exc:
+        assert str(exc)
+        return
+    except Exception as exc:  # NativeUnsupported (e.g. a damaged algo name) leaves it to genmodel
+        assert type(exc).__name__ == "NativeUnsupported", exc
+        return
+    scorer = NativeTreeScorer(model)  # check_tables passes for whatever the reader accepted
+    rows = np.full((3, scorer.n_features), np.nan)
+    rows[1] = 0.0
+    rows[2] = 3.0
+    assert scorer.score(rows).shape == (3, scorer.preds_size)
+
+
+@FAST
+@given(st.sampled_from(_TREE_MOJOS), st.data())
+def test_h2o_flatten_of_any_tree_bytes_is_bounded_or_refused(name: str, data: Any) -> None:
+    blob = data.draw(mutated(_FILES[name]["trees/t00_000.bin"]))
+    try:
+        table = flatten_trees([0], [blob])
+    except InvalidMojo:
+        return
+    assert len(table.kind) <= len(blob)  # one node per byte at most: never expanded
+    _h2o_trees.check_tables(node_table(table), table.split, table.bits, table.roots, table.target, 65535, 1)
