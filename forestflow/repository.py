@@ -343,7 +343,7 @@ class ModelRepository:
             metrics = metrics_from_doc(item["metrics"], defn.created_at_ms)
             async with gateway.registry.lock:
                 gateway.registry.entry(defn.fqrv).metrics = metrics
-                gateway.registry.counters_dirty = True
+                gateway.registry.mark_counted(contract)
             restored.append(defn.fqrv)
         async with gateway.registry.lock:
             await admin.evaluate(gateway.contracts[contract])

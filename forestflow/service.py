@@ -333,7 +333,7 @@ class Gateway:
         metrics.feedback_count += 1
         metrics.reward_sum += reward
         metrics.reward_squares += reward * reward
-        self.registry.counters_dirty = True
+        self.registry.mark_counted(fqrv.contract)
         logging = entry.settings.logging
         if logging.log_level is not LogLevel.NONE:
             self.prediction_log.emit(
@@ -434,8 +434,7 @@ class Gateway:
             servable = loaded.servable
             frame = declared.fit_inputs(frame, servable.metadata().inputs, not servable.converts_inputs)
         entry.metrics.score_count += 1
-        self.registry.counters_dirty = True
-        self.registry.dirty.add(contract)
+        self.registry.mark_counted(contract)
         fqrv = entry.fqrv
         started = time.perf_counter()
         try:
@@ -516,8 +515,7 @@ class Gateway:
                     self.residency.shadow_cold_skipped += 1
                 continue
             entry.metrics.shade_count += 1
-            self.registry.counters_dirty = True
-            self.registry.dirty.add(state.contract)
+            self.registry.mark_counted(state.contract)
             started = time.perf_counter()
             try:
                 pending = loaded.scheduler.offer(context.frame, Priority.SHADOW, timeout)

@@ -239,6 +239,10 @@ class Registry:
                 expiry.unload.append(loaded)
         stamped = any(stamps_before.get(r) != e.metrics.became_valid_at_ms for r, e in state.servables.items())
         if stamped or result.routing_changed or expiry.rolled_back:
-            self.counters_dirty = True
-            self.dirty.add(state.contract)
+            self.mark_counted(state.contract)
         return expiry
+
+    def mark_counted(self, contract: Contract) -> None:
+        """A counter (or the routing) of ``contract`` moved: the next flush writes its document."""
+        self.counters_dirty = True
+        self.dirty.add(contract)
