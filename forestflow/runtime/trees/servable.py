@@ -41,6 +41,7 @@ class TreeServable(Servable):
     inline_max_rows = 128
     reads_parameters = False
     batchable = True
+    converts_inputs = True  # strings to category codes, numbers to the matrix: its own 400 names the model and field
     #: Exact TreeSHAP over the scored trees (``shap_inputs``).
     tree_explainable = True
 
