@@ -59,8 +59,9 @@ def test_the_thumbnail_example_runs_as_written(tmp_path: Path) -> None:
             assert done.returncode == 0, (block, done.stdout[-2000:], done.stderr[-2000:])
             return done.stdout
 
-        created, meta = _documents(run(deploy))
-        assert "ServableCreatedSuccessfully" in created, created
+        created, printed_meta = run(deploy).split("\n", 1)
+        assert created.startswith("deployed samples/thumbnail/1/png-v1 in "), created
+        (meta,) = _documents(printed_meta)
         assert meta["inputs"] == [{"name": "image", "datatype": "BYTES", "shape": [-1], "parameters": {"content_type": "image"}}]
 
         v2, basic = _documents(run(json_calls))
