@@ -112,9 +112,20 @@ def log_stats_delivered(gw: object) -> int:
     return gw.gateway.prediction_log.stats.delivered
 
 
-def test_logs_tail_cli_prints_json_lines(broker: KafkaBroker, tmp_path: Path) -> None:
-    topic = TOPIC + ".n"  # written by the first test of this module
-    result = subprocess.run(
+async def test_logs_tail_cli_prints_json_lines(broker: KafkaBroker, tmp_path: Path) -> None:
+    topic = TOPIC + ".tail"  # its own topic: xdist may run this module's tests on different workers (brokers)
+    async with serve_in_process(tmp_path / "d", **kafka_settings(broker, topic)) as gw:
+        body = python_servable(log_level="FULL", key_features=["customer", "order"])
+        body["servableSettings"]["loggingSettings"]["keyFeaturesSeparator"] = "/"
+        async with gw.session.post(gw.url + "/servable", json=body) as r:
+            assert r.status == 200
+        for configs in ({"customer": "c0", "order": "100"}, {"customer": "c1", "order": "101"}):
+            async with gw.session.post(gw.url + "/acme/demo/1/score", json=score_body([1.0], configs=configs)) as r:
+                assert r.status == 200
+        log = gw.gateway.prediction_log
+        await wait_for(lambda: log.stats.delivered == 2, 30, "both events delivered")
+    result = await asyncio.to_thread(
+        subprocess.run,
         [
             sys.executable,
             "-m",
