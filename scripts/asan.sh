@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The C extensions built with AddressSanitizer and UndefinedBehaviorSanitizer, and the tests that feed
-# them untrusted bytes (the codec, H2O reader and fuzz tests) run against that build.
+# them untrusted bytes (the codec, model reader, tree kernel, TreeSHAP and fuzz tests) run against that build.
 #
 #   bash scripts/asan.sh                                # the default selection below (not the slow tier)
 #   bash scripts/asan.sh -m slow tests/test_c_fuzz.py   # or any pytest arguments: here the long fuzz runs
@@ -38,14 +38,15 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 import sys
 import forestflow.codecs._ffjson as a, forestflow.codecs._ffgp as b, forestflow.codecs._ffwire as c
 import forestflow.predlog._kafka_records as d, forestflow.runtime._h2o_trees as e
-bad = [m.__file__ for m in (a, b, c, d, e) if not m.__file__.startswith('$WORK/')]
+import forestflow.runtime._forest as f, forestflow.runtime._treeshap as g
+bad = [m.__file__ for m in (a, b, c, d, e, f, g) if not m.__file__.startswith('$WORK/')]
 sys.exit('not the sanitized build: ' + ', '.join(bad) if bad else 0)"
 
 if [ $# -eq 0 ]; then
   set -- -m "not slow" tests/test_c_fuzz.py tests/codecs tests/runtime/test_h2o_invalid.py \
     tests/api_gp/test_graphpipe_codec.py tests/api_gp/test_graphpipe_c_strings.py \
     tests/predlog/test_kafka_batch.py tests/predlog/test_encode_protobuf.py \
-    tests/runtime/test_h2o_native.py -k "not genmodel and not jvm and not java and not auto and not calibrated"
+    tests/runtime/test_h2o_native.py tests/runtime/test_tree_engine.py tests/runtime/test_treeshap.py -k "not genmodel and not jvm and not java and not auto and not calibrated"
 fi
 echo "running pytest $* under ASan/UBSan (log: $LOG)"
 status=0
