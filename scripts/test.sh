@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[all,test]'   # every extra, and the test tools
+.venv/bin/python -m pip install --quiet -c scripts/test-constraints.txt -e '.[all,test]'   # every extra, and the test tools, at the versions the suite passed with
 # The graphpipe client pins ancient numpy/flatbuffers in its metadata; install it without deps.
 .venv/bin/python -m pip install --quiet --no-deps graphpipe==1.0.4
 # MLServer (the RemoteV2 tests' upstream V2 server) in a venv of its own: its pins clash with ours.
