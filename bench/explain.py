@@ -8,8 +8,8 @@
    - ``genmodel``: H2O genmodel's contributions predictor through JPype, one Java call per row (the
      rows already Java arrays: only genmodel's own work and the call are timed);
    - ``xgboost``: ``pred_contribs`` (nthread 1) on an XGBoost model of the same size trained on the
-     same data, and forestflow's kernel on that same model (``forestflow-xgb``: its trees read from
-     the model's JSON here, decisions in numpy, not timed), when xgboost is installed.
+     same data, and forestflow's kernel on that same model (``forestflow-xgb``: read by the XGBoost
+     flavor's reader, decisions by its tree kernel, neither timed), when xgboost is installed.
    Models: the prostate GBM fixtures ``prostate_gbm_50`` (50 trees, depth 5) and
    ``prostate_gbm_200x6`` (200 trees, depth 6); batches of 1 and 100 rows.
 2. The p50 latency of a 1-row ``/explain`` against a 1-row ``/score`` on the same gateway (a child
@@ -48,7 +48,9 @@ from forestflow.core.ids import FQRV, Contract  # noqa: E402
 from forestflow.runtime import jvm  # noqa: E402
 from forestflow.runtime.h2o_inputs import NA, build_matrix  # noqa: E402
 from forestflow.runtime.h2o_mojo import H2OMojoServable  # noqa: E402
-from forestflow.runtime.treeshap import ShapForest, contributions  # noqa: E402
+from forestflow.runtime.trees import xgboost_reader  # noqa: E402
+from forestflow.runtime.trees.shap_forest import shap_forest, tiled_decisions  # noqa: E402
+from forestflow.runtime.treeshap import contributions  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "h2o"
 MODELS = {"prostate_gbm_50": (50, 5), "prostate_gbm_200x6": (200, 6)}
@@ -101,8 +103,10 @@ def xgboost_pair(X: np.ndarray, y: np.ndarray, trees: int, depth: int, batch: np
         return {}
     params = {"objective": "binary:logistic", "max_depth": depth, "eta": 0.1, "nthread": 1, "tree_method": "exact"}
     booster = xgb.train(params, xgb.DMatrix(X, label=y), num_boost_round=trees)
-    forest = xgboost_forest(booster, X.shape[1])
-    decisions = xgboost_decisions(forest, booster, batch)
+    # The XGBoost flavor's own reader and kernel: the model's JSON, its forest, each row's decisions.
+    model = xgboost_reader.read(json.loads(booster.save_raw("json")))
+    forest = shap_forest(model.forest, [f.name for f in model.features])
+    decisions = tiled_decisions(model.forest, model.forest.decisions(np.ascontiguousarray(batch, dtype=np.float64)))
     dmatrix = xgb.DMatrix(batch)
     ours = contributions(forest, decisions)[:, 0]
     theirs = booster.predict(dmatrix, pred_contribs=True)
@@ -111,52 +115,6 @@ def xgboost_pair(X: np.ndarray, y: np.ndarray, trees: int, depth: int, batch: np
         "xgboost": lambda: booster.predict(dmatrix, pred_contribs=True),
         "forestflow-xgb": lambda: contributions(forest, decisions),
     }
-
-
-def _xgb_trees(booster: Any) -> tuple[list[dict[str, Any]], float]:
-    model = json.loads(booster.save_raw("json"))["learner"]
-    base = float(model["learner_model_param"]["base_score"].strip("[]"))
-    return model["gradient_booster"]["model"]["trees"], float(np.log(base / (1 - base)))
-
-
-def xgboost_forest(booster: Any, n_features: int) -> ShapForest:
-    """A numeric-only XGBoost model's trees as one node table (bench only; the tree flavors build their own)."""
-    trees, base_margin = _xgb_trees(booster)
-    left, right, feature, cover, value, roots = [], [], [], [], [], []
-    for tree in trees:
-        offset = len(left)
-        roots.append(offset)
-        lc, rc = tree["left_children"], tree["right_children"]
-        for j in range(len(lc)):
-            leaf = lc[j] == -1
-            left.append(-1 if leaf else lc[j] + offset)
-            right.append(-1 if leaf else rc[j] + offset)
-            feature.append(-1 if leaf else tree["split_indices"][j])
-            cover.append(tree["sum_hessian"][j])
-            value.append(tree["split_conditions"][j] if leaf else 0.0)
-    return ShapForest(
-        left=np.array(left),
-        right=np.array(right),
-        feature=np.array(feature),
-        cover=np.array(cover),
-        value=np.array(value),
-        roots=np.array(roots),
-        group=np.zeros(len(roots)),
-        n_groups=1,
-        feature_names=[f"f{i}" for i in range(n_features)],
-        base_margin=np.array([base_margin]),
-    )
-
-
-def xgboost_decisions(forest: ShapForest, booster: Any, X: np.ndarray) -> np.ndarray:
-    """Which way each row goes at each split: right unless ``x < condition`` in float32; NaN to the default child."""
-    trees, _ = _xgb_trees(booster)
-    conditions = np.concatenate([np.asarray(t["split_conditions"], dtype=np.float32) for t in trees])
-    default_left = np.concatenate([np.asarray(t["default_left"], dtype=bool) for t in trees])
-    values = X.astype(np.float32)[:, np.maximum(forest.feature, 0)]
-    right = ~(values < conditions)
-    right = np.where(np.isnan(values), ~default_left, right)
-    return (right & (forest.feature >= 0)).astype(np.uint8)
 
 
 def section_cpu(seconds: float, rounds: int, batch_sizes: list[int]) -> None:
