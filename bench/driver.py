@@ -45,23 +45,33 @@ class Result:
 
 
 def drive(
-    url: str, body: bytes, content_type: str, concurrency: int, duration_s: float, headers: dict[str, str] | None = None
+    url: str,
+    body: bytes,
+    content_type: str,
+    concurrency: int,
+    duration_s: float,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 2.0,
 ) -> Result:
     """POST ``body`` to ``url`` at ``concurrency`` for ``duration_s`` seconds (with ``headers`` besides
-    the content type, e.g. V2's Inference-Header-Content-Length)."""
+    the content type, e.g. V2's Inference-Header-Content-Length); wrk counts a request unanswered after
+    ``timeout_s`` as an error (its default, 2 s)."""
     if shutil.which("wrk"):
-        return _wrk(url, body, content_type, concurrency, duration_s, headers or {})
+        return _wrk(url, body, content_type, concurrency, duration_s, headers or {}, timeout_s)
     return asyncio.run(_asyncio_client(url, body, content_type, concurrency, duration_s, headers or {}))
 
 
-def _wrk(url: str, body: bytes, content_type: str, concurrency: int, duration_s: float, headers: dict[str, str]) -> Result:
+def _wrk(
+    url: str, body: bytes, content_type: str, concurrency: int, duration_s: float, headers: dict[str, str], timeout_s: float
+) -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "body"
         body_file.write_bytes(body)
         script = Path(tmp) / "post.lua"
         script.write_text(LUA)
         threads = 1 if concurrency < 4 else 2
-        argv = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(duration_s))}s", "--latency", "-s", str(script), url]
+        argv = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(duration_s))}s", "--latency"]
+        argv += [f"--timeout={max(1, round(timeout_s))}s", "-s", str(script), url]
         if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
             argv = ["taskset", "-c", "1", *argv]
         done = subprocess.run(
