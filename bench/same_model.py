@@ -354,9 +354,49 @@ def measure(args: argparse.Namespace, ff: Server, ml: Server) -> list[Cell]:
     return cells
 
 
+def cpu_us(call: Any, seconds: float = 1.0) -> float:
+    """CPU microseconds per call of ``call`` (this process's time, robust to the machine's other work)."""
+    for _ in range(20):
+        call()
+    n, start = 0, time.process_time()
+    while time.process_time() - start < seconds:
+        call()
+        n += 1
+    return (time.process_time() - start) / n * 1e6
+
+
+def in_process(models: Path, names: list[str], rows: list[int]) -> None:
+    """The scoring alone: CPU per predict of forestflow's servable (a Frame of float64 columns, as the
+    codecs build it) against the library's own predict on the float32 matrix MLServer gives it, one thread."""
+    import lightgbm as lgb
+    import xgboost as xgb
+
+    from forestflow.core.frame import Frame
+    from forestflow.core.ids import FQRV
+    from forestflow.runtime.flavors import create_servable
+
+    booster = xgb.Booster(model_file=str(models / "xgboost" / MODELS["xgboost"][1]))
+    booster.set_param({"nthread": 1})
+    gbm = lgb.Booster(model_file=str(models / "lightgbm" / MODELS["lightgbm"][1]))
+    library = {"xgboost": booster.inplace_predict, "lightgbm": lambda m: gbm.predict(m, num_threads=1)}
+    print("# in process, one thread: CPU per predict call, forestflow's servable / the library's predict")
+    for name in names:
+        _, file, flavor, _ = MODELS[name]
+        servable = create_servable(flavor, FQRV.parse("bench.same.1.r1"), models / name, {"modelPath": file})
+        servable.load()
+        for n in rows:
+            X = rows_matrix(n)
+            frame = Frame({f: np.ascontiguousarray(X[:, j]) for j, f in enumerate(FEATURES)})
+            ours = cpu_us(lambda s=servable, fr=frame: s.predict(fr))
+            X32 = X.astype(np.float32)
+            theirs = cpu_us(lambda p=library[name], m=X32: p(m))
+            print(f"{name:8} {n:>4} rows: forestflow {ours:.0f} us, library {theirs:.0f} us", flush=True)
+
+
 def profile(args: argparse.Namespace, ff: Server, work: Path) -> None:
     """forestflow alone under load (c16) per (model, body, rows), sampled with py-spy as bench/profile.py
-    does: its category table, then each cell's innermost functions with most samples."""
+    does: its category table, then each cell's innermost functions with most samples; then the scoring
+    alone in process against the library."""
     from bench.profile import print_table, profile_cell
 
     cells = []
@@ -372,6 +412,7 @@ def profile(args: argparse.Namespace, ff: Server, work: Path) -> None:
         print(f"\n# {name}: innermost functions with most samples (category: function (file))")
         for (category, leaf), n in prof.by_leaf.most_common(12):
             print(f"{100.0 * n / prof.samples:6.1f}%  {category}: {leaf}")
+    in_process(work / "models", args.models, args.rows)
 
 
 def main() -> int:
