@@ -113,3 +113,15 @@ def test_scale_bench_smoke_prints_its_figures() -> None:
     assert all(any(line.startswith(s) for line in lines) for s in starts), result.stdout
     (warm,) = [line for line in lines if line.startswith("warm c4")]
     assert warm.count(" 0 errors)") == 2, result.stdout  # both gateways answered every request
+
+
+def test_same_model_bench_pins_the_test_venvs_xgboost_and_lightgbm() -> None:
+    # bench/same_model.py trains its models with ./.venv's libraries and MLServer's venv reads them: the
+    # same versions on both sides (the bench itself, with MLServer's 1.3 GB venv, is run by hand).
+    def pins(path: str) -> dict[str, str]:
+        lines = (ROOT / path).read_text().splitlines()
+        return dict(line.split("==", 1) for line in lines if "==" in line and not line.startswith("#"))
+
+    bench, suite = pins("bench/mlserver-trees-constraints.txt"), pins("scripts/test-constraints.txt")
+    assert bench["xgboost"] == suite["xgboost-cpu"] and bench["lightgbm"] == suite["lightgbm"]
+    assert bench["mlserver"] == bench["mlserver-xgboost"] == bench["mlserver-lightgbm"] == "1.7.1"
