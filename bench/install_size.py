@@ -1,9 +1,10 @@
 """What installing forestflow costs on a fresh machine: the core's environment size and install time, and each
 extra's, measured in new venvs outside the checkout and printed as the tables of docs/install.md.
 
-    python bench/install_size.py                  # the core three ways, the quick start, then every extra
+    python bench/install_size.py --quickstart     # the core three ways, the quick start, then every extra
     python bench/install_size.py --core-only --runs 2
     python bench/install_size.py --extras onnx,s3 --cache warm
+    python bench/install_size.py --core-only --cases wheel --no-compile --quickstart   # bytecode of what runs only
 
 The checkout's files (tracked and untracked, not ignored: what a clone has, plus uncommitted edits) are copied
 to a temporary directory, so no build left in the worktree is reused. Each core case gets a new
@@ -244,6 +245,9 @@ def main() -> None:
     parser.add_argument("--core-only", action="store_true", help="no extras")
     parser.add_argument("--extras", default=",".join(EXTRAS), help="extras to measure (default every one)")
     parser.add_argument("--quickstart", action="store_true", help="serve the quick start from the wheel-installed core")
+    parser.add_argument(
+        "--no-compile", action="store_true", help="pip install --no-compile for the core (bytecode is then written as imported)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (its path is printed)")
     args = parser.parse_args()
 
@@ -299,7 +303,8 @@ def measure(args: argparse.Namespace, work: Path) -> None:
         for case in cases:
             venv = new_venv(python, work / f"core-{case}-{run}")
             target = {"source": [str(src)], "editable": ["-e", str(src)], "wheel": [str(wheel)]}[case]
-            install = timed(case, [str(venv / "bin" / "pip"), "install", *target], env(), work, work / f"{case}-{run}.log")
+            pip = [str(venv / "bin" / "pip"), "install", *(["--no-compile"] if args.no_compile else []), *target]
+            install = timed(case, pip, env(), work, work / f"{case}-{run}.log")
             clean(src)  # pip builds in the tree: the next run builds anew
             row, case_sizes = core_row(case, install, venv)
             print(row, flush=True)
