@@ -263,6 +263,8 @@ def main() -> None:
 
 def measure(args: argparse.Namespace, work: Path) -> None:
     """Every measurement ``args`` asks for, in ``work``."""
+    # A fresh machine writes bytecode as modules are imported (what --no-compile leaves to the first run).
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     src = snapshot(work / "src")
     shared_cache = work / "cache"
     run_no = 0
