@@ -25,9 +25,9 @@ run on). Wall time is inflated by whatever else loads the machine (the load aver
 Sizes are apparent sizes (``du -sb``), in MB of 10^6 bytes: the whole venv (what the user gets: it includes
 the pip and setuptools that ``python3 -m venv`` puts in every venv), the same without them, the bytecode
 (``__pycache__``, which pip compiles at install) and each distribution's files from its RECORD. With
-``--quickstart`` the core venv serves the README's quick start (deploy the prostate GBM, score it) on free ports
-and its size is measured again afterwards. Each extra is installed over a copy of the wheel-installed core
-venv: its figures are what it adds.
+``--quickstart`` a core venv (the wheel's when ``wheel`` is among the cases, else the first case's) serves the
+README's quick start (deploy the prostate GBM, score it) on free ports and its size is measured again afterwards.
+Each extra is installed over a copy of the wheel-installed core venv: its figures are what it adds.
 """
 
 from __future__ import annotations
@@ -175,13 +175,6 @@ def snapshot(dest: Path) -> Path:
     return dest
 
 
-def clean(src: Path) -> None:
-    """Remove what a build leaves in the tree (pip builds in place; an editable install builds in place too)."""
-    shutil.rmtree(src / "build", ignore_errors=True)
-    for path in [*src.glob("*.egg-info"), *src.glob("forestflow/**/*.so")]:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -266,6 +259,11 @@ def measure(args: argparse.Namespace, work: Path) -> None:
     # A fresh machine writes bytecode as modules are imported (what --no-compile leaves to the first run).
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     src = snapshot(work / "src")
+
+    def fresh_copy(name: str) -> Path:
+        """A copy of the snapshot that no build has touched."""
+        return Path(shutil.copytree(src, work / f"src-{name}"))
+
     shared_cache = work / "cache"
     run_no = 0
 
@@ -288,30 +286,30 @@ def measure(args: argparse.Namespace, work: Path) -> None:
     # The wheel every `wheel` case and every extra installs, built once (its build is the `source` case's).
     wheels = work / "wheels"
     subprocess.run(
-        [str(empty_venv / "bin" / "pip"), "wheel", "--no-deps", "-q", "-w", str(wheels), str(src)],
+        [str(empty_venv / "bin" / "pip"), "wheel", "--no-deps", "-q", "-w", str(wheels), str(fresh_copy("wheel"))],
         env=pip_env(work / "cache-wheel"),
         cwd=work,
         check=True,
     )
     (wheel,) = wheels.glob("forestflow-*.whl")
-    clean(src)
 
     print("\n| core, installed from | venv MB | without pip, setuptools | bytecode MB | wall time | CPU time | load |")
     print("|---|---|---|---|---|---|---|")
     cases = [c for c in args.cases.split(",") if c]
     core_venv: Path | None = None
+    core_tree = src
     sizes: dict[str, int] = {}
     for run in range(args.runs):
         for case in cases:
             venv = new_venv(python, work / f"core-{case}-{run}")
-            target = {"source": [str(src)], "editable": ["-e", str(src)], "wheel": [str(wheel)]}[case]
+            tree = fresh_copy(f"{case}-{run}")  # pip builds in the tree (editable: in place, and it stays in use)
+            target = {"source": [str(tree)], "editable": ["-e", str(tree)], "wheel": [str(wheel)]}[case]
             pip = [str(venv / "bin" / "pip"), "install", *(["--no-compile"] if args.no_compile else []), *target]
             install = timed(case, pip, env(), work, work / f"{case}-{run}.log")
-            clean(src)  # pip builds in the tree: the next run builds anew
             row, case_sizes = core_row(case, install, venv)
             print(row, flush=True)
             if case == "wheel" or core_venv is None:
-                core_venv, sizes = venv, case_sizes
+                core_venv, core_tree, sizes = venv, tree, case_sizes
     assert core_venv is not None
 
     print("\n| distribution | MB (with its bytecode) |\n|---|---|")
@@ -322,14 +320,15 @@ def measure(args: argparse.Namespace, work: Path) -> None:
     print(f"| {sum(1 for s in sizes.values() if s < 0.1 * MB)} others | {mb(rest)} |", flush=True)
 
     if args.quickstart:
-        answer = quickstart(core_venv, src, work)
-        print(f"\nquick start served from {core_venv.name}: {answer.strip()[:200]}")
+        answer = quickstart(core_venv, core_tree, work)
+        print(f"\nquick start served from {core_venv.name}: {json.dumps(json.loads(answer))[:240]}")
         print(
             f"venv after the quick start: {mb(tree_size(core_venv))} MB, bytecode {mb(bytecode_size(core_venv))} MB", flush=True
         )
 
     if args.core_only:
         return
+    assert "wheel" in cases, "the extras are installed over the wheel-installed core"
     print("\n| extra | adds MB | wall time | CPU time | load |\n|---|---|---|---|---|")
     base = tree_size(core_venv)
     for extra in [e for e in args.extras.split(",") if e]:
