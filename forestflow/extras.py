@@ -1,7 +1,7 @@
 """The optional parts of forestflow and the pip extras that install them.
 
-``pip install forestflow`` serves native H2O GBM/DRF, Python, RemoteV2 and pipelines, with Kafka and
-Redis. Everything else needs an extra (``pip install 'forestflow[onnx]'``): the packages each extra
+``pip install forestflow`` serves native H2O GBM/DRF, XGBoost and LightGBM, Python, RemoteV2 and
+pipelines, with Kafka and Redis. Everything else needs an extra (``pip install 'forestflow[onnx]'``): the packages each extra
 brings are imported only where that feature is used, and a feature used without them is refused
 with the pip command that installs them, never with an ImportError. Deploying a flavor whose extra
 is missing is a 422 (:class:`MissingExtra`); ``forestflow serve`` with a setting that needs one stops
