@@ -60,5 +60,7 @@ async def test_the_onnx_example_deploys_scores_and_is_made_by_its_script(tmp_pat
         async with gw.session.post(gw.url + "/samples/iris/2/score", json=score) as r:
             made = answer(await r.json())
     assert made["output_label"] == committed["output_label"]
+    # Retrained, not copied: the solver stops within its own tolerance, and the BLAS kernels it runs on
+    # differ between CPUs (on an AVX-512 machine the probabilities moved by 1e-4), so equal within 1e-3.
     for name in ("setosa", "versicolor", "virginica"):
-        assert made[name] == pytest.approx(committed[name], abs=1e-5)
+        assert made[name] == pytest.approx(committed[name], abs=1e-3)
