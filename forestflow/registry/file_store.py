@@ -122,7 +122,8 @@ class FileStore:
         if not self._retired and self.replica_id == "w0":
             await self.apply({})  # a write under the file lock; _merge folds them
             self._retired = True
-        return await self._locked(self._load_locked)
+        docs: dict[str, Any] = await self._locked(self._load_locked)
+        return docs
 
     async def apply(self, changes: dict[str, Any | None]) -> None:
         """Write a batch under the file lock; bump the version when registry documents changed."""
@@ -248,7 +249,8 @@ class FileStore:
             self._contents = _read_snapshot(self.path)
             pos.snapshot, pos.snapshot_size = snapshot, (snapshot[1] if snapshot else 0)
             pos.journal_ino, pos.offset, pos.journal_valid = None, 0, False
-            changed = {k for k in previous.keys() | self._contents.documents.keys() if previous.get(k) != self._contents.documents.get(k)}
+            documents = self._contents.documents
+            changed = {k for k in previous.keys() | documents.keys() if previous.get(k) != documents.get(k)}
             self._peer_counts = split_counters(self._contents.counters.items(), self.replica_id)[1]
         try:
             fh = open(self.journal_path, "r+b" if writing else "rb")
@@ -498,7 +500,7 @@ def _stat(path: Path) -> tuple[int, int, int]:
 
 
 def _stats(*paths: Path) -> tuple[tuple[int, int, int] | None, ...]:
-    out = []
+    out: list[tuple[int, int, int] | None] = []
     for path in paths:
         try:
             out.append(_stat(path))
