@@ -7,13 +7,12 @@ load that fails answers 503 with the reason and is retried with backoff by
 :class:`~forestflow.registry.release_loads.ReleaseLoads`. In the background, routed releases are
 loaded too (most used first, ``warm_concurrency`` at a time) while the budget has room.
 
-With ``model_memory_budget_mb`` every loaded release is counted by its size: the bytes of the
-model file its flavor loads (:func:`~forestflow.registry.loader.release_bytes`). That is known
-before the model is built (so a release larger than the whole budget is refused before it takes
-any memory) and the same on every process and every run; an RSS delta is not: loads run
-concurrently on threads and the allocator reuses what an eviction freed, so the delta of one
-release ranges from zero to several times its size. The bench reports RSS beside it. When a load
-takes the sum over the budget, the least recently used idle releases (no admitted work) are
+With ``model_memory_budget_mb`` every loaded release is counted by what it took: the growth of
+the process's RSS over its load, measured one load at a time, the largest seen for the same model
+file, never less than the file (:meth:`~forestflow.registry.loader.ServableLoader._measured_load`;
+the file's size alone understated a GBM 7 to 17 times). A release known to be larger than the
+whole budget is refused before it is loaded, one measured larger is unloaded and refused. When a
+load takes the sum over the budget, the least recently used idle releases (no admitted work) are
 unloaded until it fits again: make-before-break, the new release is loaded before the old ones
 go, so the peak is the budget plus one release. Warming in the background never evicts.
 """
