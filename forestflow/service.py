@@ -165,8 +165,10 @@ class Gateway:
         """Restore the registry from the store, load every servable, start the timers."""
         docs = await self.store.load()
         await self.replica_sync.reconcile(docs, wait=True)
-        if not self.settings.lazy:  # (cold releases load from the cache later: nothing is pruned then)
+        if not self.settings.lazy:
             await self.loader.prune_artifacts()  # what no restored servable uses (deleted while down, crashes)
+        else:  # what neither a loaded nor a cold release uses, after ready (it reads local sources' digests)
+            self._spawn_prune(list(self.registry.cold.values()))
         registry = self.registry
         log.info(
             "registry_restored",
@@ -189,6 +191,17 @@ class Gateway:
         if watch is not None:  # follow the changes of other processes sharing the store (replicas, workers)
             watch(self.replica_sync.sync_from_store)
         self.started = True
+
+    def _spawn_prune(self, cold: list[ServableDefinition]) -> None:
+        async def prune() -> None:
+            try:
+                await self.loader.prune_artifacts(cold)
+            except Exception:  # the cache is pruned at the next start
+                log.exception("artifacts_prune_failed")
+
+        task = asyncio.ensure_future(prune())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
         """Stop timers, wait briefly for background work, persist counters, flush the log, unload."""

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import structlog
@@ -62,8 +63,7 @@ class ServableLoader:
     async def _fetch_and_load(self, defn: ServableDefinition, restoring: bool) -> Loaded:
         claim: ArtifactClaim | None = None
         if defn.has_artifact:
-            path = mlflow_model_dir(defn.path) if defn.flavor == MLFLOW else defn.path
-            claim = await self.artifacts.fetch(ArtifactRequest(path, defn.fqrv, _needed_files(defn)))
+            claim = await self.artifacts.fetch(self._request(defn))
         self.phases[defn.fqrv] = "loading"
         flavor_settings = defn.flavor_settings
         if defn.flavor == "H2OMojo":  # the gateway's H2O scorer choice (a servable's own "scorer" wins)
@@ -182,9 +182,10 @@ class ServableLoader:
             log.exception("servable_load_failed", fqrv=str(defn.fqrv))
             raise CreateServableRequestInvalidError(f"loading {defn.fqrv} failed: {type(exc).__name__}: {exc}") from exc
 
-    async def unload(self, loaded: Loaded) -> None:
+    async def unload(self, loaded: Loaded, *, keep_artifact: bool = False) -> None:
         """Let the work already routed to it finish (at most the request timeout), then close the
-        scheduler (what is still queued fails), release the model and its artifact.
+        scheduler (what is still queued fails), release the model and its artifact (its cached
+        directory stays with ``keep_artifact``: an eviction, the release loads from it again).
 
         The caller has taken the servable out of routing first (make-before-break).
         """
@@ -199,11 +200,18 @@ class ServableLoader:
         if loaded.artifact is not None:
             claim: ArtifactClaim = loaded.artifact
             loaded.artifact = None
-            await self.artifacts.release(claim)
+            await self.artifacts.release(claim, keep=keep_artifact)
 
-    async def prune_artifacts(self) -> None:
-        """Remove cached artifacts no loaded servable uses (after a restart restored them)."""
-        await self.artifacts.prune()
+    async def prune_artifacts(self, cold: Iterable[ServableDefinition] = ()) -> None:
+        """Remove cached artifacts no loaded servable uses and no ``cold`` release may load from
+        (after a restart restored them)."""
+        keep = [self._request(defn) for defn in cold if defn.has_artifact]
+        await self.artifacts.prune(keep)
+
+    @staticmethod
+    def _request(defn: ServableDefinition) -> ArtifactRequest:
+        path = mlflow_model_dir(defn.path) if defn.flavor == MLFLOW else defn.path
+        return ArtifactRequest(path, defn.fqrv, _needed_files(defn))
 
 
 def _needed_files(defn: ServableDefinition) -> tuple[str, ...] | None:

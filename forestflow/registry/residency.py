@@ -209,7 +209,7 @@ class Residency:
                     used_bytes=used - held.size_bytes,
                     budget_bytes=self.budget,
                 )
-                await self.loader.unload(held)
+                await self.loader.unload(held, keep_artifact=True)  # it loads from there again
         finally:
             self._evicting = False
 
