@@ -221,7 +221,7 @@ class FileStore:
                 contents.version += 1
             if record.entries:
                 self._append({"v": contents.version, **record.entries})
-            self._seen_stat = _stats(self.path, self.journal_path)  # under the lock: what this process wrote
+            written = _stats(self.path, self.journal_path)  # under the lock: what this process wrote
         for key in self._unseen | set(record.entries.get("d", ())):
             doc = contents.documents.get(key)
             if doc is None:
@@ -233,6 +233,7 @@ class FileStore:
         # check sees a version this process has not loaded, and reloads.
         if loaded_version == self.version:
             self.version = contents.version
+            self._seen_stat = written  # nothing in it to follow: the next check need not look
 
     def _catch_up(self, *, writing: bool = False) -> set[str]:
         """Bring ``_contents`` to the files (a lock held): the journal's new records, or everything

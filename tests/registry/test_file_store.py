@@ -117,3 +117,23 @@ async def test_a_follower_reads_only_the_new_tail(tmp_path: Path, monkeypatch) -
     await follower.check()
     assert follower.peer_counters("a.b.3.v")[0] == 9  # type: ignore[arg-type]
     assert reads == []
+
+
+async def test_a_change_read_by_a_write_of_counters_is_still_followed(tmp_path: Path) -> None:
+    """A follower's own flush catches up on the other's delete: its next check must still call back."""
+    path = tmp_path / "state" / "registry.json"
+    writer, follower = FileStore(path), FileStore(path, replica_id="w1", replicas=2)
+    await writer.apply({"servable/a.b.1.v": {"n": 1}, "metrics/a.b.1.v": {"scoreCount": 1, "createdAtMS": 1}})
+    await follower.load()
+    calls: list[int] = []
+
+    async def on_change() -> None:
+        calls.append(1)
+        await follower.load()
+
+    follower._on_change = on_change
+    await writer.apply({"servable/a.b.1.v": None, "metrics/a.b.1.v": None})
+    await follower.apply({"metrics/a.b.1.v": {"scoreCount": 3, "createdAtMS": 1}})  # its flush, after the delete
+    await follower.check()
+    assert calls == [1]
+    assert await follower.load() == {}  # the flush did not bring the deleted servable's counters back
