@@ -79,6 +79,22 @@ def deploy_ms(server: Server, model_dir: Path, first: int, count: int) -> float:
     return (time.perf_counter() - started) * 1000 / count
 
 
+def metric(server: Server, name: str) -> float:
+    """One unlabelled figure of the gateway's /metrics (0 when absent)."""
+    for line in requests.get(server.url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def resident_mb(server: Server) -> float:
+    return metric(server, "forestflow_release_resident_bytes") / 2**20
+
+
+def loads_done(server: Server) -> int:
+    return int(metric(server, "forestflow_release_loads_total"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--contracts", type=int, default=10_000, help="releases on the big gateway (one contract each)")
@@ -97,9 +113,9 @@ def main() -> int:
     size = (model / "gbm.zip").stat().st_size
     print(f"# {args.contracts} contracts of one GBM ({size} B model file); logs under {work}; machine may be loaded")
     started = time.perf_counter()
-    for name in ("big", "budget"):
+    for name in ("big", "budget", "warming"):
         seed(work / name, model, args.contracts)
-    print(f"seed {args.contracts} releases into two file stores: {time.perf_counter() - started:.2f} s")
+    print(f"seed {args.contracts} releases into three file stores: {time.perf_counter() - started:.2f} s")
     lazy = {"FORESTFLOW_LAZY_LOADING": "1", "FORESTFLOW_WARM_CONCURRENCY": "0", "FORESTFLOW_ACCESS_LOG": "0"}
     servers: list[Server] = []
     try:
@@ -112,6 +128,8 @@ def main() -> int:
         budget_env = {**lazy, "FORESTFLOW_MODEL_MEMORY_BUDGET_MB": str(args.budget_mb)}
         budgeted = start_gateway(work / "budget", budget_env, work, "budget", pin=False)
         servers.append(budgeted)
+        score_ms(budgeted, args.contracts - 1)
+        time.sleep(2.0)  # both settled: their first flush and evaluation done
         rss_before = big.rss_mb(), budgeted.rss_mb()
         cold = [score_ms(big, n) for n in range(args.cold)]
         for n in range(args.cold):
@@ -121,9 +139,10 @@ def main() -> int:
             f"p99 {percentile(cold, 99):.1f} ms, max {max(cold):.1f} ms"
         )
         print(
-            f"RSS MiB after ready: no budget {rss_before[0]:.0f}, budget {rss_before[1]:.0f}; after {args.cold} releases "
-            f"used: no budget {big.rss_mb():.0f}, budget {args.budget_mb} MiB {budgeted.rss_mb():.0f} "
-            f"(model files {args.cold * size / 2**20:.1f} MiB)"
+            f"RSS MiB after ready and one answer: no budget {rss_before[0]:.0f}, budget {rss_before[1]:.0f}; after "
+            f"{args.cold} releases used: no budget {big.rss_mb():.0f} (+{big.rss_mb() - rss_before[0]:.0f}), budget "
+            f"{args.budget_mb} MiB {budgeted.rss_mb():.0f} (+{budgeted.rss_mb() - rss_before[1]:.0f}; "
+            f"resident by the budget's count {resident_mb(budgeted):.1f} MiB); model files {args.cold * size / 2**20:.1f} MiB"
         )
         small = start_gateway(work / "small", {"FORESTFLOW_ACCESS_LOG": "0"}, work, "small", pin=False)
         servers.append(small)
@@ -136,6 +155,19 @@ def main() -> int:
             f"p99 {few.p99_ms:.2f} ms ({few.rps:.0f} req/s, {few.errors} errors); p50 ratio "
             f"{many.p50_ms / few.p50_ms:.2f}, p99 ratio {many.p99_ms / few.p99_ms:.2f}"
         )
+        # The background warm-up (warm_concurrency 2) loading releases while the warm release is driven.
+        warming = start_gateway(work / "warming", {**lazy, "FORESTFLOW_WARM_CONCURRENCY": "2"}, work, "warming", pin=False)
+        servers.append(warming)
+        score_ms(warming, 0)
+        during, few = side_by_side(warming, small, path, BODY, "application/json", 4, args.seconds)
+        print(
+            f"warm c4 {args.seconds:g} s during the background warm-up: {args.contracts} contracts p50 {during.p50_ms:.2f} ms "
+            f"p99 {during.p99_ms:.2f} ms ({during.errors} errors, {loads_done(warming)} loads done); 10 contracts p50 "
+            f"{few.p50_ms:.2f} ms p99 {few.p99_ms:.2f} ms; p50 ratio {during.p50_ms / few.p50_ms:.2f}, "
+            f"p99 ratio {during.p99_ms / few.p99_ms:.2f}"
+        )
+        warming.stop()
+        servers.remove(warming)
         big_deploy = deploy_ms(big, model, args.contracts, args.deploys)
         small_deploy = statistics.mean([small_deploy, deploy_ms(small, model, 10, args.deploys)])
         print(
