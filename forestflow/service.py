@@ -151,6 +151,17 @@ class Gateway:
             out.append((replace(entry, metrics=self.stats_metrics(entry)), status))
         return out
 
+    def release_ready(self, fqrv: FQRV) -> bool:
+        """Whether a request for ``fqrv`` can be answered now (V2 model readiness): loaded and
+        ready, or, with lazy loading, cold or loading (it loads on demand); a release whose load
+        failed is not, nor is anything while the gateway drains."""
+        if self.draining:
+            return False
+        loaded = self.registry.loaded.get(fqrv)
+        if loaded is not None:
+            return bool(loaded.servable.ready)
+        return self.settings.lazy and fqrv in self.registry.cold and self.residency.state(fqrv) != "failed"
+
     def load_view(self, fqrv: FQRV) -> dict[str, Any] | None:
         """With lazy loading, whether a release of a contract is loaded, loading, cold or failed here
         (with the failure's error, attempts and next retry); None without lazy loading."""
@@ -454,7 +465,7 @@ class Gateway:
             if loaded is None:  # cold: loaded now (one load for every request waiting), else a 503
                 loaded = await self.residency.get(fqrv, timeout)
                 timeout = max(0.001, timeout - (time.perf_counter() - started))
-            elif self.residency.budget:
+            elif self.residency.lazy:  # the budget's LRU order; the warm-up's pace
                 self.residency.touch(fqrv)
             work = explain_call(loaded.servable, loaded.explainer) if explain else None
             if tracing.ON:  # the queue wait and the scoring as children of the request's span
