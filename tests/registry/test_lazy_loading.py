@@ -78,6 +78,14 @@ def score(url: str, n: int) -> requests.Response:
     return requests.post(f"{url}/acme/scale/{n}/score", data=BODY, headers=HEADERS, timeout=60)
 
 
+def v2_ready(url: str, model: str, version: str) -> bool:
+    r = requests.get(f"{url}/v2/models/{model}/versions/{version}/ready", timeout=10)
+    assert r.status_code in (200, 503), r.text
+    ready = r.json()["ready"]
+    assert ready is (r.status_code == 200)
+    return bool(ready)
+
+
 def load_states(url: str, n: int) -> dict[str, str]:
     stats = requests.get(f"{url}/acme/scale/{n}/stats", timeout=10).json()
     return {s["ServableMetrics"]["fqrv"]["releaseVersion"]: s["ServableMetrics"]["load"]["state"] for s in stats}
@@ -157,6 +165,9 @@ def test_shadow_copies_do_not_load_cold_releases_and_a_release_over_the_budget_i
     assert refused.status_code == 503, refused.text
     assert "more than the whole model_memory_budget_mb" in refused.text, refused.text
     assert load_states(gw.url, 2) == {"gbm": "failed"}
+    # V2 readiness: a cold release that loads on demand can answer; one whose load failed cannot.
+    assert v2_ready(gw.url, "acme.scale.1", "v2") is True and load_states(gw.url, 1)["v2"] == "cold"
+    assert v2_ready(gw.url, "acme.scale.2", "gbm") is False
     deploy = requests.post(gw.url + "/servable", json=release(big, 3), timeout=30)
     assert deploy.status_code == 422 and "model_memory_budget_mb" in deploy.text, deploy.text
     assert gw.stop() == 0
