@@ -227,19 +227,19 @@ class ArtifactCache:
             return set()
         index = await self._read_index()
         digests: set[str] = set()
-        local: dict[str, tuple[str, FileLocator]] = {}
-        for request in requests:
-            try:
-                locator = self.locate(request.path)
-            except GatewayError:
-                continue
-            key = _source_key(locator, request)
-            if isinstance(locator, FileLocator):
-                local.setdefault(key, (request.path, locator))
-            elif key in index:
-                digests.add(index[key])
 
-        def read_local() -> None:
+        def read() -> None:  # off the loop: thousands of releases (sharing a few sources)
+            local: dict[str, tuple[str, FileLocator]] = {}
+            for request in requests:
+                try:
+                    locator = self.locate(request.path)
+                except GatewayError:
+                    continue
+                key = _source_key(locator, request)
+                if isinstance(locator, FileLocator):
+                    local.setdefault(key, (request.path, locator))
+                elif key in index:
+                    digests.add(index[key])
             for uri, locator in local.values():
                 try:
                     source, files = check_local(uri, locator.path, self.file_roots, self.limits, self.written)
@@ -247,7 +247,7 @@ class ArtifactCache:
                 except (GatewayError, OSError):
                     continue  # gone or refused now: its load will say so
 
-        await asyncio.to_thread(read_local)
+        await asyncio.to_thread(read)
         return digests
 
     def in_use(self) -> dict[str, int]:
