@@ -13,6 +13,7 @@ persistence) and :mod:`forestflow.replica_sync` (following the store); the
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -60,6 +61,9 @@ from forestflow.runtime.scheduler import Priority, ShadowDropped
 from forestflow.settings import Settings
 
 log = structlog.get_logger("forestflow.service")
+
+#: A restored registry of this many contracts or more is frozen out of the garbage collector's passes.
+FREEZE_AFTER_CONTRACTS = 1000
 
 
 def now_ms() -> int:
@@ -174,8 +178,21 @@ class Gateway:
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         """Restore the registry from the store, load every servable, start the timers."""
-        docs = await self.store.load()
-        await self.replica_sync.reconcile(docs, wait=True)
+        collecting = gc.isenabled()
+        if collecting:
+            # Restoring builds millions of objects that all live on: the collector's passes over the
+            # growing heap took a third of restoring 10,000 releases (py-spy); ready 6.4 -> 4.8 s.
+            gc.disable()
+        try:
+            docs = await self.store.load()
+            await self.replica_sync.reconcile(docs, wait=True)
+        finally:
+            if collecting:
+                gc.enable()
+        if len(self.registry.contracts) >= FREEZE_AFTER_CONTRACTS and collecting:
+            # ... and out of the passes for good (the serve command froze what existed before the
+            # restore), or each full pass walks it and pauses the event loop.
+            gc.freeze()
         if not self.settings.lazy:
             await self.loader.prune_artifacts()  # what no restored servable uses (deleted while down, crashes)
         else:  # what neither a loaded nor a cold release uses, after ready (it reads local sources' digests)
