@@ -1,7 +1,8 @@
 """Issue 46 at scale: N contracts of one small native GBM each on one gateway, loaded lazily.
 
 Seeds a file store with N releases (the prostate GBM fixture, one contract each), then measures:
-the time from process start to ready and to the first answer of a cold release; cold-request
+the time from a restart (after a first run persisted the releases' counters and routing) to ready
+and to the first answer of a cold release; cold-request
 latency (first requests to distinct releases); RSS after that traffic with and without a memory
 budget; warm p50/p99 against a gateway with 10 contracts, side by side (both loaded at once); and
 the time of a deploy through the admin API into the gateway holding N releases and into the small
@@ -58,6 +59,18 @@ def seed(data_dir: Path, model_dir: Path, contracts: int) -> None:
     asyncio.run(FileStore(data_dir / "state" / "registry.json").apply(docs))
 
 
+def restart(data_dir: Path, env: dict[str, str], work: Path, name: str) -> tuple[Server, float]:
+    """A gateway started once on ``data_dir`` (it persists the counters and routing of the seeded
+    releases, as a gateway that deployed them would have), stopped, and started again: returned
+    with the seconds from the second start to ready."""
+    first = start_gateway(data_dir, env, work, f"{name}-first", pin=False)
+    time.sleep(3.0)  # its first evaluation and flush of every release are written
+    first.stop()
+    started = time.perf_counter()
+    server = start_gateway(data_dir, env, work, name, pin=False)
+    return server, time.perf_counter() - started
+
+
 def score_ms(server: Server, n: int) -> float:
     started = time.perf_counter()
     r = requests.post(f"{server.url}/bench/scale/{n}/score", data=BODY, headers=HEADERS, timeout=120)
@@ -79,6 +92,22 @@ def deploy_ms(server: Server, model_dir: Path, first: int, count: int) -> float:
     return (time.perf_counter() - started) * 1000 / count
 
 
+def metric(server: Server, name: str) -> float:
+    """One unlabelled figure of the gateway's /metrics (0 when absent)."""
+    for line in requests.get(server.url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def resident_mb(server: Server) -> float:
+    return metric(server, "forestflow_release_resident_bytes") / 2**20
+
+
+def loads_done(server: Server) -> int:
+    return int(metric(server, "forestflow_release_loads_total"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--contracts", type=int, default=10_000, help="releases on the big gateway (one contract each)")
@@ -87,6 +116,7 @@ def main() -> int:
     parser.add_argument("--deploys", type=int, default=50, help="deploys timed on each gateway")
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of the warm side-by-side run")
     parser.add_argument("--smoke", action="store_true", help="40 contracts, 10 cold, 5 deploys, 1 s")
+    parser.add_argument("--keep", action="store_true", help="keep the data dirs and gateway logs")
     args = parser.parse_args()
     if args.smoke:
         args.contracts, args.cold, args.deploys, args.seconds = 40, 10, 5, 1.0
@@ -97,21 +127,23 @@ def main() -> int:
     size = (model / "gbm.zip").stat().st_size
     print(f"# {args.contracts} contracts of one GBM ({size} B model file); logs under {work}; machine may be loaded")
     started = time.perf_counter()
-    for name in ("big", "budget"):
+    for name in ("big", "budget", "warming"):
         seed(work / name, model, args.contracts)
-    print(f"seed {args.contracts} releases into two file stores: {time.perf_counter() - started:.2f} s")
+    print(f"seed {args.contracts} releases into three file stores: {time.perf_counter() - started:.2f} s")
     lazy = {"FORESTFLOW_LAZY_LOADING": "1", "FORESTFLOW_WARM_CONCURRENCY": "0", "FORESTFLOW_ACCESS_LOG": "0"}
     servers: list[Server] = []
     try:
-        started = time.perf_counter()
-        big = start_gateway(work / "big", lazy, work, "big", pin=False)
+        big, ready_s = restart(work / "big", lazy, work, "big")
         servers.append(big)
-        ready_s = time.perf_counter() - started
         first_ms = score_ms(big, args.contracts - 1)
-        print(f"start to ready with {args.contracts} releases: {ready_s:.2f} s; first answer of a cold release {first_ms:.1f} ms")
+        print(
+            f"restart to ready with {args.contracts} releases: {ready_s:.2f} s; first answer of a cold release {first_ms:.1f} ms"
+        )
         budget_env = {**lazy, "FORESTFLOW_MODEL_MEMORY_BUDGET_MB": str(args.budget_mb)}
-        budgeted = start_gateway(work / "budget", budget_env, work, "budget", pin=False)
+        budgeted, _ = restart(work / "budget", budget_env, work, "budget")
         servers.append(budgeted)
+        score_ms(budgeted, args.contracts - 1)
+        time.sleep(2.0)  # both settled: their first flush and evaluation done
         rss_before = big.rss_mb(), budgeted.rss_mb()
         cold = [score_ms(big, n) for n in range(args.cold)]
         for n in range(args.cold):
@@ -121,12 +153,18 @@ def main() -> int:
             f"p99 {percentile(cold, 99):.1f} ms, max {max(cold):.1f} ms"
         )
         print(
-            f"RSS MiB after ready: no budget {rss_before[0]:.0f}, budget {rss_before[1]:.0f}; after {args.cold} releases "
-            f"used: no budget {big.rss_mb():.0f}, budget {args.budget_mb} MiB {budgeted.rss_mb():.0f} "
-            f"(model files {args.cold * size / 2**20:.1f} MiB)"
+            f"RSS MiB after ready and one answer: no budget {rss_before[0]:.0f}, budget {rss_before[1]:.0f}; after "
+            f"{args.cold} releases used: no budget {big.rss_mb():.0f} (+{big.rss_mb() - rss_before[0]:.0f}), budget "
+            f"{args.budget_mb} MiB {budgeted.rss_mb():.0f} (+{budgeted.rss_mb() - rss_before[1]:.0f}; "
+            f"resident by the budget's count {resident_mb(budgeted):.1f} MiB); model files {args.cold * size / 2**20:.1f} MiB"
         )
+        started = time.perf_counter()
         small = start_gateway(work / "small", {"FORESTFLOW_ACCESS_LOG": "0"}, work, "small", pin=False)
         servers.append(small)
+        print(
+            f"start to ready of an empty gateway (the process alone, same run): {time.perf_counter() - started:.2f} s; "
+            f"with {args.contracts} releases {ready_s:.2f} s"
+        )
         small_deploy = deploy_ms(small, model, 0, 10)
         path = "/bench/scale/0/score"
         many, few = side_by_side(big, small, path, BODY, "application/json", 4, args.seconds)
@@ -136,6 +174,19 @@ def main() -> int:
             f"p99 {few.p99_ms:.2f} ms ({few.rps:.0f} req/s, {few.errors} errors); p50 ratio "
             f"{many.p50_ms / few.p50_ms:.2f}, p99 ratio {many.p99_ms / few.p99_ms:.2f}"
         )
+        # The background warm-up (warm_concurrency 2) loading releases while the warm release is driven.
+        warming, _ = restart(work / "warming", {**lazy, "FORESTFLOW_WARM_CONCURRENCY": "2"}, work, "warming")
+        servers.append(warming)
+        score_ms(warming, 0)
+        during, few = side_by_side(warming, small, path, BODY, "application/json", 4, args.seconds)
+        print(
+            f"warm c4 {args.seconds:g} s during the background warm-up: {args.contracts} contracts p50 {during.p50_ms:.2f} ms "
+            f"p99 {during.p99_ms:.2f} ms ({during.errors} errors, {loads_done(warming)} loads done); 10 contracts p50 "
+            f"{few.p50_ms:.2f} ms p99 {few.p99_ms:.2f} ms; p50 ratio {during.p50_ms / few.p50_ms:.2f}, "
+            f"p99 ratio {during.p99_ms / few.p99_ms:.2f}"
+        )
+        warming.stop()
+        servers.remove(warming)
         big_deploy = deploy_ms(big, model, args.contracts, args.deploys)
         small_deploy = statistics.mean([small_deploy, deploy_ms(small, model, 10, args.deploys)])
         print(
@@ -145,7 +196,8 @@ def main() -> int:
     finally:
         for server in servers:
             server.stop()
-    shutil.rmtree(work, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

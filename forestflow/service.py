@@ -13,6 +13,7 @@ persistence) and :mod:`forestflow.replica_sync` (following the store); the
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -60,6 +61,9 @@ from forestflow.runtime.scheduler import Priority, ShadowDropped
 from forestflow.settings import Settings
 
 log = structlog.get_logger("forestflow.service")
+
+#: A restored registry of this many contracts or more is frozen out of the garbage collector's passes.
+FREEZE_AFTER_CONTRACTS = 1000
 
 
 def now_ms() -> int:
@@ -151,6 +155,17 @@ class Gateway:
             out.append((replace(entry, metrics=self.stats_metrics(entry)), status))
         return out
 
+    def release_ready(self, fqrv: FQRV) -> bool:
+        """Whether a request for ``fqrv`` can be answered now (V2 model readiness): loaded and
+        ready, or, with lazy loading, cold or loading (it loads on demand); a release whose load
+        failed is not, nor is anything while the gateway drains."""
+        if self.draining:
+            return False
+        loaded = self.registry.loaded.get(fqrv)
+        if loaded is not None:
+            return bool(loaded.servable.ready)
+        return self.settings.lazy and fqrv in self.registry.cold and self.residency.state(fqrv) != "failed"
+
     def load_view(self, fqrv: FQRV) -> dict[str, Any] | None:
         """With lazy loading, whether a release of a contract is loaded, loading, cold or failed here
         (with the failure's error, attempts and next retry); None without lazy loading."""
@@ -163,10 +178,25 @@ class Gateway:
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         """Restore the registry from the store, load every servable, start the timers."""
-        docs = await self.store.load()
-        await self.replica_sync.reconcile(docs, wait=True)
-        if not self.settings.lazy:  # (cold releases load from the cache later: nothing is pruned then)
+        collecting = gc.isenabled()
+        if collecting:
+            # Restoring builds millions of objects that all live on: the collector's passes over the
+            # growing heap took a third of restoring 10,000 releases (py-spy); ready 6.4 -> 4.8 s.
+            gc.disable()
+        try:
+            docs = await self.store.load()
+            await self.replica_sync.reconcile(docs, wait=True)
+        finally:
+            if collecting:
+                gc.enable()
+        if len(self.registry.contracts) >= FREEZE_AFTER_CONTRACTS and collecting:
+            # ... and out of the passes for good (the serve command froze what existed before the
+            # restore), or each full pass walks it and pauses the event loop.
+            gc.freeze()
+        if not self.settings.lazy:
             await self.loader.prune_artifacts()  # what no restored servable uses (deleted while down, crashes)
+        else:  # what neither a loaded nor a cold release uses, after ready (it reads local sources' digests)
+            self._spawn_prune(list(self.registry.cold.values()))
         registry = self.registry
         log.info(
             "registry_restored",
@@ -189,6 +219,17 @@ class Gateway:
         if watch is not None:  # follow the changes of other processes sharing the store (replicas, workers)
             watch(self.replica_sync.sync_from_store)
         self.started = True
+
+    def _spawn_prune(self, cold: list[ServableDefinition]) -> None:
+        async def prune() -> None:
+            try:
+                await self.loader.prune_artifacts(cold)
+            except Exception:  # the cache is pruned at the next start
+                log.exception("artifacts_prune_failed")
+
+        task = asyncio.ensure_future(prune())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
         """Stop timers, wait briefly for background work, persist counters, flush the log, unload."""
@@ -441,7 +482,7 @@ class Gateway:
             if loaded is None:  # cold: loaded now (one load for every request waiting), else a 503
                 loaded = await self.residency.get(fqrv, timeout)
                 timeout = max(0.001, timeout - (time.perf_counter() - started))
-            elif self.residency.budget:
+            elif self.residency.lazy:  # the budget's LRU order; the warm-up's pace
                 self.residency.touch(fqrv)
             work = explain_call(loaded.servable, loaded.explainer) if explain else None
             if tracing.ON:  # the queue wait and the scoring as children of the request's span

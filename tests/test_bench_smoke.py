@@ -109,10 +109,11 @@ def test_scale_bench_smoke_prints_its_figures() -> None:
     result = subprocess.run([sys.executable, "bench/scale.py", "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    starts = ("start to ready", "cold requests", "RSS MiB", "warm c4", "deploy through")
+    starts = ("restart to ready", "cold requests", "RSS MiB", "warm c4", "deploy through")
     assert all(any(line.startswith(s) for line in lines) for s in starts), result.stdout
-    (warm,) = [line for line in lines if line.startswith("warm c4")]
-    assert warm.count(" 0 errors)") == 2, result.stdout  # both gateways answered every request
+    side, during = [line for line in lines if line.startswith("warm c4")]
+    assert side.count(" 0 errors)") == 2, result.stdout  # both gateways answered every request
+    assert "during the background warm-up" in during and "(0 errors," in during, result.stdout
 
 
 def test_same_model_bench_pins_the_test_venvs_xgboost_and_lightgbm() -> None:

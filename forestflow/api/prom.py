@@ -313,11 +313,13 @@ class GatewayCollector:
         )
         yield CounterMetricFamily(
             "forestflow_release_loaded_bytes",
-            "Bytes of the releases loaded (artifact sizes) since start",
+            "Bytes of the releases loaded (their memory, measured at load with a budget, else file sizes) since start",
             value=residency.bytes_loaded,
         )
         yield GaugeMetricFamily(
-            "forestflow_release_resident_bytes", "Bytes of the releases loaded now (artifact sizes)", value=residency.used_bytes
+            "forestflow_release_resident_bytes",
+            "Bytes of the releases loaded now (their memory, measured at load with a budget, else file sizes)",
+            value=residency.used_bytes,
         )
         yield GaugeMetricFamily(
             "forestflow_releases_cold", "Releases routed but not loaded here", value=len(gateway.registry.cold)

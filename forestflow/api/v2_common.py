@@ -103,8 +103,7 @@ def model_ready(gateway: Gateway, name: str, version: str | None) -> bool:
             fqrv = gateway.active_release(contract)
         except NoActiveServablesForContract:
             return False
-    loaded = gateway.loaded.get(fqrv)
-    return loaded is not None and loaded.servable.ready and not gateway.draining
+    return gateway.release_ready(fqrv)  # a cold release that loads on demand is ready (lazy loading)
 
 
 def decoding_specs(gateway: Gateway, route: Route) -> Sequence[TensorSpec]:

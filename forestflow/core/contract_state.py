@@ -64,13 +64,24 @@ class ContractState:
         self._fresh_router = False
         #: Requests that reached this contract (drives SAMPLE shadowing).
         self.request_count = 0
-        #: Draws of the bandit routers (seed it for reproducible routing).
-        self.rng = np.random.default_rng()
+        self._rng: np.random.Generator | None = None
         #: The bandit's current shares by release, the rewards they came from, and routed
         #: requests since they were computed.
         self.bandit_shares: dict[str, float] = {}
         self._bandit_basis: tuple[Any, ...] | None = None
         self._since_shares = 0
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """Draws of the bandit routers (set it for reproducible routing). Made on first use: making
+        one for each of 10,000 contracts at start took a second."""
+        if self._rng is None:
+            self._rng = np.random.default_rng()
+        return self._rng
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        self._rng = value
 
     # ---- membership ---------------------------------------------------------------------------
     def add(self, entry: ServableEntry) -> None:

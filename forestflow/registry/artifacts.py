@@ -7,8 +7,9 @@ the same source share one download. Remote sources (HTTP, Git, S3) are remembere
 source -> digest, so a restart reuses the directory without fetching again.
 
 Every servable that uses an artifact holds an :class:`ArtifactClaim`; releasing the last claim on
-a directory removes it (delete, expiration, failed deploy), and :meth:`ArtifactCache.prune`
-removes whatever no claim holds (called once the gateway has restored its servables).
+a directory removes it (delete, expiration, failed deploy; not an eviction from memory, which
+keeps it for the next load), and :meth:`ArtifactCache.prune` removes whatever no claim holds and
+no cold release may load from (called once the gateway has restored its servables).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import itertools
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,7 @@ import structlog
 
 from forestflow.core.ids import FQRV
 from forestflow.core.locator import FileLocator, GitLocator, HttpLocator, Locator, S3Locator, git_tag, parse_locator
+from forestflow.errors import GatewayError
 from forestflow.extras import needed_for
 from forestflow.registry.sources import FetchLimits
 from forestflow.registry.sources.git import fetch_git
@@ -187,8 +190,9 @@ class ArtifactCache:
         return digest
 
     # ---- releasing and pruning ----------------------------------------------------------------------
-    async def release(self, claim: ArtifactClaim) -> None:
-        """Drop a servable's claim; the directory goes when no other servable holds it."""
+    async def release(self, claim: ArtifactClaim, *, keep: bool = False) -> None:
+        """Drop a servable's claim; the directory goes when no other servable holds it, unless
+        ``keep`` (a release evicted from memory stays in the registry and loads from it again)."""
         async with self._lock:
             holders = self._claims.get(claim.digest)
             if holders is None:
@@ -197,19 +201,54 @@ class ArtifactCache:
             if holders:
                 return
             del self._claims[claim.digest]
-            await self._remove([claim.digest])
+            if not keep:
+                await self._remove([claim.digest])
 
-    async def prune(self) -> list[str]:
-        """Remove every cached directory no servable holds, and staging leftovers; returns their names."""
+    async def prune(self, keep: Iterable[ArtifactRequest] = ()) -> list[str]:
+        """Remove every cached directory no servable holds, and staging leftovers; returns their names.
+
+        ``keep``: sources of releases that are not loaded but may be (cold, with lazy loading): the
+        directories they were fetched into stay. A local source's digest is read from the source
+        (it is copied again if it changed); a remote one's from the source index."""
+        kept = await self._digests_of(list(keep))
         async with self._lock:
             if not self.root.is_dir():
                 return []
-            unused = [p.name for p in self.root.iterdir() if p.is_dir() and p.name not in self._claims]
+            unused = [p.name for p in self.root.iterdir() if p.is_dir() and p.name not in self._claims and p.name not in kept]
             unused = [n for n in unused if not (n.startswith(_STAGING) and self._inflight)]  # not a live fetch's
             await self._remove(unused)
         if unused:
             log.info("artifacts_pruned", count=len(unused))
         return unused
+
+    async def _digests_of(self, requests: list[ArtifactRequest]) -> set[str]:
+        """The cached directories the sources of ``requests`` were (or would be) fetched into."""
+        if not requests:
+            return set()
+        index = await self._read_index()
+        digests: set[str] = set()
+
+        def read() -> None:  # off the loop: thousands of releases (sharing a few sources)
+            local: dict[str, tuple[str, FileLocator]] = {}
+            for request in requests:
+                try:
+                    locator = self.locate(request.path)
+                except GatewayError:
+                    continue
+                key = _source_key(locator, request)
+                if isinstance(locator, FileLocator):
+                    local.setdefault(key, (request.path, locator))
+                elif key in index:
+                    digests.add(index[key])
+            for uri, locator in local.values():
+                try:
+                    source, files = check_local(uri, locator.path, self.file_roots, self.limits, self.written)
+                    digests.add(digest_local(source, files))
+                except (GatewayError, OSError):
+                    continue  # gone or refused now: its load will say so
+
+        await asyncio.to_thread(read)
+        return digests
 
     def in_use(self) -> dict[str, int]:
         """Cached directories and how many servables hold each."""

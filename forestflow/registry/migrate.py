@@ -6,7 +6,7 @@ Serving with Redis over a data dir whose file store holds contracts, or with the
 data dir whose registry went to Redis, would start with an empty registry and prune the cached
 artifacts of the one the user left behind: :func:`check_store_switch` refuses that with one line
 naming ``forestflow store migrate``, which :func:`migrate` implements (the source is kept: the
-file store's registry is renamed ``registry.json.migrated``, Redis is left as it is).
+file store's registry is folded into one file renamed ``registry.json.migrated``, Redis is left as it is).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from forestflow.core.ids import FQRV
-from forestflow.registry.file_store import FileStore
+from forestflow.registry.file_store import FileStore, compact, journal_path, read_registry
 from forestflow.registry.store import counters_doc, counters_of
 
 #: What a data dir says about the store its registry lives in.
@@ -41,10 +41,10 @@ def _marker(data_dir: Path) -> dict[str, Any]:
 def _file_contracts(data_dir: Path) -> int:
     """How many servables the data dir's file store holds (0 when it has no registry)."""
     try:
-        data = orjson.loads((data_dir / REGISTRY).read_bytes())
+        documents = read_registry(data_dir / REGISTRY)
     except (OSError, orjson.JSONDecodeError):
         return 0
-    return sum(1 for key in data.get("documents", {}) if key.startswith("servable/"))
+    return sum(1 for key in documents if key.startswith("servable/"))
 
 
 def check_store_switch(data_dir: Path, redis_url: str) -> None:
@@ -104,7 +104,9 @@ async def migrate(data_dir: Path, redis_url: str, to: str) -> int:
         await redis.close()
     if to == "redis":
         registry = data_dir / REGISTRY
+        compact(registry)  # the journal's changes into the file that is kept
         registry.replace(registry.with_name(registry.name + ".migrated"))
+        journal_path(registry).unlink(missing_ok=True)
         _write_marker(data_dir, {"store": "redis", "redisUrl": redis_url})
     else:
         (data_dir / MARKER).unlink(missing_ok=True)

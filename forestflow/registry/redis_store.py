@@ -8,6 +8,11 @@ Layout under a namespace (default ``forestflow``):
   and ``version`` (bumped in the same MULTI/EXEC as every change of ``<ns>:docs``).
 - ``<ns>:counters`` hash, ``<fqrv>@<replica>`` -> ``"<scoreCount> <shadeCount> <errorCount> <shadeErrorCount>"``: every replica
   writes only its own counters, so none is lost to another's stale write; peers' sums feed /stats.
+- ``<ns>:changed``  sorted set, document key -> the version that last wrote or deleted it: a
+  replica that follows reads only the documents changed since the version it holds (with 10,000
+  releases reading them all on every deploy took seconds). Entries older than
+  :data:`CHANGELOG_KEEP` versions are trimmed; ``<ns>:meta`` ``trimmed`` says from which version
+  the set is complete (a replica further behind reads everything).
 - ``<ns>:changes``  pub/sub channel; every change publishes ``<epoch>:<version>``.
 
 Router state (``routing/*``) stays in each replica's memory and is not written. Replicas follow
@@ -41,6 +46,9 @@ from forestflow.registry.store import NO_COUNTS, counters_doc, counters_of, merg
 
 log = structlog.get_logger("forestflow.registry.redis")
 
+#: How many versions of document changes ``<ns>:changed`` keeps (trimmed every 1,000 versions).
+CHANGELOG_KEEP = 10_000
+
 
 def _dumps(doc: Any) -> str:
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS).decode()
@@ -70,6 +78,7 @@ class RedisStore:
         self.namespace = namespace
         self.docs_key, self.meta_key = f"{namespace}:docs", f"{namespace}:meta"
         self.counters_key, self.channel = f"{namespace}:counters", f"{namespace}:changes"
+        self.changed_key = f"{namespace}:changed"
         self._conn_kwargs: dict[str, Any] = {
             "socket_connect_timeout": socket_timeout_s,
             "socket_timeout": socket_timeout_s,
@@ -99,7 +108,17 @@ class RedisStore:
 
     # ---- Store ----------------------------------------------------------------------------------
     async def load(self) -> dict[str, Any]:
-        """Every document; ``metrics/*`` carry this replica's own counters."""
+        """Every document; ``metrics/*`` carry this replica's own counters.
+
+        After the first load only the documents changed since the version this replica holds are
+        read (``<ns>:changed``); everything again when the registry was re-seeded or the change
+        set no longer reaches back that far."""
+        if self.epoch is not None:
+            try:
+                if await self._load_changes():
+                    return self._view()
+            except (RedisError, OSError) as exc:
+                raise self._unavailable(exc) from exc
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hmget(self.meta_key, "epoch", "version")
@@ -112,13 +131,49 @@ class RedisStore:
         if epoch is None and self.version > 0:  # Redis came back empty: re-seed, then read that
             await self.apply({})
             return await self.load()
-        docs = {key: orjson.loads(value) for key, value in raw_docs.items()}
-        self._known = dict(docs)
+        self._known = {key: orjson.loads(value) for key, value in raw_docs.items()}
         if epoch is not None:
             self.epoch, self.version = epoch, int(version or 0)
-        own = self._read_counters(counters)
-        out = dict(docs)
-        for key, doc in docs.items():
+        self._read_counters(counters)
+        suffix = "@" + self.replica_id
+        self._own_counters = {f: v for f, v in counters.items() if f.endswith(suffix)}
+        return self._view()
+
+    async def _load_changes(self) -> bool:
+        """Bring ``_known`` to the store by reading the documents changed since ``version``; False
+        when that cannot be done (another epoch, the change set trimmed past it, or Redis empty)."""
+        redis: Any = self._redis
+        for _ in range(5):
+            try:
+                async with redis.pipeline(transaction=True) as pipe:
+                    await pipe.watch(self.meta_key)
+                    epoch, version, trimmed = await pipe.hmget(self.meta_key, "epoch", "version", "trimmed")
+                    if epoch != self.epoch or int(trimmed or 0) > self.version:
+                        return False
+                    keys = await pipe.zrangebyscore(self.changed_key, f"({self.version}", "+inf")
+                    pipe.multi()
+                    pipe.hgetall(self.counters_key)  # the peers' counters, as a full load reads them
+                    if keys:
+                        pipe.hmget(self.docs_key, *keys)
+                    counters, *found = await pipe.execute()
+                    values = found[0] if keys else []
+            except WatchError:
+                continue  # the registry moved while it was read: read again
+            self._read_counters(counters)
+            for key, value in zip(keys, values):
+                if value is None:
+                    self._known.pop(key, None)
+                else:
+                    self._known[key] = orjson.loads(value)
+            self.version = int(version or 0)
+            return True
+        return False
+
+    def _view(self) -> dict[str, Any]:
+        """The documents as last read, ``metrics/*`` with this replica's own counters."""
+        own, _ = split_counters(_parsed_counters(self._own_counters), self.replica_id)
+        out = dict(self._known)
+        for key, doc in self._known.items():
             if key.startswith("metrics/"):
                 out[key] = {**doc, **counters_doc(own.get(key.removeprefix("metrics/"), NO_COUNTS))}
         return out
@@ -216,7 +271,17 @@ class RedisStore:
             new_epoch = epoch if epoch is not None else secrets.token_hex(8)
             new_version = (self.version if reseed else int(version or 0)) + 1
             if bump:
-                pipe.hset(self.meta_key, mapping={"epoch": new_epoch, "version": new_version})
+                meta: dict[str, Any] = {"epoch": new_epoch, "version": new_version}
+                if reseed:
+                    pipe.delete(self.changed_key)
+                    meta["trimmed"] = new_version
+                elif new_version % 1000 == 0 and new_version > CHANGELOG_KEEP:
+                    pipe.zremrangebyscore(self.changed_key, "-inf", new_version - CHANGELOG_KEEP)
+                    meta["trimmed"] = new_version - CHANGELOG_KEEP
+                changed = {key: new_version for key in [*writes, *deletes]}
+                if changed:
+                    pipe.zadd(self.changed_key, changed)
+                pipe.hset(self.meta_key, mapping=meta)
                 pipe.publish(self.channel, f"{new_epoch}:{new_version}")
             if not (bump or counters or dropped):
                 await pipe.reset()

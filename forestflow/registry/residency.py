@@ -5,15 +5,15 @@ With lazy loading a release can be part of its contract's routing without being 
 loads it; concurrent first requests share that one load and wait for it within their deadline. A
 load that fails answers 503 with the reason and is retried with backoff by
 :class:`~forestflow.registry.release_loads.ReleaseLoads`. In the background, routed releases are
-loaded too (most used first, ``warm_concurrency`` at a time) while the budget has room.
+loaded too (most used first, ``warm_concurrency`` at a time) while the budget has room; while
+requests are being served, one at a time with pauses (:data:`WARM_PAUSE_FACTOR`).
 
-With ``model_memory_budget_mb`` every loaded release is counted by its size: the bytes of the
-model file its flavor loads (:func:`~forestflow.registry.loader.release_bytes`). That is known
-before the model is built (so a release larger than the whole budget is refused before it takes
-any memory) and the same on every process and every run; an RSS delta is not: loads run
-concurrently on threads and the allocator reuses what an eviction freed, so the delta of one
-release ranges from zero to several times its size. The bench reports RSS beside it. When a load
-takes the sum over the budget, the least recently used idle releases (no admitted work) are
+With ``model_memory_budget_mb`` every loaded release is counted by what it took: the growth of
+the process's RSS over its load, measured one load at a time, the largest seen for the same model
+file, never less than the file (:meth:`~forestflow.registry.loader.ServableLoader._measured_load`;
+the file's size alone understated a GBM 7 to 17 times). A release known to be larger than the
+whole budget is refused before it is loaded, one measured larger is unloaded and refused. When a
+load takes the sum over the budget, the least recently used idle releases (no admitted work) are
 unloaded until it fits again: make-before-break, the new release is loaded before the old ones
 go, so the peak is the budget plus one release. Warming in the background never evicts.
 """
@@ -38,6 +38,11 @@ from forestflow.settings import Settings
 
 log = structlog.get_logger("forestflow.service")
 
+#: The warm-up counts the gateway as serving when a request was routed within this many seconds.
+BUSY_WINDOW_S = 0.5
+#: While serving, each background load is followed by a pause this many times its duration.
+WARM_PAUSE_FACTOR = 4.0
+
 
 class Residency:
     """On-demand and background loads of cold releases, and the memory budget's LRU evictions."""
@@ -47,6 +52,8 @@ class Residency:
         self.loader = loader
         self.loads = loads
         self.budget = settings.memory_budget_bytes
+        #: Releases load on first use (requests routed to loaded ones are :meth:`touch`-ed).
+        self.lazy = settings.lazy
         self.warm_concurrency = settings.warm_concurrency
         #: Releases that were loaded here, least recently used first (some may be gone since).
         self.recent: OrderedDict[FQRV, None] = OrderedDict()
@@ -56,6 +63,8 @@ class Residency:
         #: Requests waiting for a release to load, per release (it is not evicted meanwhile).
         self._waiting: dict[FQRV, int] = {}
         self._warm_wake = asyncio.Event()
+        #: When a request was last routed to a loaded release (the warm-up paces itself under traffic).
+        self.last_request = 0.0
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
         # Counters since start (``/metrics``).
@@ -80,6 +89,7 @@ class Residency:
 
     def touch(self, fqrv: FQRV) -> None:
         """A request was routed to a loaded release (it becomes the most recently used)."""
+        self.last_request = time.monotonic()
         if fqrv in self.recent:
             self.recent.move_to_end(fqrv)
 
@@ -210,7 +220,7 @@ class Residency:
                     used_bytes=used - held.size_bytes,
                     budget_bytes=self.budget,
                 )
-                await self.loader.unload(held)
+                await self.loader.unload(held, keep_artifact=True)  # it loads from there again
         finally:
             self._evicting = False
 
@@ -234,11 +244,21 @@ class Residency:
                 if self.closed or (self.budget and self.used_bytes >= self.budget):
                     break  # warming never evicts: traffic decides what stays
                 await gate.acquire()
+                busy = time.monotonic() - self.last_request < BUSY_WINDOW_S
                 task = self.load(fqrv)
                 if task is None:
                     gate.release()
                     continue
-                task.add_done_callback(lambda _t: gate.release())
+                if not busy:
+                    task.add_done_callback(lambda _t: gate.release())
+                    continue
+                # Serving: a load's thread holds the GIL the event loop needs for requests (warm p99
+                # went from 80 ms to seconds with two loads at a time), so one load at a time and
+                # then a pause WARM_PAUSE_FACTOR times as long: at most a fifth of the time loading.
+                started = time.monotonic()
+                await asyncio.wait([task])
+                await asyncio.sleep(WARM_PAUSE_FACTOR * (time.monotonic() - started))
+                gate.release()
 
     def _warm_order(self) -> list[FQRV]:
         """Cold releases that get traffic, most used first (routed ones before the others)."""

@@ -23,7 +23,8 @@ from bench.payloads import FIXTURE, score_body
 from forestflow.codecs.ff_settings import parse_serve_request, serve_request_to_json
 from forestflow.registry.file_store import FileStore
 from tests.registry.redis_server import RedisServer
-from tests.support import GatewayProcess, wait_for
+from tests.support import GatewayProcess, python_servable, wait_for
+from tests.support import score_body as echo_body
 
 BODY = score_body(1)
 HEADERS = {"Content-Type": "application/json"}
@@ -75,6 +76,14 @@ def metric(url: str, name: str) -> float:
 
 def score(url: str, n: int) -> requests.Response:
     return requests.post(f"{url}/acme/scale/{n}/score", data=BODY, headers=HEADERS, timeout=60)
+
+
+def v2_ready(url: str, model: str, version: str) -> bool:
+    r = requests.get(f"{url}/v2/models/{model}/versions/{version}/ready", timeout=10)
+    assert r.status_code in (200, 503), r.text
+    ready = r.json()["ready"]
+    assert ready is (r.status_code == 200)
+    return bool(ready)
 
 
 def load_states(url: str, n: int) -> dict[str, str]:
@@ -156,6 +165,9 @@ def test_shadow_copies_do_not_load_cold_releases_and_a_release_over_the_budget_i
     assert refused.status_code == 503, refused.text
     assert "more than the whole model_memory_budget_mb" in refused.text, refused.text
     assert load_states(gw.url, 2) == {"gbm": "failed"}
+    # V2 readiness: a cold release that loads on demand can answer; one whose load failed cannot.
+    assert v2_ready(gw.url, "acme.scale.1", "v2") is True and load_states(gw.url, 1)["v2"] == "cold"
+    assert v2_ready(gw.url, "acme.scale.2", "gbm") is False
     deploy = requests.post(gw.url + "/servable", json=release(big, 3), timeout=30)
     assert deploy.status_code == 422 and "model_memory_budget_mb" in deploy.text, deploy.text
     assert gw.stop() == 0
@@ -218,4 +230,32 @@ def test_workers_each_apply_their_own_budget_and_summed_counters_stay_right(
         )
 
     asyncio.run(wait_for(summed, 30, "summed counters"))
+    assert gw.stop() == 0
+
+
+BALLAST_MODEL = """
+import numpy as np
+
+BALLAST = np.ones(8 * 2**20 // 8)  # 8 MiB written (resident) when the module is loaded
+
+
+def predict(frame):
+    return frame
+"""
+
+
+def test_the_budget_counts_a_release_by_the_memory_its_load_took(tmp_path: Path, gateway_process: type[GatewayProcess]) -> None:
+    """Not by its model file: a model of a few hundred bytes that holds 8 MiB counts 8 MiB."""
+    model = tmp_path / "ballast"
+    model.mkdir()
+    (model / "model.py").write_text(BALLAST_MODEL)
+    data = tmp_path / "data"
+    seed_file_store(data, [python_servable(("acme", "ballast", n), directory=model) for n in range(2)])
+    env = {"FORESTFLOW_MODEL_MEMORY_BUDGET_MB": "64", "FORESTFLOW_WARM_CONCURRENCY": "0"}
+    gw = gateway_process(data, env=env).start()
+    for n in range(2):
+        r = requests.post(f"{gw.url}/acme/ballast/{n}/score", json=echo_body([1.0]), timeout=60)
+        assert r.status_code == 200, r.text
+    resident = metric(gw.url, "forestflow_release_resident_bytes")
+    assert 2 * 7 * 2**20 < resident < 2 * 16 * 2**20, resident  # the file alone: 2 * ~150 bytes
     assert gw.stop() == 0

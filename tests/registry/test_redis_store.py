@@ -120,6 +120,47 @@ async def test_a_write_while_behind_does_not_claim_the_version(redis_server: Red
         assert calls == [1] and a.version == 2
 
 
+async def test_a_follower_reads_only_the_documents_changed_since_its_version(redis_server: RedisServer) -> None:
+    async with store(redis_server) as writer, store(redis_server) as follower:
+        await writer.apply({f"servable/acme.demo.{i}.v1": {**SERVABLE, "n": i} for i in range(300)})
+        await follower.load()
+        # Written behind the stores' backs: a follower that read every document would see it.
+        redis_server.client().hset("forestflow:docs", "servable/acme.demo.7.v1", '{"sneaked": true}')
+        await writer.apply({"servable/acme.demo.3.v1": None, "contract/acme.demo.300": {"k": 1}})
+        await writer.apply({"metrics/acme.demo.5.v1": metrics(score=4, perf={"auc": 0.5})})
+        docs = await follower.load()
+        assert follower.version == writer.version == 3
+        assert "servable/acme.demo.3.v1" not in docs and docs["contract/acme.demo.300"] == {"k": 1}
+        assert docs["metrics/acme.demo.5.v1"]["performanceMetrics"] == {"auc": 0.5}
+        assert docs["metrics/acme.demo.5.v1"]["scoreCount"] == 0  # the writer's count is its own
+        assert docs["servable/acme.demo.7.v1"]["n"] == 7
+        assert len(docs) == 301
+        fresh = RedisStore(redis_server.url)
+        try:
+            assert (await fresh.load())["servable/acme.demo.7.v1"] == {"sneaked": True}  # a first load reads all
+        finally:
+            await fresh.close()
+
+
+async def test_a_follower_behind_the_trimmed_change_set_reads_everything(redis_server: RedisServer, monkeypatch) -> None:
+    from forestflow.registry import redis_store
+
+    monkeypatch.setattr(redis_store, "CHANGELOG_KEEP", 5)
+    async with store(redis_server) as writer, store(redis_server) as follower:
+        await writer.apply({"contract/acme.demo.0": {"k": 0}})
+        await follower.load()
+        for version in range(2, 1002):
+            redis_server.client().hset("forestflow:meta", "version", version - 1)  # skip ahead: 1,000 writes
+            writer.version = version - 1
+            if version in (2, 1000, 1001):
+                await writer.apply({"contract/acme.demo.0": {"k": version}})
+        assert writer.version == 1001
+        assert int(redis_server.client().hget("forestflow:meta", "trimmed")) == 995
+        assert redis_server.client().zcard("forestflow:changed") == 1
+        docs = await follower.load()
+        assert docs == {"contract/acme.demo.0": {"k": 1001}} and follower.version == 1001
+
+
 async def test_followers_hear_changes_by_pubsub(redis_server: RedisServer) -> None:
     async with store(redis_server, sync_interval_s=30.0) as a, store(redis_server, sync_interval_s=30.0) as b:
         seen: list[dict] = []
