@@ -24,7 +24,7 @@ from forestflow.api import (
     worker_metrics,
 )
 from forestflow.api.common import AFTER_START, GATEWAY, GRPC_METRICS, GRPC_PORT, SETTINGS, STARTING, WORKER
-from forestflow.api.middleware import build_middleware
+from forestflow.api.middleware import RECORDER, RequestRecorder, build_middleware
 from forestflow.api.prom import RequestMetrics, build_registry
 from forestflow.errors import StoreUnavailable
 from forestflow.predlog import make_prediction_log
@@ -150,11 +150,10 @@ async def _tag_worker(request: web.Request, response: web.StreamResponse) -> Non
 def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.Application:
     """The HTTP application serving ForestFlow's admin and BASIC APIs and the health routes."""
     request_metrics = RequestMetrics() if settings.metrics else None
-    app = web.Application(
-        client_max_size=settings.max_body_bytes,
-        middlewares=[build_middleware(settings.access_log, request_metrics)],
-    )
+    recorder = RequestRecorder(settings.access_log, request_metrics)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[build_middleware(recorder)])
     app[SETTINGS] = settings
+    app[RECORDER] = recorder
     jvm.configure(settings.jvm_opts, settings.genmodel_jar)  # used only if a model starts the JVM
     if worker is not None:
         app[WORKER] = worker
