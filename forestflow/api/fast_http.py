@@ -114,6 +114,8 @@ class FastServer(web.Server):
         self.router = app.router
         #: Connections on the fast path (those handed to aiohttp are in ``_connections``).
         self.fast_connections: set[FastProtocol] = set()
+        #: Requests answered on the fast path so far.
+        self.answered = 0
         self._targets: dict[tuple[str, str], _Target | None] = {}
 
     def __call__(self) -> FastProtocol:  # type: ignore[override]
@@ -373,6 +375,7 @@ class FastProtocol(asyncio.Protocol):
 
     async def _answer(self, current: _Message, body: bytes) -> None:
         server, target, message = self._server, current.target, current.message
+        server.answered += 1
         started = time.perf_counter()
         request_id = request_id_from(message.headers.get("X-Request-Id", ""))
 

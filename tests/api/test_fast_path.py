@@ -17,14 +17,10 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
-from forestflow.api.app import build_app, make_runner
-from forestflow.api.common import GATEWAY, STARTING
 from forestflow.api.fast_http import FastServer
 from forestflow.runtime.scheduler import Priority
-from forestflow.settings import Settings
-from tests.support import FIXTURES, TEST_ARTIFACT_ROOTS, python_servable, score_body, wait_for
+from tests.support import FIXTURES, InProcessGateway, python_servable, score_body, serve_in_process, wait_for
 
 CONTRACT = ("acme", "fast", 1)
 SCORE = "/acme/fast/1/score"
@@ -32,54 +28,31 @@ SCORE = "/acme/fast/1/score"
 
 @dataclass
 class Served:
-    runner: web.AppRunner
+    gw: InProcessGateway
     host: str
     port: int
 
     @property
     def server(self) -> Any:
-        return self.runner.server
+        assert self.gw.runner is not None
+        return self.gw.runner.server
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return self.gw.url
 
 
 @asynccontextmanager
 async def gateway(
     data_dir: Path, servable_dir: Path = FIXTURES / "servables" / "echo", **overrides: Any
 ) -> AsyncIterator[Served]:
-    """A real gateway on a free port with the test servable deployed; the runner is kept for the test."""
-    settings = Settings.load(
-        environ={},
-        overrides={
-            "data_dir": data_dir,
-            "port": 0,
-            "grpc_port": -1,
-            "allow_python": True,
-            "shutdown_timeout_s": 5,
-            "artifact_roots": TEST_ARTIFACT_ROOTS,
-            "access_log": False,
-            **overrides,
-        },
-    )
-    app = build_app(settings)
-    runner = make_runner(app, settings)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await asyncio.wait_for(asyncio.shield(app[STARTING]), 60)
-    served = Served(runner, "127.0.0.1", port)
-    try:
-        async with aiohttp.ClientSession() as session:
-            body = python_servable(CONTRACT, directory=servable_dir)
-            async with session.post(served.url + "/servable", json=body) as r:
-                assert r.status == 200, await r.text()
-        yield served
-    finally:
-        if runner.server is not None:  # not stopped by the test itself
-            await runner.cleanup()
+    """A real gateway on a free port with the test servable deployed."""
+    async with serve_in_process(data_dir, access_log=False, **overrides) as gw:
+        body = python_servable(CONTRACT, directory=servable_dir)
+        async with gw.session.post(gw.url + "/servable", json=body) as r:
+            assert r.status == 200, await r.text()
+        host, port = gw.url.removeprefix("http://").split(":")
+        yield Served(gw, host, int(port))
 
 
 def score_request(xs: list[float], request_id: str, extra: bytes = b"") -> bytes:
@@ -120,8 +93,10 @@ async def test_pipelined_scoring_and_other_requests_are_answered_in_order(tmp_pa
     """Two scoring requests, a health check (handed to aiohttp mid-connection), two more scoring
     requests and an admin read, all sent at once: six answers in order, the connection kept alive."""
     async with gateway(tmp_path) as served:
+        aiohttp_connections = len(served.server.connections)  # the deploy's, kept alive
+        answered = served.server.answered
         reader, writer = await asyncio.open_connection(served.host, served.port)
-        assert len(served.server.fast_connections) == 1
+        await wait_for(lambda: len(served.server.fast_connections) == 1, 5, "the connection on the fast path")
         writer.write(
             score_request([1.0], "a")
             + score_request([2.0], "b")
@@ -138,7 +113,8 @@ async def test_pipelined_scoring_and_other_requests_are_answered_in_order(tmp_pa
         assert doubles(answers[3][2]) == [6.0] and doubles(answers[4][2]) == [8.0, 10.0]
         assert orjson.loads(answers[5][2])[0]["BasicMetaData"]["fqrv"]["releaseVersion"] == "v1"
         # the first two were the fast path's; since the health check the connection is aiohttp's
-        assert not served.server.fast_connections and len(served.server.connections) == 1
+        assert not served.server.fast_connections and len(served.server.connections) == aiohttp_connections + 1
+        assert served.server.answered == answered + 2
         for _status, headers, _ in answers:
             assert headers["content-type"] == "application/json"
             assert headers["server"].startswith("Python/") and "date" in headers and "connection" not in headers
@@ -217,7 +193,7 @@ async def test_the_body_cap_and_bad_requests_answer_as_before(tmp_path: Path) ->
         writer.write(f"POST {SCORE} HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\n{{bad".encode())
         status, _, body = await read_response(reader)
         assert status == 400 and orjson.loads(body)["code"] == "InvalidInput"
-        assert len(served.server.fast_connections) == 1  # answered there, and kept
+        assert len(served.server.fast_connections) == 1 and served.server.answered == 1  # answered there, and kept
         writer.close()
 
 
@@ -238,7 +214,7 @@ async def test_metrics_and_recent_errors_count_fast_requests(tmp_path: Path) -> 
 async def test_a_client_that_disconnects_on_the_fast_path_withdraws_its_job(tmp_path: Path) -> None:
     gate = tmp_path / "open"
     async with gateway(tmp_path / "data", FIXTURES / "servables" / "gated", scoring_slots=1) as served:
-        gw = served.runner.app[GATEWAY]
+        gw = served.gw.gateway
         scheduler = next(iter(gw.loaded.values())).scheduler
         held_reader, held_writer = await asyncio.open_connection(served.host, served.port)
         body = orjson.dumps(score_body([1.0], configs={"gate": str(gate)}))
@@ -258,7 +234,7 @@ async def test_a_client_that_disconnects_on_the_fast_path_withdraws_its_job(tmp_
 async def test_shutdown_finishes_in_flight_requests_and_closes_idle_connections(tmp_path: Path) -> None:
     gate = tmp_path / "open"
     async with gateway(tmp_path / "data", FIXTURES / "servables" / "gated") as served:
-        gw = served.runner.app[GATEWAY]
+        gw = served.gw.gateway
         scheduler = next(iter(gw.loaded.values())).scheduler
         idle_reader, idle_writer = await asyncio.open_connection(served.host, served.port)
         idle_writer.write(score_request([1.0], "idle"))
@@ -267,7 +243,8 @@ async def test_shutdown_finishes_in_flight_requests_and_closes_idle_connections(
         body = orjson.dumps(score_body([3.0], configs={"gate": str(gate)}))
         busy_writer.write(f"POST {SCORE} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         await wait_for(lambda: scheduler.running == 1, 10, "the request scoring")
-        stopping = asyncio.ensure_future(served.runner.cleanup())
+        served.server.pre_shutdown()  # what runner.cleanup() does once the listener is closed
+        stopping = asyncio.ensure_future(served.server.shutdown(5))
         assert await asyncio.wait_for(idle_reader.read(), 10) == b""  # the idle connection is closed
         assert not stopping.done()
         gate.write_text("go")
