@@ -289,7 +289,9 @@ class FastProtocol(asyncio.Protocol):
             return None
         head_end = end + 4
         if self._parser is None:
-            self._parser = HttpRequestParser(self, self._loop, 2**16, auto_decompress=False)
+            # The body stream's limit is the body cap: it never asks to pause reading (the body is
+            # read whole here, and a body over the cap goes to aiohttp).
+            self._parser = HttpRequestParser(self, self._loop, self._server.max_body_bytes, auto_decompress=False)
         try:
             messages, upgraded, _ = self._parser.feed_data(bytes(buf[:head_end]))
         except Exception:  # refused by llhttp: aiohttp answers it (400) as it always did
@@ -339,7 +341,7 @@ class FastProtocol(asyncio.Protocol):
                     self._fed = stop
             else:  # chunked: the request ends at the end of a line, so it is fed line by line
                 while not payload.is_eof():
-                    if payload.total_bytes >= self._server.max_body_bytes:
+                    if payload.total_bytes >= self._server.max_body_bytes or len(buf) - self._fed > self._server.max_body_bytes:
                         self._hand_off()
                         return None
                     line_end = buf.find(b"\r\n", self._fed)
@@ -364,6 +366,9 @@ class FastProtocol(asyncio.Protocol):
     async def _serve(self, current: _Message, body: bytes) -> None:
         try:
             await self._answer(current, body)
+        except Exception:  # a bug past the answer (writing it): the connection cannot go on
+            log.exception("fast_path_failed", path=current.target.path)
+            self._close_transport()
         finally:
             self._task = None
         if self.transport is not None:

@@ -253,3 +253,21 @@ async def test_shutdown_finishes_in_flight_requests_and_closes_idle_connections(
         await asyncio.wait_for(stopping, 10)
         idle_writer.close()
         busy_writer.close()
+
+
+async def test_a_large_body_is_read_whole_on_the_fast_path(tmp_path: Path) -> None:
+    """Megabytes of body arrive in many reads; the fast path reads them all (the body stream never
+    stops the socket) and answers, then the next request on the connection."""
+    async with gateway(tmp_path) as served:
+        reader, writer = await asyncio.open_connection(served.host, served.port)
+        xs = [float(i % 97) for i in range(40000)]
+        request = score_request(xs, "big")
+        assert len(request) > 2_000_000
+        writer.write(request + score_request([1.0], "small"))
+        status, headers, body = await read_response(reader)
+        assert (status, headers["x-request-id"]) == (200, "big")
+        assert doubles(body) == [2 * x for x in xs]
+        status, headers, _ = await read_response(reader)
+        assert (status, headers["x-request-id"]) == (200, "small")
+        assert served.server.answered == 2
+        writer.close()
