@@ -25,7 +25,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from aiohttp import web
@@ -187,9 +187,8 @@ class FastProtocol(asyncio.Protocol):
 
     # ---- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        tcp_keepalive(transport)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
+        tcp_keepalive(self.transport)
         self._server.fast_connections.add(self)
         self._last_seen = self._loop.time()
         self._arm_idle()
