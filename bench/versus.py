@@ -4,7 +4,8 @@ Cells measured one after the other drift on this machine by more than the differ
 measuring, so both gateways run at the same time, pinned to core 0, each loaded by its own wrk
 (core 1) at the same concurrency for the same seconds; whatever slows the core slows both. Per cell
 and round: each gateway's CPU per request and requests per second; printed: the medians over the
-rounds and the ratio this/baseline of CPU per request (below 1: this checkout spends less).
+rounds and the ratio this/baseline of CPU per request (below 1: this checkout spends less), and
+each one's median p99 latency.
 
     python bench/versus.py --baseline /path/to/main-checkout          # its .venv/bin/python runs it
     python bench/versus.py --baseline ../main --endpoints score --rows 1 --rounds 7
@@ -63,12 +64,13 @@ def main() -> int:
                     continue
                 path, body, ctype = entry
                 side_by_side(this, base, path, body, ctype, args.concurrency, 2.0)  # warm-up
-                ratios, cpu, rps, errors = [], [], [], 0
+                ratios, cpu, rps, p99, errors = [], [], [], [], 0
                 for _ in range(args.rounds):
                     a, b = side_by_side(this, base, path, body, ctype, args.concurrency, args.seconds)
                     ratios.append(a.cpu_us / b.cpu_us)
                     cpu.append((a.cpu_us, b.cpu_us))
                     rps.append((a.rps, b.rps))
+                    p99.append((a.p99_ms, b.p99_ms))
                     errors += a.errors + b.errors
                 q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
                 print(
@@ -76,7 +78,9 @@ def main() -> int:
                     f"CPU/request this {statistics.median(c[0] for c in cpu):.0f} us, "
                     f"baseline {statistics.median(c[1] for c in cpu):.0f} us, ratio {statistics.median(ratios):.3f} "
                     f"(quartiles {q[0]:.3f} / {q[2]:.3f}); req/s this {statistics.median(r[0] for r in rps):.0f}, "
-                    f"baseline {statistics.median(r[1] for r in rps):.0f}; errors {errors}",
+                    f"baseline {statistics.median(r[1] for r in rps):.0f}; p99 this "
+                    f"{statistics.median(p[0] for p in p99):.1f} ms, baseline {statistics.median(p[1] for p in p99):.1f} ms; "
+                    f"errors {errors}",
                     flush=True,
                 )
     finally:

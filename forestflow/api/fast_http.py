@@ -309,10 +309,11 @@ class FastProtocol(asyncio.Protocol):
         elif message.chunked:
             body_end = -1
         else:
-            body_end = head_end + int(message.headers["Content-Length"])
-            if body_end - head_end >= self._server.max_body_bytes:  # aiohttp answers the 413 as before
+            length = message.headers.get("Content-Length")
+            if length is None or int(length) >= self._server.max_body_bytes:  # aiohttp answers the 413 as before
                 self._hand_off()
                 return None
+            body_end = head_end + int(length)
         expect = message.headers.get("Expect")
         if expect is not None:
             if message.version != HttpVersion11 or expect.lower() != "100-continue":
