@@ -293,10 +293,10 @@ class FastProtocol(asyncio.Protocol):
             self._parser = HttpRequestParser(self, self._loop, self._server.max_body_bytes, auto_decompress=False)
         try:
             messages, upgraded, _ = self._parser.feed_data(bytes(buf[:head_end]))
-        except Exception:  # refused by llhttp: aiohttp answers it (400) as it always did
-            self._hand_off()
-            return None
-        if len(messages) != 1 or upgraded:
+        except Exception:  # refused by llhttp: aiohttp answers it (400) as it always did, handed over below
+            messages, upgraded = (), False  # (outside this block: aiohttp's log shows its error alone)
+        if len(messages) != 1 or upgraded or (messages[0][1] is not EMPTY_PAYLOAD and messages[0][1].total_bytes):
+            # (llhttp refuses bare-LF line ends in requests: the head ends exactly at the blank line)
             self._hand_off()
             return None
         message, payload = messages[0]
@@ -349,10 +349,11 @@ class FastProtocol(asyncio.Protocol):
                         return None
                     parser.feed_data(bytes(buf[self._fed : line_end + 2]))
                     self._fed = line_end + 2
-        except Exception:  # a malformed body: aiohttp answers it as it always did
-            self._hand_off()
-            return None
-        if payload.exception() is not None:
+        except Exception:  # a malformed body: aiohttp answers it as it always did, handed over below
+            refused = True
+        else:
+            refused = False
+        if refused or payload.exception() is not None:
             self._hand_off()
             return None
         if not payload.is_eof():
