@@ -21,7 +21,7 @@ from aiohttp.test_utils import make_mocked_request
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from forestflow.api.common import CONTRACT, FQRV_TAG, SCORING_S  # noqa: E402
-from forestflow.api.middleware import build_middleware  # noqa: E402
+from forestflow.api.middleware import RequestRecorder, build_middleware  # noqa: E402
 from forestflow.api.prom import RequestMetrics  # noqa: E402
 
 N = 100_000
@@ -42,7 +42,7 @@ async def main() -> None:
     metrics.classify_routes(app)
     results: dict[str, list[float]] = {"off": [], "on": []}
     for label in ("off", "on", "off", "on"):
-        middleware = build_middleware(False, metrics if label == "on" else None)
+        middleware = build_middleware(RequestRecorder(False, metrics if label == "on" else None))
         request = make_mocked_request("POST", "/bench/none/1/score", app=app)
         request._match_info = await app.router.resolve(request)
         started = time.process_time()

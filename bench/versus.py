@@ -4,13 +4,17 @@ Cells measured one after the other drift on this machine by more than the differ
 measuring, so both gateways run at the same time, pinned to core 0, each loaded by its own wrk
 (core 1) at the same concurrency for the same seconds; whatever slows the core slows both. Per cell
 and round: each gateway's CPU per request and requests per second; printed: the medians over the
-rounds and the ratio this/baseline of CPU per request (below 1: this checkout spends less).
+rounds and the ratio this/baseline of CPU per request (below 1: this checkout spends less), and
+each one's median p99 latency.
 
     python bench/versus.py --baseline /path/to/main-checkout          # its .venv/bin/python runs it
     python bench/versus.py --baseline ../main --endpoints score --rows 1 --rounds 7
     python bench/versus.py --baseline . --env FORESTFLOW_OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318
+    python bench/versus.py --baseline floor --this ../main    # main's gateway against bench/floor_server.py
 
-The baseline checkout needs its own virtual environment (``bash scripts/test.sh --co`` makes one).
+The baseline checkout needs its own virtual environment (``bash scripts/test.sh --co`` makes one), as does
+``--this`` when it names another checkout. ``--baseline floor`` loads the bare floor server
+(bench/floor_server.py) instead: the printed ratio is then gateway/floor CPU per request.
 ``--env`` settings apply to this checkout's gateway only (e.g. tracing on against the same code off).
 """
 
@@ -25,14 +29,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.servers import Server, deploy, endpoints, side_by_side, start_gateway  # noqa: E402
+from bench.servers import PYTHON, Server, deploy, endpoints, side_by_side, start_floor, start_gateway  # noqa: E402
 
 CONTRACT = ("bench", "versus", 1)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", type=Path, required=True, help="the other checkout (with its own .venv)")
+    parser.add_argument(
+        "--baseline", type=Path, required=True, help="the other checkout (with its own .venv), or floor: bench/floor_server.py"
+    )
+    parser.add_argument("--this", type=Path, default=ROOT, help="the checkout whose gateway is measured (default: this one)")
     parser.add_argument("--endpoints", nargs="+", default=["score", "v2"], choices=["score", "v2", "gp"])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
     parser.add_argument("--rounds", type=int, default=5)
@@ -41,21 +48,32 @@ def main() -> int:
     parser.add_argument("--log-level", default="NONE", choices=["NONE", "FULL"], help="the servable's logging on both")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for this checkout's gateway only")
     args = parser.parse_args()
-    baseline = args.baseline.resolve()
-    python = baseline / ".venv" / "bin" / "python"
-    if not python.exists():
-        parser.error(f"{python} not found: make the baseline's venv first")
+
+    def venv_python(root: Path) -> str:
+        python = root / ".venv" / "bin" / "python"
+        if not python.exists():
+            parser.error(f"{python} not found: make the checkout's venv first")
+        return str(python)
+
+    floor = str(args.baseline) == "floor"
+    baseline = args.baseline if floor else args.baseline.resolve()
+    base_python = "" if floor else venv_python(baseline)
+    this_root = args.this.resolve()
+    this_python = PYTHON if this_root == ROOT else venv_python(this_root)
     extra = dict(item.split("=", 1) for item in args.env)
     work = Path(tempfile.mkdtemp(prefix="ff-versus-"))
-    print(f"# this: {ROOT}  baseline: {baseline}  logs: {work}", flush=True)
+    print(f"# this: {this_root}  baseline: {baseline}  logs: {work}", flush=True)
     servers: list[Server] = []
     try:
-        this = start_gateway(work / "data-this", extra, work, "this")
+        this = start_gateway(work / "data-this", extra, work, "this", root=this_root, python=this_python)
         servers.append(this)
-        base = start_gateway(work / "data-base", {}, work, "baseline", root=baseline, python=str(python))
+        if floor:
+            base = start_floor(work)
+        else:
+            base = start_gateway(work / "data-base", {}, work, "baseline", root=baseline, python=base_python)
+            deploy(base, CONTRACT, args.log_level)
         servers.append(base)
-        for server in servers:
-            deploy(server, CONTRACT, args.log_level)
+        deploy(this, CONTRACT, args.log_level)
         for rows in args.rows:
             for name in args.endpoints:
                 entry = endpoints(rows, ".".join(map(str, CONTRACT))).get(name)
@@ -63,12 +81,13 @@ def main() -> int:
                     continue
                 path, body, ctype = entry
                 side_by_side(this, base, path, body, ctype, args.concurrency, 2.0)  # warm-up
-                ratios, cpu, rps, errors = [], [], [], 0
+                ratios, cpu, rps, p99, errors = [], [], [], [], 0
                 for _ in range(args.rounds):
                     a, b = side_by_side(this, base, path, body, ctype, args.concurrency, args.seconds)
                     ratios.append(a.cpu_us / b.cpu_us)
                     cpu.append((a.cpu_us, b.cpu_us))
                     rps.append((a.rps, b.rps))
+                    p99.append((a.p99_ms, b.p99_ms))
                     errors += a.errors + b.errors
                 q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
                 print(
@@ -76,7 +95,9 @@ def main() -> int:
                     f"CPU/request this {statistics.median(c[0] for c in cpu):.0f} us, "
                     f"baseline {statistics.median(c[1] for c in cpu):.0f} us, ratio {statistics.median(ratios):.3f} "
                     f"(quartiles {q[0]:.3f} / {q[2]:.3f}); req/s this {statistics.median(r[0] for r in rps):.0f}, "
-                    f"baseline {statistics.median(r[1] for r in rps):.0f}; errors {errors}",
+                    f"baseline {statistics.median(r[1] for r in rps):.0f}; p99 this "
+                    f"{statistics.median(p[0] for p in p99):.1f} ms, baseline {statistics.median(p[1] for p in p99):.1f} ms; "
+                    f"errors {errors}",
                     flush=True,
                 )
     finally:

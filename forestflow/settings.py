@@ -44,6 +44,12 @@ class Settings:
     repository: str = _doc("model repository directory whose entries are deployed at start (empty = none)", default="")
     log_level: str = _doc("structlog level: debug, info, warning, error", default="info")
     access_log: bool = _doc("one JSON line per request", default=True)
+    http_fast_path: bool = _doc(
+        "answer scoring requests (/score, /explain, V2 infer, V1 :predict/:explain, GraphPipe) on the HTTP fast "
+        "path, without aiohttp's request objects, middleware and router per request (docs/performance.md); "
+        "false: every request goes through aiohttp",
+        default=True,
+    )
     event_loop: str = _doc(
         "asyncio, or uvloop (measured 0-5% fewer CPU microseconds per request here, within run-to-run "
         "noise; the whole suite passes on both with FF_TEST_LOOP=uvloop)",

@@ -164,6 +164,7 @@ class InProcessGateway:
     url: str
     app: web.Application
     session: aiohttp.ClientSession
+    runner: web.AppRunner | None = None
 
     @property
     def gateway(self) -> Gateway:
@@ -199,7 +200,7 @@ async def serve_in_process(
     await asyncio.wait_for(asyncio.shield(app[STARTING]), 60)
     try:
         async with aiohttp.ClientSession() as session:
-            yield InProcessGateway(f"http://127.0.0.1:{port}", app, session)
+            yield InProcessGateway(f"http://127.0.0.1:{port}", app, session, runner)
     finally:
         await runner.cleanup()
 

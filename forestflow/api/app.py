@@ -24,7 +24,8 @@ from forestflow.api import (
     worker_metrics,
 )
 from forestflow.api.common import AFTER_START, GATEWAY, GRPC_METRICS, GRPC_PORT, SETTINGS, STARTING, WORKER
-from forestflow.api.middleware import build_middleware
+from forestflow.api.fast_http import FastRunner
+from forestflow.api.middleware import RECORDER, RequestRecorder, build_middleware
 from forestflow.api.prom import RequestMetrics, build_registry
 from forestflow.errors import StoreUnavailable
 from forestflow.predlog import make_prediction_log
@@ -150,11 +151,10 @@ async def _tag_worker(request: web.Request, response: web.StreamResponse) -> Non
 def build_app(settings: Settings, worker: WorkerIdentity | None = None) -> web.Application:
     """The HTTP application serving ForestFlow's admin and BASIC APIs and the health routes."""
     request_metrics = RequestMetrics() if settings.metrics else None
-    app = web.Application(
-        client_max_size=settings.max_body_bytes,
-        middlewares=[build_middleware(settings.access_log, request_metrics)],
-    )
+    recorder = RequestRecorder(settings.access_log, request_metrics)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[build_middleware(recorder)])
     app[SETTINGS] = settings
+    app[RECORDER] = recorder
     jvm.configure(settings.jvm_opts, settings.genmodel_jar)  # used only if a model starts the JVM
     if worker is not None:
         app[WORKER] = worker
@@ -200,9 +200,11 @@ def make_runner(app: web.Application, settings: Settings) -> web.AppRunner:
 
     Cancelling the handler withdraws its queued scoring job, so a client that gave up does not hold
     a queue place (or a slot) for work nobody will read. Admin writes are shielded from this (see
-    ``api.admin.admin``), and the prediction-log enqueue never sits behind an await.
+    ``api.admin.admin``), and the prediction-log enqueue never sits behind an await. With
+    ``http_fast_path``, scoring requests are answered on the fast path (``api/fast_http.py``).
     """
-    return web.AppRunner(
+    runner_class = FastRunner if settings.http_fast_path else web.AppRunner
+    return runner_class(
         app, access_log=None, shutdown_timeout=settings.shutdown_timeout_s, handle_signals=False, handler_cancellation=True
     )
 

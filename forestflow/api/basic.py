@@ -13,18 +13,21 @@ from aiohttp import web
 
 from forestflow import tracing
 from forestflow.api.common import (
-    FQRV_TAG,
     GATEWAY,
-    SCORING_S,
+    Exchange,
+    Reply,
+    content_type_of,
     contract_from,
+    exchange_handler,
     fqrv_from,
     input_headers,
     parse_json,
-    request_id_of,
+    path_contract,
+    register_exchange,
     timeout_from,
     with_load,
 )
-from forestflow.api.pinning import PIN_HEADER, http_pinned_route
+from forestflow.api.pinning import PIN_HEADER, headers_pinned_route
 from forestflow.api.responses import JSON, dumps, json_response
 from forestflow.codecs.ff_protobuf import prediction_bytes
 from forestflow.codecs.ff_settings import fqrv_to_json
@@ -48,39 +51,41 @@ PROTOBUF = "application/x-protobuf"
 SERVER_NAME = "ForestFlow"
 
 
-async def score(request: web.Request) -> web.Response:
+async def score_exchange(exchange: Exchange) -> Reply:
     """Score a batch of records on the contract's routed servable."""
-    return await _answer(request, explain=False)
+    return await _answer(exchange, explain=False)
 
 
-async def explain(request: web.Request) -> web.Response:
+async def explain_exchange(exchange: Exchange) -> Reply:
     """Score and explain a batch of records on the contract's routed servable (always answers JSON)."""
-    return await _answer(request, explain=True)
+    return await _answer(exchange, explain=True)
 
 
-async def _answer(request: web.Request, explain: bool) -> web.Response:
-    gateway = request.app[GATEWAY]
-    contract = contract_from(request)
+score = register_exchange(exchange_handler(score_exchange), score_exchange)
+explain = register_exchange(exchange_handler(explain_exchange), explain_exchange)
+
+
+async def _answer(exchange: Exchange, explain: bool) -> Reply:
+    gateway, headers = exchange.gateway, exchange.headers
+    contract, exchange.contract = path_contract(exchange.params)
     state = gateway.contract_state(contract)  # 404 before reading a body for an unknown contract
-    pinned = http_pinned_route(request, gateway, state) if PIN_HEADER in request.headers else None
-    as_proto = request.content_type == PROTOBUF
+    pinned = headers_pinned_route(gateway, state, headers) if PIN_HEADER in headers else None
+    as_proto = content_type_of(headers) == PROTOBUF
     result, payload = await score_payload(
         gateway,
         contract,
-        await request.read(),
+        await exchange.read(),
         as_proto=as_proto,
-        request_id=request_id_of(request),
+        request_id=exchange.request_id,
         protocol="basic",
-        timeout_s=timeout_from(request),
+        timeout_s=timeout_from(headers),
         route=pinned,
         explain=explain,
     )
-    request[FQRV_TAG] = str(result.fqrv)
-    request[SCORING_S] = result.latency_ms / 1000
+    exchange.fqrv = str(result.fqrv)
+    exchange.scoring_s = result.latency_ms / 1000
     proto_answer = as_proto and not explain
-    return web.Response(
-        body=payload, content_type=PROTOBUF if proto_answer else JSON, headers=input_headers(result.frame) or None
-    )
+    return Reply(payload, PROTOBUF if proto_answer else JSON, headers=input_headers(result.frame) or None)
 
 
 async def score_payload(

@@ -16,7 +16,17 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from forestflow.api.common import FQRV_TAG, GATEWAY, SCORING_S, SETTINGS, contract_from, request_id_of, timeout_from
+from forestflow.api.common import (
+    FQRV_TAG,
+    GATEWAY,
+    Exchange,
+    Reply,
+    contract_from,
+    exchange_handler,
+    path_contract,
+    register_exchange,
+    timeout_from,
+)
 from forestflow.api.responses import json_response
 from forestflow.codecs.graphpipe import (
     GP_TYPE_NAMES,
@@ -35,7 +45,7 @@ from forestflow.codecs.graphpipe import (
 from forestflow.core.contract_state import ContractState
 from forestflow.core.frame import Frame, TensorSpec
 from forestflow.core.ids import FQRV
-from forestflow.errors import GatewayError, InvalidInput, PayloadTooLarge, http_status
+from forestflow.errors import GatewayError, InvalidInput, http_status
 from forestflow.predlog.record import Wire
 from forestflow.service import Gateway
 
@@ -45,37 +55,37 @@ OCTET_STREAM = "application/octet-stream"
 SERVER_NAME = "forestflow"
 
 
-def _octets(body: bytes) -> web.Response:
-    return web.Response(body=body, content_type=OCTET_STREAM)
+def _octets(body: bytes) -> Reply:
+    return Reply(body, OCTET_STREAM)
 
 
-async def gp(request: web.Request) -> web.Response:
+async def gp_exchange(exchange: Exchange) -> Reply:
     """Answer one GraphPipe request (infer or metadata) for the contract in the path."""
-    gateway = request.app[GATEWAY]
+    gateway = exchange.gateway
     try:
-        contract = contract_from(request)
+        contract, exchange.contract = path_contract(exchange.params)
         state = gateway.contract_state(contract)  # unknown contract: answered before reading the body
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise PayloadTooLarge(f"request body over the limit of {request.app[SETTINGS].max_body_bytes} bytes") from None
+        body = await exchange.read()
         parsed = parse_request(body)
         if not isinstance(parsed, GPInferRequest):
             fqrv = _describing(gateway, state)
-            request[FQRV_TAG] = str(fqrv)
+            exchange.fqrv = str(fqrv)
             return _octets(encode_metadata(fqrv, gateway.metadata(fqrv), SERVER_NAME))
-        return _octets(await _infer(request, gateway, state, parsed, body))
+        return _octets(await _infer(exchange, state, parsed, body))
     except GatewayError as error:
         return _octets(encode_errors([(http_status(error), error.message)]))
     except Exception:  # a bug must not become a 500 or a stack trace for GraphPipe clients
-        request_id = request_id_of(request)
-        log.exception("graphpipe_failed", request_id=request_id, path=request.path)
+        request_id = exchange.request_id
+        log.exception("graphpipe_failed", request_id=request_id, path=exchange.path)
         return _octets(encode_errors([(500, f"internal error; see the gateway log with request_id {request_id}")]))
 
 
-async def _infer(request: web.Request, gateway: Gateway, state: ContractState, parsed: GPInferRequest, body: bytes) -> bytes:
+gp = register_exchange(exchange_handler(gp_exchange), gp_exchange)
+
+
+async def _infer(exchange: Exchange, state: ContractState, parsed: GPInferRequest, body: bytes) -> bytes:
     # Routed first: tensors without names are laid out as the inputs of the release that scores.
-    contract = state.contract
+    gateway, contract = exchange.gateway, state.contract
     configs = parse_config(parsed.config)  # a sticky router reads its key there
     route = gateway.route(contract, state=state, configs=configs)
     await gateway.load_routed(route)  # a cold release: loaded before its inputs lay out the tensors
@@ -89,14 +99,14 @@ async def _infer(request: web.Request, gateway: Gateway, state: ContractState, p
         contract,
         frame,
         configs=configs,
-        request_id=request_id_of(request),
+        request_id=exchange.request_id,
         protocol="graphpipe",
-        timeout_s=timeout_from(request),
+        timeout_s=timeout_from(exchange.headers),
         route=route,
         wire=Wire(body, encode_logged, graphpipe=True),
     )
-    request[FQRV_TAG] = str(result.fqrv)
-    request[SCORING_S] = result.latency_ms / 1000
+    exchange.fqrv = str(result.fqrv)
+    exchange.scoring_s = result.latency_ms / 1000
     return encode_logged.reply(result.fqrv, result.frame)
 
 

@@ -7,6 +7,7 @@ import itertools
 import os
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -45,15 +46,61 @@ def _http_error(exc: web.HTTPException, request: web.Request) -> GatewayError:
     return InvalidInput(exc.reason or f"HTTP {exc.status}")
 
 
-def build_middleware(enable_access_log: bool, metrics: RequestMetrics | None = None) -> Middleware:
+def request_id_from(given: str) -> str:
+    """The id of a request: the client's ``X-Request-Id`` when it sent a sane one, else a new one."""
+    return given if 0 < len(given) <= _MAX_REQUEST_ID and given.isprintable() else new_request_id()
+
+
+def internal_error(fqrv: str | None) -> InternalError:
+    """What a request that failed on a bug answers (the log has the stack trace, under its request id)."""
+    return InternalError(fqrv, "internal error; see the gateway log with this request_id")
+
+
+class RequestRecorder:
+    """What every finished HTTP request leaves behind, whichever path served it (the middleware, or
+    the fast path of ``api/fast_http.py``): its count and times, the recent errors, its access-log line."""
+
+    def __init__(self, enable_access_log: bool, metrics: RequestMetrics | None) -> None:
+        self.access_log = enable_access_log
+        self.metrics = metrics
+
+    def finish(
+        self,
+        resource: Any,
+        method: str,
+        path: str,
+        request_id: str,
+        status: int,
+        elapsed: float,
+        contract: str | None,
+        fqrv: str | None,
+        scoring_s: float | None,
+        error: tuple[str | None, str | None] | None,
+        trace_id: str | None = None,
+    ) -> None:
+        """Record one request: ``resource`` is the aiohttp resource that answered (its protocol label),
+        ``error`` the (code, message) of the error it answered, if any."""
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.record(resource, contract, fqrv, status, elapsed, scoring_s)
+            if status >= 400:
+                code, message = error if error is not None else (None, None)
+                metrics.errors.append((time.time(), method, path[:200], status, request_id, code, (message or "")[:300]))
+        if self.access_log:
+            logs.access(request_id, method, path, status, contract, fqrv, round(elapsed * 1000, 3), trace_id)
+
+
+#: The app's recorder (the fast path records its requests there too).
+RECORDER = web.AppKey("request_recorder", RequestRecorder)
+
+
+def build_middleware(recorder: RequestRecorder) -> Middleware:
     """The middleware that gives every request an id, maps errors to JSON, logs and counts it."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.perf_counter()
-        given = request.headers.get("X-Request-Id", "")
-        request_id = given if 0 < len(given) <= _MAX_REQUEST_ID and given.isprintable() else new_request_id()
-        request[REQUEST_ID] = request_id
+        request_id = request[REQUEST_ID] = request_id_from(request.headers.get("X-Request-Id", ""))
         status = 500
         response: web.StreamResponse | None = None
         span = tracing.ServerSpan(f"{request.method} {request.path}", request.headers, "http") if tracing.ON else None
@@ -81,9 +128,7 @@ def build_middleware(enable_access_log: bool, metrics: RequestMetrics | None = N
         except Exception:
             log.exception("unhandled_error", request_id=request_id, path=request.path)
             status = 500
-            response = error_response(
-                InternalError(request.get(FQRV_TAG), "internal error; see the gateway log with this request_id"), request_id
-            )
+            response = error_response(internal_error(request.get(FQRV_TAG)), request_id)
             return response
         finally:
             # One clock read and one lookup of each request field for the span, metrics and access log.
@@ -91,23 +136,18 @@ def build_middleware(enable_access_log: bool, metrics: RequestMetrics | None = N
             contract, fqrv = request.get(CONTRACT), request.get(FQRV_TAG)
             if span is not None:
                 span.end(status, contract, fqrv)
-            if metrics is not None:
-                metrics.record(request.match_info.route.resource, contract, fqrv, status, elapsed, request.get(SCORING_S))
-                if status >= 400:
-                    code, message = response.get(ANSWERED_ERROR, (None, None)) if response is not None else (None, None)
-                    metrics.errors.append(
-                        (time.time(), request.method, request.path[:200], status, request_id, code, (message or "")[:300])
-                    )
-            if enable_access_log:
-                logs.access(
-                    request_id,
-                    request.method,
-                    request.path,
-                    status,
-                    contract,
-                    fqrv,
-                    round(elapsed * 1000, 3),
-                    span.trace_id if span is not None else None,
-                )
+            recorder.finish(
+                request.match_info.route.resource,
+                request.method,
+                request.path,
+                request_id,
+                status,
+                elapsed,
+                contract,
+                fqrv,
+                request.get(SCORING_S),
+                response.get(ANSWERED_ERROR) if response is not None else None,
+                span.trace_id if span is not None else None,
+            )
 
     return middleware

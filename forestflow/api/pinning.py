@@ -7,10 +7,9 @@ or the caller shows the admin token; 403 otherwise, 404 for a release the contra
 
 from __future__ import annotations
 
-from aiohttp import web
+from collections.abc import Mapping
 
 from forestflow.api.admin import is_admin_token
-from forestflow.api.common import SETTINGS
 from forestflow.core.contract_state import ContractState
 from forestflow.service import Gateway, Route
 
@@ -29,9 +28,7 @@ def pinned_route(
     return gateway.route(state.contract, allowed, state, pinned=True)
 
 
-def http_pinned_route(request: web.Request, gateway: Gateway, state: ContractState) -> Route | None:
-    """:func:`pinned_route` for an HTTP request's headers."""
-    headers = request.headers
-    return pinned_route(
-        gateway, state, headers.get(PIN_HEADER), headers.get("Authorization", ""), request.app[SETTINGS].admin_token
-    )
+def headers_pinned_route(gateway: Gateway, state: ContractState, headers: Mapping[str, str]) -> Route | None:
+    """:func:`pinned_route` for a request's headers."""
+    pin, authorization = headers.get(PIN_HEADER), headers.get("Authorization", "")
+    return pinned_route(gateway, state, pin, authorization, gateway.settings.admin_token)

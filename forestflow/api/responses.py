@@ -50,26 +50,35 @@ def error_payload(error: GatewayError, request_id: str) -> dict[str, Any]:
 
 def error_response(error: GatewayError, request_id: str) -> web.Response:
     """The HTTP response for a gateway error (503s carry Retry-After)."""
-    headers = {"X-Request-Id": request_id}
-    status = http_status(error)
-    if status == 503:
-        headers["Retry-After"] = _retry_after(error)
-    response = json_response(error_payload(error, request_id), status=status, headers=headers)
-    response[ANSWERED_ERROR] = (error.code, error.message)
-    return response
+    return _response(error_parts(error, request_id), error)
 
 
 def v2_error_response(error: GatewayError, request_id: str, *, detailed: bool = False) -> web.Response:
     """The KServe V1/V2 error: exactly ``{"error": message}`` (what tritonclient and kserve read);
     ``detailed`` adds ``code`` and ``request_id`` as every other error of the gateway has them."""
+    return _response(error_parts(error, request_id, v2=True, detailed=detailed), error)
+
+
+def error_parts(
+    error: GatewayError, request_id: str, *, v2: bool = False, detailed: bool = False
+) -> tuple[int, bytes, dict[str, str]]:
+    """Status, JSON body and headers of the answer to a gateway error: ForestFlow's envelope, or
+    (``v2``) the KServe V1/V2 ``{"error": message}`` (``detailed``: with ``code`` and ``request_id``)."""
     headers = {"X-Request-Id": request_id}
     status = http_status(error)
     if status == 503:
         headers["Retry-After"] = _retry_after(error)
+    if not v2:
+        return status, dumps(error_payload(error, request_id)), headers
     body: dict[str, Any] = {"error": error.message}
     if detailed:
         body.update(code=error.code, request_id=request_id)
-    response = json_response(body, status=status, headers=headers)
+    return status, dumps(body), headers
+
+
+def _response(parts: tuple[int, bytes, dict[str, str]], error: GatewayError) -> web.Response:
+    status, body, headers = parts
+    response = web.Response(body=body, status=status, content_type=JSON, headers=headers)
     response[ANSWERED_ERROR] = (error.code, error.message)
     return response
 

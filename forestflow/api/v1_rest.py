@@ -14,8 +14,16 @@ from __future__ import annotations
 from aiohttp import web
 
 from forestflow.api import v2_common
-from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, read_json, request_id_of, timeout_from
-from forestflow.api.responses import json_response
+from forestflow.api.common import (
+    GATEWAY,
+    Exchange,
+    Reply,
+    exchange_handler,
+    parse_json,
+    register_exchange,
+    timeout_from,
+)
+from forestflow.api.responses import JSON, dumps, json_response
 from forestflow.api.v2_rest import v2_errors
 from forestflow.codecs.v1 import columnar_outputs, frame_from_columnar, frame_from_instances, predictions
 from forestflow.codecs.v2_request import configs_from
@@ -38,40 +46,40 @@ async def model_ready(request: web.Request) -> web.Response:
     return json_response({"name": name, "ready": ready}, status=200 if ready else 503)
 
 
-@v2_errors
-async def predict(request: web.Request) -> web.Response:
+async def predict_exchange(exchange: Exchange) -> Reply:
     """POST /v1/models/{model}:predict."""
-    result, columnar = await _infer(request, explain=False)
+    result, columnar = await _infer(exchange, explain=False)
     if columnar:
-        return json_response({"outputs": columnar_outputs(result.frame)})
-    return json_response({"predictions": predictions(result.frame)})
+        return Reply(dumps({"outputs": columnar_outputs(result.frame)}), JSON)
+    return Reply(dumps({"predictions": predictions(result.frame)}), JSON)
 
 
-@v2_errors
-async def explain(request: web.Request) -> web.Response:
+async def explain_exchange(exchange: Exchange) -> Reply:
     """POST /v1/models/{model}:explain: the predictions and their explanations."""
-    result, columnar = await _infer(request, explain=True)
+    result, columnar = await _infer(exchange, explain=True)
     explanation: Explanation = result.frame.parameters[EXPLANATION]
     answer = columnar_outputs(result.frame) if columnar else predictions(result.frame)
-    return json_response(
-        {
-            "outputs" if columnar else "predictions": answer,
-            "explanations": explanation.per_row(),
-            "release": str(result.fqrv),
-            "method": explanation.method,
-        }
-    )
+    body = {
+        "outputs" if columnar else "predictions": answer,
+        "explanations": explanation.per_row(),
+        "release": str(result.fqrv),
+        "method": explanation.method,
+    }
+    return Reply(dumps(body), JSON)
 
 
-async def _infer(request: web.Request, explain: bool) -> tuple[InferResult, bool]:
+predict = register_exchange(v2_errors(exchange_handler(predict_exchange)), predict_exchange, v2_errors=True)
+explain = register_exchange(v2_errors(exchange_handler(explain_exchange)), explain_exchange, v2_errors=True)
+
+
+async def _infer(exchange: Exchange, explain: bool) -> tuple[InferResult, bool]:
     """Decode a V1 body against the routed release and score (or explain) it; also whether it was columnar."""
-    gateway = request.app[GATEWAY]
-    name = request.match_info["model"]
-    request[CONTRACT] = name
+    gateway = exchange.gateway
+    name = exchange.contract = exchange.params["model"]
     contract = v2_common.model_contract(name)
     # Routed first (404 before reading the body); instances are laid out as the scoring release's inputs.
     route = gateway.route(contract)
-    body = await read_json(request)
+    body = parse_json(await exchange.read())
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object with instances")
     parameters = body.get("parameters") or {}
@@ -88,14 +96,14 @@ async def _infer(request: web.Request, explain: bool) -> tuple[InferResult, bool
         contract,
         frame,
         configs=configs_from(parameters),
-        request_id=request_id_of(request),
+        request_id=exchange.request_id,
         protocol="v1",
-        timeout_s=timeout_from(request),
+        timeout_s=timeout_from(exchange.headers),
         route=route,
         explain=explain,
     )
-    request[FQRV_TAG] = str(result.fqrv)
-    request[SCORING_S] = result.latency_ms / 1000
+    exchange.fqrv = str(result.fqrv)
+    exchange.scoring_s = result.latency_ms / 1000
     return result, columnar
 
 

@@ -10,7 +10,7 @@ when the client accepts gzip or deflate and the body is worth it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +18,19 @@ from aiohttp import hdrs, web
 
 from forestflow import tracing
 from forestflow.api import body_pool, v2_common
-from forestflow.api.common import CONTRACT, FQRV_TAG, GATEWAY, SCORING_S, SETTINGS, input_headers, request_id_of, timeout_from
-from forestflow.api.pinning import PIN_HEADER, pinned_route
+from forestflow.api.common import (
+    CONTRACT,
+    GATEWAY,
+    SETTINGS,
+    Exchange,
+    Reply,
+    exchange_handler,
+    input_headers,
+    register_exchange,
+    request_id_of,
+    timeout_from,
+)
+from forestflow.api.pinning import PIN_HEADER, headers_pinned_route
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
 from forestflow.codecs.v2 import Layout, encode_outputs
 from forestflow.codecs.v2_request import loads, object_of, parse_inputs, tensor_name
@@ -101,14 +112,17 @@ def encode_response(
     return b"".join([head, *blobs]), len(head)
 
 
-def _compress(request: web.Request, response: web.Response, size: int) -> None:
+def response_coding(headers: Mapping[str, str], size: int) -> str | None:
+    """How a ``size``-byte answer is compressed for a client sending ``headers``: gzip or deflate
+    when it accepts one and the body is worth it, else None."""
     if size < MIN_COMPRESS_BYTES:
-        return
-    accepted = {part.split(";")[0].strip().lower() for part in request.headers.get(hdrs.ACCEPT_ENCODING, "").split(",")}
+        return None
+    accepted = {part.split(";")[0].strip().lower() for part in headers.get(hdrs.ACCEPT_ENCODING, "").split(",")}
     if "gzip" in accepted:
-        response.enable_compression(web.ContentCoding.gzip)
-    elif "deflate" in accepted:
-        response.enable_compression(web.ContentCoding.deflate)
+        return "gzip"
+    if "deflate" in accepted:
+        return "deflate"
+    return None
 
 
 # ---- handlers ------------------------------------------------------------------------------------
@@ -147,21 +161,18 @@ async def model_ready(request: web.Request) -> web.Response:
     return json_response({"name": info["model"], "ready": ready}, status=200 if ready else 503)
 
 
-@v2_errors
-async def infer(request: web.Request) -> web.Response:
+async def infer_exchange(exchange: Exchange) -> Reply:
     """POST .../infer: JSON or binary tensors in, JSON or binary tensors out."""
-    gateway = request.app[GATEWAY]
-    info = request.match_info
-    name, version = info["model"], info.get("version")
-    request[CONTRACT] = name
+    gateway, params, headers = exchange.gateway, exchange.params, exchange.headers
+    name, version = params["model"], params.get("version")
+    exchange.contract = name
     contract = v2_common.model_contract(name)
     # Routed first (404 before reading the body); the body is decoded against the release that
     # scores. A sticky router needs the request's parameters: it routes once they are read.
     state = gateway.contract_state(contract)
-    pin = request.headers.get(PIN_HEADER) if not version else None
     route: Route | None
-    if pin:
-        route = pinned_route(gateway, state, pin, request.headers.get("Authorization", ""), request.app[SETTINGS].admin_token)
+    if not version and headers.get(PIN_HEADER):
+        route = headers_pinned_route(gateway, state, headers)
     elif version or state.sticky_key is None:
         route = gateway.route(contract, v2_common.version_fqrv(contract, version).release if version else None, state)
     else:
@@ -170,25 +181,26 @@ async def infer(request: web.Request) -> web.Response:
         gateway,
         name,
         version,
-        await request.read(),
-        request.headers.get(HEADER_LENGTH),
-        request_id=request_id_of(request),
+        await exchange.read(),
+        headers.get(HEADER_LENGTH),
+        request_id=exchange.request_id,
         protocol="v2",
-        timeout_s=timeout_from(request),
+        timeout_s=timeout_from(headers),
         route=route,
     )
-    request[FQRV_TAG] = str(answer.result.fqrv)
-    request[SCORING_S] = answer.result.latency_ms / 1000
+    exchange.fqrv = str(answer.result.fqrv)
+    exchange.scoring_s = answer.result.latency_ms / 1000
     # Feedback may name the answer by its body "id" or by its X-Request-Id.
-    gateway.answers.alias(request_id_of(request), answer.request_id)
-    headers = input_headers(answer.result.frame)
-    if answer.json_length is None:
-        response = web.Response(body=answer.body, content_type=JSON, headers=headers)
-    else:
-        headers[HEADER_LENGTH] = str(answer.json_length)
-        response = web.Response(body=answer.body, content_type="application/octet-stream", headers=headers)
-    _compress(request, response, len(answer.body))
-    return response
+    gateway.answers.alias(exchange.request_id, answer.request_id)
+    reply_headers = input_headers(answer.result.frame)
+    content_type = JSON
+    if answer.json_length is not None:
+        reply_headers[HEADER_LENGTH] = str(answer.json_length)
+        content_type = "application/octet-stream"
+    return Reply(answer.body, content_type, headers=reply_headers, compress=response_coding(headers, len(answer.body)))
+
+
+infer = register_exchange(v2_errors(exchange_handler(infer_exchange)), infer_exchange, v2_errors=True)
 
 
 @dataclass(slots=True)
