@@ -281,7 +281,7 @@ class GatewayProcess(ChildProcess):
 
     def start(self, timeout_s: float = 30.0, wait_started: bool = True) -> GatewayProcess:
         """Start and wait until /health/live answers and (``wait_started``) the gateway has restored its
-        registry: /health/ready says started, with nothing left loading."""
+        registry: /health/ready says started, with nothing left loading (under --workers N, on every worker)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -311,7 +311,9 @@ class GatewayProcess(ChildProcess):
                     if not wait_started:
                         return self
                     ready = requests.get(self.url + "/health/ready", timeout=1).json()
-                    if ready["started"] and not ready["loading"]:
+                    # under --workers N the worker that answered may be the only one started so far
+                    workers = ready.get("workers", {}).values()
+                    if ready["started"] and not ready["loading"] and all(w["state"] in ("ready", "failed") for w in workers):
                         return self
             except (requests.RequestException, ValueError, KeyError):
                 pass
