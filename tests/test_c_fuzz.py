@@ -33,6 +33,7 @@ from forestflow.core.ids import FQRV, Contract
 from forestflow.predlog.kafka_batch import RecordBatch
 from forestflow.predlog.log import LogEntry
 from forestflow.runtime import _h2o_trees
+from forestflow.runtime.h2o_inputs import ModelColumn
 from forestflow.runtime.h2o_native import NativeTreeScorer, node_table
 from forestflow.runtime.h2o_tree_reader import InvalidMojo, flatten_trees, read_tree_model
 from tests.codecs.test_json_columns import (
@@ -225,6 +226,53 @@ def test_ffgp_infer_response_reads_back_with_graphpipes_reader(frame: Frame) -> 
             assert [bytes(v) for v in got.reshape(-1)] == [t.rstrip(b"\0") for t in texts]
         else:
             assert got.shape == want.shape and got.tobytes() == want.astype(want.dtype.newbyteorder("<")).tobytes()
+
+
+#: Short texts that repeat (categorical levels): ASCII, escaped, non-ASCII, and either side of the
+#: 48-byte length up to which the readers hand out the same str object for a repeated value.
+_LEVELS = st.sampled_from(["", "A", "B", "AB", "BA", "a\"b", "\\", "é", "日本", "x" * 47, "x" * 48, "x" * 49, "y" * 48])
+
+
+@FAST
+@given(st.lists(_LEVELS | st.binary(max_size=3), max_size=40))
+def test_ffgp_read_strings_of_repeated_levels_reads_what_python_reads(values: list[Any]) -> None:
+    vector = _ffgp.write_strings(values)
+    buf = b"\0" * 4 + vector  # write_strings places its vector 4-aligned: read it at offset 4
+    got = _ffgp.read_strings(buf, 8, len(values))
+    expected = _strings_oracle(buf, 8, len(values))
+    assert expected is not None and got is not None
+    try:
+        assert got == [b.decode("utf-8") for b in expected]
+    except UnicodeDecodeError:
+        assert got == expected
+
+
+@FAST
+@given(st.lists(_LEVELS, max_size=40), st.integers(0, 3))
+def test_ffjson_v2_bytes_of_repeated_levels_agree_with_orjson(values: list[str], damage: int) -> None:
+    head = orjson.dumps({"inputs": [{"name": "c", "shape": [len(values)], "datatype": "BYTES", "data": values}]})
+    if damage:  # a cut inside the data: declined or refused alike
+        head = head[: len(head) * damage // 4]
+    _check_v2_body(head)
+
+
+@FAST
+@given(
+    st.lists(_LEVELS | st.integers(-3, 3) | st.floats(allow_nan=True) | st.none() | st.binary(max_size=2), max_size=30),
+    st.integers(1, 3),
+)
+def test_h2o_level_codes_write_what_codes_gives(values: list[Any], width: int) -> None:
+    column = ModelColumn.make("c", ("A", "B", "é", "1", "x" * 48, "c.AB"))
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    X = np.full((len(values), width), -7.0)
+    column.fill(arr, X, width - 1, unseen=-2.0)
+    expected = np.asarray(column.codes(arr, unseen=-2.0), dtype=np.float64).reshape(len(values))
+    assert np.array_equal(X[:, width - 1], expected, equal_nan=True)
+    assert (X[:, : width - 1] == -7.0).all()  # only its own column written
+    for bad in (X[:, :1].copy().reshape(-1), np.full((len(values) + 1, width), 0.0)):
+        with pytest.raises((TypeError, ValueError)):
+            _h2o_trees.level_codes(arr.tolist(), column.lookup, bad, 0)
 
 
 # ---- _ffwire: varints and event heads ----------------------------------------------------------------------

@@ -24,6 +24,10 @@ static void put_u32(unsigned char *p, uint32_t v) {
     p[3] = (unsigned char)(v >> 24);
 }
 
+/* Recent short ASCII strings of one vector, by a hash of their bytes (see read_strings). */
+#define TEXT_CACHE 64
+#define TEXT_CACHE_MAX_LEN 48
+
 PyDoc_STRVAR(read_strings_doc,
 "read_strings(buf, start, count) -> list[str] | list[bytes] | None\n\n"
 "The ``count`` strings whose uoffsets start at ``start`` in the flatbuffer ``buf``: as str when\n"
@@ -34,7 +38,7 @@ static PyObject *read_strings(PyObject *Py_UNUSED(self), PyObject *const *args, 
     const unsigned char *buf;
     Py_ssize_t size, start, count, i;
     int text = 1;
-    PyObject *out;
+    PyObject *out, *cache[TEXT_CACHE] = {NULL};
     if (nargs != 3 || !PyBytes_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "read_strings() takes (bytes, start, count)");
         return NULL;
@@ -62,8 +66,26 @@ static PyObject *read_strings(PyObject *Py_UNUSED(self), PyObject *const *args, 
         Py_ssize_t slot = start + 4 * i, at = slot + (Py_ssize_t)get_u32(buf + slot);
         Py_ssize_t len = (Py_ssize_t)get_u32(buf + at);
         PyObject *value = NULL;
-        if (text) {
+        if (text && len <= TEXT_CACHE_MAX_LEN) {
+            /* a level seen lately (categorical columns repeat a few): the same str object again */
+            const unsigned char *p = buf + at + 4;
+            uint32_t h = (uint32_t)len;
+            Py_ssize_t k;
+            for (k = 0; k < len; k++)
+                h = h * 31u + p[k];
+            PyObject **cached = &cache[(h ^ (h >> 7)) % TEXT_CACHE];
+            if (*cached != NULL && PyUnicode_GET_LENGTH(*cached) == len && memcmp(PyUnicode_DATA(*cached), p, (size_t)len) == 0) {
+                Py_INCREF(*cached);
+                Py_XSETREF(((PyListObject *)out)->ob_item[i], *cached);
+                continue;
+            }
+            value = PyUnicode_DecodeUTF8((const char *)p, len, NULL);
+            if (value != NULL && PyUnicode_IS_COMPACT_ASCII(value))
+                *cached = value; /* borrowed: the list holds it */
+        } else if (text) {
             value = PyUnicode_DecodeUTF8((const char *)buf + at + 4, len, NULL);
+        }
+        if (text) {
             if (value == NULL) {
                 if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
                     Py_DECREF(out);
