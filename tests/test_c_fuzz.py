@@ -230,7 +230,7 @@ def test_ffgp_infer_response_reads_back_with_graphpipes_reader(frame: Frame) -> 
 
 #: Short texts that repeat (categorical levels): ASCII, escaped, non-ASCII, and either side of the
 #: 48-byte length up to which the readers hand out the same str object for a repeated value.
-_LEVELS = st.sampled_from(["", "A", "B", "AB", "BA", "a\"b", "\\", "é", "日本", "x" * 47, "x" * 48, "x" * 49, "y" * 48])
+_LEVELS = st.sampled_from(["", "A", "B", "AB", "BA", 'a"b', "\\", "é", "日本", "x" * 47, "x" * 48, "x" * 49, "y" * 48])
 
 
 @FAST
