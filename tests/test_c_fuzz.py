@@ -27,9 +27,11 @@ from hypothesis import strategies as st
 
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs import _ffgp, _ffjson, _ffwire
+from forestflow.codecs import graphpipe as gp_codec
 from forestflow.codecs.graphpipe import encode_infer_response
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
+from forestflow.errors import InvalidInput
 from forestflow.predlog.kafka_batch import RecordBatch
 from forestflow.predlog.log import LogEntry
 from forestflow.runtime import _h2o_trees
@@ -273,6 +275,62 @@ def test_h2o_level_codes_write_what_codes_gives(values: list[Any], width: int) -
     for bad in (X[:, :1].copy().reshape(-1), np.full((len(values) + 1, width), 0.0)):
         with pytest.raises((TypeError, ValueError)):
             _h2o_trees.level_codes(arr.tolist(), column.lookup, bad, 0)
+
+
+@st.composite
+def gp_requests(draw: Any) -> bytes:
+    """A GraphPipe InferRequest as the official client writes it (String and numeric tensors,
+    names, a config), then up to four edits anywhere (``mutated``)."""
+    rows = draw(st.integers(0, 4))
+    tensors: list[np.ndarray] = []
+    for _ in range(draw(st.integers(0, 3))):
+        width = draw(st.integers(1, 3))
+        if draw(st.booleans()):
+            values = draw(st.lists(_LEVELS, min_size=rows * width, max_size=rows * width))
+            tensors.append(np.array(values, dtype=object).reshape(rows, width))
+        else:
+            dtype = draw(st.sampled_from([np.float64, np.float32, np.int64, np.uint8, np.int16]))
+            tensors.append(np.arange(rows * width, dtype=dtype).reshape(rows, width))
+    names = draw(st.lists(_LEVELS, max_size=3)) if draw(st.booleans()) else []
+    outputs = draw(st.lists(_LEVELS, max_size=2))
+    config = draw(st.sampled_from(["", "reqid:1", "a:b,c:d", "é"]))
+    body = bytes(convert.serialize_infer_request(convert.InferReq(config, tensors, names, outputs)))
+    return draw(mutated(body))
+
+
+def _gp_outcome(body: bytes, walk_in_c: bool) -> Any:
+    saved = _ffgp.infer_request
+    if not walk_in_c:
+        setattr(_ffgp, "infer_request", lambda _body: None)  # noqa: B010 - the Python reader alone
+    try:
+        request = gp_codec.parse_request(body)
+    except InvalidInput as error:
+        return error.message
+    finally:
+        setattr(_ffgp, "infer_request", saved)  # noqa: B010
+    if not isinstance(request, gp_codec.GPInferRequest):
+        return type(request).__name__
+    arrays = [(t.dtype.str, t.shape, t.tolist()) for t in request.tensors]
+    return request.config, request.input_names, request.output_names, arrays
+
+
+@FAST
+@given(gp_requests())
+def test_ffgp_infer_request_walks_what_the_python_reader_reads(body: bytes) -> None:
+    assert _gp_outcome(body, walk_in_c=True) == _gp_outcome(body, walk_in_c=False)
+
+
+@pytest.mark.slow
+@MANY
+@given(gp_requests())
+def test_ffgp_infer_request_many_more_bodies(body: bytes) -> None:
+    assert _gp_outcome(body, walk_in_c=True) == _gp_outcome(body, walk_in_c=False)
+
+
+@FAST
+@given(st.binary(max_size=96))
+def test_ffgp_infer_request_of_any_bytes_declines_or_agrees(body: bytes) -> None:
+    assert _gp_outcome(body, walk_in_c=True) == _gp_outcome(body, walk_in_c=False)
 
 
 # ---- _ffwire: varints and event heads ----------------------------------------------------------------------
