@@ -479,8 +479,18 @@ static PyObject *level_codes(PyObject *Py_UNUSED(self), PyObject *const *args, P
     misses = PyList_New(0);
     if (misses == NULL)
         goto fail;
+    /* The codes of the str objects met so far, by address: the request readers hand out one object
+     * per repeated level, so most values are found here without a dict lookup. The list holds every
+     * value until the end, so no address is reused meanwhile. */
+    PyObject *seen[16] = {NULL};
+    double seen_code[16];
     for (i = 0; i < PyList_GET_SIZE(values) && i < n; i++) {
         PyObject *v = PyList_GET_ITEM(values, i), *index = NULL;
+        size_t slot = ((uintptr_t)v >> 4) % 16;
+        if (seen[slot] == v) {
+            X[i * cols + j] = seen_code[slot];
+            continue;
+        }
         if (PyUnicode_Check(v)) {
             Py_INCREF(v); /* a lookup may run Python code (a str subclass's __eq__) */
             index = PyDict_GetItemWithError(lookup, v);
@@ -489,10 +499,14 @@ static PyObject *level_codes(PyObject *Py_UNUSED(self), PyObject *const *args, P
                 goto fail;
         }
         if (index != NULL) {
-            double code = PyFloat_AsDouble(index);
+            double code = PyLong_CheckExact(index) ? PyLong_AsDouble(index) : PyFloat_AsDouble(index);
             if (code == -1.0 && PyErr_Occurred())
                 goto fail;
             X[i * cols + j] = code;
+            if (PyUnicode_CheckExact(v)) {
+                seen[slot] = v;
+                seen_code[slot] = code;
+            }
         } else {
             PyObject *at = PyLong_FromSsize_t(i);
             if (at == NULL || PyList_Append(misses, at) < 0) {
