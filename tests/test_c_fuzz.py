@@ -27,12 +27,15 @@ from hypothesis import strategies as st
 
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs import _ffgp, _ffjson, _ffwire
+from forestflow.codecs import graphpipe as gp_codec
 from forestflow.codecs.graphpipe import encode_infer_response
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
+from forestflow.errors import InvalidInput
 from forestflow.predlog.kafka_batch import RecordBatch
 from forestflow.predlog.log import LogEntry
 from forestflow.runtime import _h2o_trees
+from forestflow.runtime.h2o_inputs import ModelColumn
 from forestflow.runtime.h2o_native import NativeTreeScorer, node_table
 from forestflow.runtime.h2o_tree_reader import InvalidMojo, flatten_trees, read_tree_model
 from tests.codecs.test_json_columns import (
@@ -225,6 +228,109 @@ def test_ffgp_infer_response_reads_back_with_graphpipes_reader(frame: Frame) -> 
             assert [bytes(v) for v in got.reshape(-1)] == [t.rstrip(b"\0") for t in texts]
         else:
             assert got.shape == want.shape and got.tobytes() == want.astype(want.dtype.newbyteorder("<")).tobytes()
+
+
+#: Short texts that repeat (categorical levels): ASCII, escaped, non-ASCII, and either side of the
+#: 48-byte length up to which the readers hand out the same str object for a repeated value.
+_LEVELS = st.sampled_from(["", "A", "B", "AB", "BA", 'a"b', "\\", "é", "日本", "x" * 47, "x" * 48, "x" * 49, "y" * 48])
+
+
+@FAST
+@given(st.lists(_LEVELS | st.binary(max_size=3), max_size=40))
+def test_ffgp_read_strings_of_repeated_levels_reads_what_python_reads(values: list[Any]) -> None:
+    vector = _ffgp.write_strings(values)
+    buf = b"\0" * 4 + vector  # write_strings places its vector 4-aligned: read it at offset 4
+    got = _ffgp.read_strings(buf, 8, len(values))
+    expected = _strings_oracle(buf, 8, len(values))
+    assert expected is not None and got is not None
+    try:
+        assert got == [b.decode("utf-8") for b in expected]
+    except UnicodeDecodeError:
+        assert got == expected
+
+
+@FAST
+@given(st.lists(_LEVELS, max_size=40), st.integers(0, 3))
+def test_ffjson_v2_bytes_of_repeated_levels_agree_with_orjson(values: list[str], damage: int) -> None:
+    head = orjson.dumps({"inputs": [{"name": "c", "shape": [len(values)], "datatype": "BYTES", "data": values}]})
+    if damage:  # a cut inside the data: declined or refused alike
+        head = head[: len(head) * damage // 4]
+    _check_v2_body(head)
+
+
+@FAST
+@given(
+    st.lists(_LEVELS | st.integers(-3, 3) | st.floats(allow_nan=True) | st.none() | st.binary(max_size=2), max_size=30),
+    st.integers(1, 3),
+)
+def test_h2o_level_codes_write_what_codes_gives(values: list[Any], width: int) -> None:
+    column = ModelColumn.make("c", ("A", "B", "é", "1", "x" * 48, "c.AB"))
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    X = np.full((len(values), width), -7.0)
+    column.fill(arr, X, width - 1, unseen=-2.0)
+    expected = np.asarray(column.codes(arr, unseen=-2.0), dtype=np.float64).reshape(len(values))
+    assert np.array_equal(X[:, width - 1], expected, equal_nan=True)
+    assert (X[:, : width - 1] == -7.0).all()  # only its own column written
+    for bad in (X[:, :1].copy().reshape(-1), np.full((len(values) + 1, width), 0.0)):
+        with pytest.raises((TypeError, ValueError)):
+            _h2o_trees.level_codes(arr.tolist(), column.lookup, bad, 0)
+
+
+@st.composite
+def gp_requests(draw: Any) -> bytes:
+    """A GraphPipe InferRequest as the official client writes it (String and numeric tensors,
+    names, a config), then up to four edits anywhere (``mutated``)."""
+    rows = draw(st.integers(0, 4))
+    tensors: list[np.ndarray] = []
+    for _ in range(draw(st.integers(0, 3))):
+        width = draw(st.integers(1, 3))
+        if draw(st.booleans()):
+            values = draw(st.lists(_LEVELS, min_size=rows * width, max_size=rows * width))
+            tensors.append(np.array(values, dtype=object).reshape(rows, width))
+        else:
+            dtype = draw(st.sampled_from([np.float64, np.float32, np.int64, np.uint8, np.int16]))
+            tensors.append(np.arange(rows * width, dtype=dtype).reshape(rows, width))
+    names = draw(st.lists(_LEVELS, max_size=3)) if draw(st.booleans()) else []
+    outputs = draw(st.lists(_LEVELS, max_size=2))
+    config = draw(st.sampled_from(["", "reqid:1", "a:b,c:d", "é"]))
+    body = bytes(convert.serialize_infer_request(convert.InferReq(config, tensors, names, outputs)))
+    return draw(mutated(body))
+
+
+def _gp_outcome(body: bytes, walk_in_c: bool) -> Any:
+    saved = _ffgp.infer_request
+    if not walk_in_c:
+        setattr(_ffgp, "infer_request", lambda _body: None)  # noqa: B010 - the Python reader alone
+    try:
+        request = gp_codec.parse_request(body)
+    except InvalidInput as error:
+        return error.message
+    finally:
+        setattr(_ffgp, "infer_request", saved)  # noqa: B010
+    if not isinstance(request, gp_codec.GPInferRequest):
+        return type(request).__name__
+    arrays = [(t.dtype.str, t.shape, t.tolist()) for t in request.tensors]
+    return request.config, request.input_names, request.output_names, arrays
+
+
+@FAST
+@given(gp_requests())
+def test_ffgp_infer_request_walks_what_the_python_reader_reads(body: bytes) -> None:
+    assert _gp_outcome(body, walk_in_c=True) == _gp_outcome(body, walk_in_c=False)
+
+
+@pytest.mark.slow
+@MANY
+@given(gp_requests())
+def test_ffgp_infer_request_many_more_bodies(body: bytes) -> None:
+    assert _gp_outcome(body, walk_in_c=True) == _gp_outcome(body, walk_in_c=False)
+
+
+@FAST
+@given(st.binary(max_size=96))
+def test_ffgp_infer_request_of_any_bytes_declines_or_agrees(body: bytes) -> None:
+    assert _gp_outcome(body, walk_in_c=True) == _gp_outcome(body, walk_in_c=False)
 
 
 # ---- _ffwire: varints and event heads ----------------------------------------------------------------------

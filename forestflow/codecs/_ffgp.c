@@ -24,6 +24,10 @@ static void put_u32(unsigned char *p, uint32_t v) {
     p[3] = (unsigned char)(v >> 24);
 }
 
+/* Recent short ASCII strings of one vector, by a hash of their bytes (see read_strings). */
+#define TEXT_CACHE 64
+#define TEXT_CACHE_MAX_LEN 48
+
 PyDoc_STRVAR(read_strings_doc,
 "read_strings(buf, start, count) -> list[str] | list[bytes] | None\n\n"
 "The ``count`` strings whose uoffsets start at ``start`` in the flatbuffer ``buf``: as str when\n"
@@ -34,7 +38,7 @@ static PyObject *read_strings(PyObject *Py_UNUSED(self), PyObject *const *args, 
     const unsigned char *buf;
     Py_ssize_t size, start, count, i;
     int text = 1;
-    PyObject *out;
+    PyObject *out, *cache[TEXT_CACHE] = {NULL};
     if (nargs != 3 || !PyBytes_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "read_strings() takes (bytes, start, count)");
         return NULL;
@@ -62,8 +66,26 @@ static PyObject *read_strings(PyObject *Py_UNUSED(self), PyObject *const *args, 
         Py_ssize_t slot = start + 4 * i, at = slot + (Py_ssize_t)get_u32(buf + slot);
         Py_ssize_t len = (Py_ssize_t)get_u32(buf + at);
         PyObject *value = NULL;
-        if (text) {
+        if (text && len <= TEXT_CACHE_MAX_LEN) {
+            /* a level seen lately (categorical columns repeat a few): the same str object again */
+            const unsigned char *p = buf + at + 4;
+            uint32_t h = (uint32_t)len;
+            Py_ssize_t k;
+            for (k = 0; k < len; k++)
+                h = h * 31u + p[k];
+            PyObject **cached = &cache[(h ^ (h >> 7)) % TEXT_CACHE];
+            if (*cached != NULL && PyUnicode_GET_LENGTH(*cached) == len && memcmp(PyUnicode_DATA(*cached), p, (size_t)len) == 0) {
+                Py_INCREF(*cached);
+                Py_XSETREF(((PyListObject *)out)->ob_item[i], *cached);
+                continue;
+            }
+            value = PyUnicode_DecodeUTF8((const char *)p, len, NULL);
+            if (value != NULL && PyUnicode_IS_COMPACT_ASCII(value))
+                *cached = value; /* borrowed: the list holds it */
+        } else if (text) {
             value = PyUnicode_DecodeUTF8((const char *)buf + at + 4, len, NULL);
+        }
+        if (text) {
             if (value == NULL) {
                 if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
                     Py_DECREF(out);
@@ -337,10 +359,205 @@ done:
     return result;
 }
 
+/* ---- the structure of an InferRequest, walked with every bound checked (codecs/graphpipe.py) ---- */
+typedef struct {
+    const unsigned char *b;
+    int64_t size;
+} Walk;
+
+static int at_u32(const Walk *w, int64_t pos, int64_t *out) {
+    if (pos < 0 || pos + 4 > w->size)
+        return -1;
+    *out = (int64_t)get_u32(w->b + pos);
+    return 0;
+}
+
+/* The table at `pos`: its vtable and vtable size, as graphpipe.py's _Reader.table checks them. */
+static int walk_table(const Walk *w, int64_t pos, int64_t *vt, int64_t *vs) {
+    int64_t rel;
+    if (at_u32(w, pos, &rel) < 0)
+        return -1;
+    *vt = pos - (int64_t)(int32_t)(uint32_t)rel;
+    if (*vt < 0 || *vt + 4 > w->size)
+        return -1;
+    *vs = (int64_t)w->b[*vt] | ((int64_t)w->b[*vt + 1] << 8);
+    return *vt + *vs > w->size ? -1 : 0;
+}
+
+/* The position of the field in vtable `slot`, 0 when absent, -1 when it points outside. */
+static int64_t walk_field(const Walk *w, int64_t pos, int64_t vt, int64_t vs, int64_t slot) {
+    int64_t off;
+    if (slot + 2 > vs)
+        return 0;
+    off = (int64_t)w->b[vt + slot] | ((int64_t)w->b[vt + slot + 1] << 8);
+    if (off && pos + off >= w->size)
+        return -1;
+    return off ? pos + off : 0;
+}
+
+/* A vector field: its first element and count ((0, 0) when absent); -1 when anything is outside. */
+static int walk_vector(const Walk *w, int64_t pos, int64_t vt, int64_t vs, int64_t slot, int64_t elem, int64_t *start, int64_t *count) {
+    int64_t at = walk_field(w, pos, vt, vs, slot), rel, n;
+    *start = *count = 0;
+    if (at < 0)
+        return -1;
+    if (at == 0)
+        return 0;
+    if (at_u32(w, at, &rel) < 0 || at_u32(w, at + rel, &n) < 0)
+        return -1;
+    if (n * elem > w->size || at + rel + 4 + n * elem > w->size)
+        return -1;
+    *start = at + rel + 4;
+    *count = n;
+    return 0;
+}
+
+/* Whether every string of a vector of `count` uoffsets from `start` lies inside the buffer. */
+static int strings_inside(const Walk *w, int64_t start, int64_t count) {
+    for (int64_t i = 0; i < count; i++) {
+        int64_t slot = start + 4 * i, rel, len;
+        if (at_u32(w, slot, &rel) < 0 || at_u32(w, slot + rel, &len) < 0 || slot + rel + 4 + len > w->size)
+            return 0;
+    }
+    return 1;
+}
+
+/* The strings of a vector field as bytes (all inside: strings_inside said so). */
+static PyObject *walk_bytes_list(const Walk *w, int64_t start, int64_t count) {
+    PyObject *out = PyList_New((Py_ssize_t)count);
+    for (int64_t i = 0; out != NULL && i < count; i++) {
+        int64_t slot = start + 4 * i, at = slot + (int64_t)get_u32(w->b + slot);
+        PyObject *item = PyBytes_FromStringAndSize((const char *)w->b + at + 4, (Py_ssize_t)get_u32(w->b + at));
+        if (item == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, (Py_ssize_t)i, item);
+    }
+    return out;
+}
+
+enum { REQ_INFER = 1, TYPE_FIRST_NUMERIC = 1, TYPE_LAST_NUMERIC = 11, TYPE_STRING = 12 };
+
+PyDoc_STRVAR(infer_request_doc,
+"infer_request(body) -> tuple | None\n\n"
+"The parts of a GraphPipe Request body holding an InferRequest, walked as codecs/graphpipe.py's\n"
+"reader walks it: ``(config, input_names, output_names, tensors)``, the texts as bytes (config\n"
+"None when absent) and each tensor ``(type, shape, start, count)``: for a String tensor the\n"
+"position of its first uoffset and its string count, else its data's position and byte count.\n"
+"None for anything else (a MetadataRequest, a bound or offset outside the body, a tensor without a\n"
+"shape or of an unknown type): the Python reader then says what is wrong.");
+
+static PyObject *infer_request(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Walk w;
+    int64_t root, rvt, rvs, kind_at, req, rel, infer, vt, vs, start, count, cfg, tstart, ntensors;
+    PyObject *names = NULL, *outputs = NULL, *tensors = NULL, *config = NULL, *result = NULL;
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "infer_request() takes bytes");
+        return NULL;
+    }
+    w.b = (const unsigned char *)PyBytes_AS_STRING(arg);
+    w.size = PyBytes_GET_SIZE(arg);
+    if (w.size < 8 || at_u32(&w, 0, &root) < 0 || walk_table(&w, root, &rvt, &rvs) < 0)
+        Py_RETURN_NONE;
+    kind_at = walk_field(&w, root, rvt, rvs, 4);
+    if (kind_at <= 0 || w.b[kind_at] != REQ_INFER)
+        Py_RETURN_NONE;
+    req = walk_field(&w, root, rvt, rvs, 6);
+    if (req <= 0 || at_u32(&w, req, &rel) < 0)
+        Py_RETURN_NONE;
+    infer = req + rel;
+    if (walk_table(&w, infer, &vt, &vs) < 0)
+        Py_RETURN_NONE;
+    /* names (6) and output names (10): every string inside */
+    if (walk_vector(&w, infer, vt, vs, 6, 4, &start, &count) < 0 || !strings_inside(&w, start, count))
+        Py_RETURN_NONE;
+    names = walk_bytes_list(&w, start, count);
+    if (names == NULL)
+        goto done;
+    if (walk_vector(&w, infer, vt, vs, 10, 4, &start, &count) < 0 || !strings_inside(&w, start, count))
+        goto decline;
+    outputs = walk_bytes_list(&w, start, count);
+    if (outputs == NULL)
+        goto done;
+    if (walk_vector(&w, infer, vt, vs, 8, 4, &tstart, &ntensors) < 0)
+        goto decline;
+    tensors = PyList_New(0);
+    if (tensors == NULL)
+        goto done;
+    for (int64_t i = 0; i < ntensors; i++) {
+        int64_t pos, tvt, tvs, type_at, type, sstart, dims, dstart, dcount;
+        PyObject *shape, *item;
+        if (at_u32(&w, tstart + 4 * i, &rel) < 0)
+            goto decline;
+        pos = tstart + 4 * i + rel;
+        if (walk_table(&w, pos, &tvt, &tvs) < 0)
+            goto decline;
+        type_at = walk_field(&w, pos, tvt, tvs, 4);
+        if (type_at < 0)
+            goto decline;
+        type = type_at ? w.b[type_at] : 0;
+        if (walk_vector(&w, pos, tvt, tvs, 6, 8, &sstart, &dims) < 0 || dims == 0)
+            goto decline;
+        if (type == TYPE_STRING) {
+            if (walk_vector(&w, pos, tvt, tvs, 10, 4, &dstart, &dcount) < 0 || !strings_inside(&w, dstart, dcount))
+                goto decline;
+        } else if (type >= TYPE_FIRST_NUMERIC && type <= TYPE_LAST_NUMERIC) {
+            if (walk_vector(&w, pos, tvt, tvs, 8, 1, &dstart, &dcount) < 0)
+                goto decline;
+        } else {
+            goto decline;
+        }
+        shape = PyTuple_New((Py_ssize_t)dims);
+        if (shape == NULL)
+            goto done;
+        for (int64_t d = 0; d < dims; d++) {
+            const unsigned char *p = w.b + sstart + 8 * d;
+            uint64_t v = (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32);
+            int64_t sv = v <= (uint64_t)INT64_MAX ? (int64_t)v : -(int64_t)(~v) - 1; /* two's complement, as "<q" */
+            PyObject *dim = PyLong_FromLongLong((long long)sv);
+            if (dim == NULL) {
+                Py_DECREF(shape);
+                goto done;
+            }
+            PyTuple_SET_ITEM(shape, (Py_ssize_t)d, dim);
+        }
+        item = Py_BuildValue("(LNLL)", (long long)type, shape, (long long)dstart, (long long)dcount);
+        if (item == NULL || PyList_Append(tensors, item) < 0) {
+            Py_XDECREF(item);
+            goto done;
+        }
+        Py_DECREF(item);
+    }
+    cfg = walk_field(&w, infer, vt, vs, 4);
+    if (cfg < 0)
+        goto decline;
+    if (cfg) {
+        int64_t len;
+        if (at_u32(&w, cfg, &rel) < 0 || at_u32(&w, cfg + rel, &len) < 0 || cfg + rel + 4 + len > w.size)
+            goto decline;
+        config = PyBytes_FromStringAndSize((const char *)w.b + cfg + rel + 4, (Py_ssize_t)len);
+        if (config == NULL)
+            goto done;
+    } else {
+        config = Py_NewRef(Py_None);
+    }
+    result = PyTuple_Pack(4, config, names, outputs, tensors);
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(names);
+    Py_XDECREF(outputs);
+    Py_XDECREF(tensors);
+    Py_XDECREF(config);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"read_strings", (PyCFunction)(void (*)(void))read_strings, METH_FASTCALL, read_strings_doc},
     {"write_strings", write_strings, METH_O, write_strings_doc},
     {"infer_response", infer_response, METH_O, infer_response_doc},
+    {"infer_request", infer_request, METH_O, infer_request_doc},
     {NULL, NULL, 0, NULL},
 };
 

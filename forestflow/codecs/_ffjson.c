@@ -273,6 +273,40 @@ static int string_object(Reader *r, PyObject **out) {
     return *out == NULL ? ERR : OK;
 }
 
+/* Recent short ASCII strings of one BYTES ``data`` array (borrowed: the array being built holds them).
+ * Categorical columns repeat a few levels: a repeat is the same str object again, not a new one, so
+ * it costs no allocation, and its hash, computed once, is cached for the model's level lookups. */
+#define TEXT_CACHE 64
+#define TEXT_CACHE_MAX_LEN 48
+
+static int string_object_cached(Reader *r, PyObject **out, PyObject **cache) {
+    const char *text;
+    Py_ssize_t len, k;
+    int ascii;
+    TRY(string_text(r, &text, &len, &ascii));
+    if (!ascii || len > TEXT_CACHE_MAX_LEN) {
+        *out = ascii ? PyUnicode_New(len, 127) : PyUnicode_DecodeUTF8(text, len, NULL);
+        if (*out != NULL && ascii)
+            memcpy(PyUnicode_DATA(*out), text, (size_t)len);
+        return *out == NULL ? ERR : OK;
+    }
+    uint32_t h = (uint32_t)len;
+    for (k = 0; k < len; k++)
+        h = h * 31u + (unsigned char)text[k];
+    PyObject **slot = &cache[(h ^ (h >> 7)) % TEXT_CACHE];
+    if (*slot != NULL && PyUnicode_GET_LENGTH(*slot) == len && memcmp(PyUnicode_DATA(*slot), text, (size_t)len) == 0) {
+        Py_INCREF(*slot);
+        *out = *slot;
+        return OK;
+    }
+    *out = PyUnicode_New(len, 127);
+    if (*out == NULL)
+        return ERR;
+    memcpy(PyUnicode_DATA(*out), text, (size_t)len);
+    *slot = *out;
+    return OK;
+}
+
 /* Whether a key's text is the string literal ``name``. */
 #define KEY_IS(text, len, name) ((len) == (Py_ssize_t)sizeof(name) - 1 && memcmp((text), (name), sizeof(name) - 1) == 0)
 
@@ -932,6 +966,7 @@ static int typed_data(Reader *r, PyObject *datatype, PyObject **out) {
     int text = dt_len == 5 && memcmp(dt, "BYTES", 5) == 0, fp = dt_len >= 2 && dt[0] == 'F' && dt[1] == 'P';
     int seen = 0;
     Vec values = {NULL, 0, 0}, ints = {NULL, 0, 0};
+    PyObject *cache[TEXT_CACHE] = {NULL};
     int status = OK;
     r->p++;
     ws(r);
@@ -948,7 +983,7 @@ static int typed_data(Reader *r, PyObject *datatype, PyObject **out) {
             unsigned char c = *r->p;
             if (text) {
                 PyObject *item;
-                status = c == '"' ? string_object(r, &item) : NO;
+                status = c == '"' ? string_object_cached(r, &item, cache) : NO;
                 if (status == OK && vec_push(&values, (Item){.o = item}) != OK) {
                     Py_DECREF(item);
                     status = ERR;

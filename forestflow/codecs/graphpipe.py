@@ -195,7 +195,16 @@ def parse_request(body: bytes) -> GPInferRequest | GPMetadataRequest:
     if len(body) < 8:
         raise InvalidInput("body: empty or too short for a GraphPipe Request flatbuffer")
     reader = _Reader(body)
+    # The usual request, its structure walked in C (_ffgp.infer_request); anything that walk
+    # declines (a MetadataRequest, any bound outside the body) is read below, which says what is wrong.
+    parts = _ffgp.infer_request(reader.buf)
     try:
+        if parts is not None:
+            raw_config, raw_names, raw_outputs, raw_tensors = parts
+            names = [_text(v, f"input_names[{i}]") for i, v in enumerate(raw_names)]
+            outputs = [_text(v, f"output_names[{i}]") for i, v in enumerate(raw_outputs)]
+            tensors = [_tensor(reader, t, s, start, n, i) for i, (t, s, start, n) in enumerate(raw_tensors)]
+            return GPInferRequest(_text(raw_config or b"", "config"), names, tensors, outputs)
         request = reader.table(reader.ref(0))
         kind = reader.u8(request, 4)  # req_type
         if kind == Req.MetadataRequest:
@@ -231,16 +240,29 @@ def _read_tensor(reader: _Reader, pos: int, i: int) -> np.ndarray:
     gp_type = reader.u8(tensor, 4)
     start, dims = reader.vector(tensor, 6, 8, f"{where}.shape")
     shape = list(struct.unpack_from(f"<{dims}q", reader.buf, start)) if dims else []
+    start = count = 0
     if gp_type == Type.String:
         start, count = reader.vector(tensor, 10, 4, f"{where}.string_val")
+    elif gp_type in GP_DTYPES:
+        start, count = reader.vector(tensor, 8, 1, f"{where}.data")
+    return _tensor(reader, gp_type, shape, start, count, i, tensor)
+
+
+def _tensor(
+    reader: _Reader, gp_type: int, shape: Sequence[int], start: int, count: int, i: int, table: tuple[int, int, int] | None = None
+) -> np.ndarray:
+    """A tensor's array from its type, shape and where its values are (``count`` strings, or bytes of data)."""
+    where = f"input_tensors[{i}]"
+    if gp_type == Type.String:
         values: list[Any] | None = _ffgp.read_strings(reader.buf, start, count)  # str, or all bytes if not text
         if values is None:  # an offset or a length outside the body: the walk in Python says which
-            values = reader.strings(tensor, 10, f"{where}.string_val")
+            assert table is not None  # the C walk checked every string of the tensors it gives
+            values = reader.strings(table, 10, f"{where}.string_val")
         flat = np.empty(len(values), dtype=object)
         flat[:] = values
     elif gp_type in GP_DTYPES:
         dtype = GP_DTYPES[gp_type]
-        start, nbytes = reader.vector(tensor, 8, 1, f"{where}.data")
+        nbytes = count
         if nbytes % dtype.itemsize:
             raise InvalidInput(f"{where}: {nbytes} data bytes are not a whole number of {GP_TYPE_NAMES[gp_type]} values")
         flat = np.frombuffer(reader.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=start).astype(
@@ -248,7 +270,7 @@ def _read_tensor(reader: _Reader, pos: int, i: int) -> np.ndarray:
         )
     else:
         raise InvalidInput(f"{where}: unsupported tensor type {GP_TYPE_NAMES.get(gp_type, gp_type)}")
-    return flat.reshape(_resolve_shape(shape, flat.size, where))
+    return flat.reshape(_resolve_shape(list(shape), flat.size, where))
 
 
 def _resolve_shape(shape: list[int], count: int, where: str) -> tuple[int, ...]:

@@ -252,7 +252,7 @@ def _as_bytes(v: Any) -> bytes:
 
 def json_safe(array: np.ndarray) -> bool:
     """Whether a BYTES array can go out as JSON text (no element is non-UTF-8 bytes)."""
-    flat = array.reshape(-1)
+    flat = array.reshape(-1).tolist()  # a list: iterating a numpy object array costs a boxed step per value
     if not any(issubclass(t, bytes) for t in set(map(type, flat))):  # the usual text column: nothing to try
         return True
     for v in flat:

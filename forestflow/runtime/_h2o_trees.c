@@ -446,10 +446,89 @@ done:
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(level_codes_doc,
+"level_codes(values, lookup, X, j) -> list[int]\n\n"
+"Categorical values to level indices in one pass: for every str in the list ``values`` that\n"
+"``lookup`` (level -> index) holds, X[i, j] = float(index); X is a C-contiguous float64 matrix of\n"
+"len(values) rows. Returns the positions left unwritten (values that are not str, or name no\n"
+"level), for the caller to resolve one by one.");
+
+static PyObject *level_codes(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer view;
+    PyObject *values, *lookup, *misses = NULL;
+    Py_ssize_t j, n, cols, i;
+    double *X;
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "level_codes() takes (list, dict, X, j)");
+        return NULL;
+    }
+    values = args[0];
+    lookup = args[1];
+    j = PyLong_AsSsize_t(args[3]);
+    if (j == -1 && PyErr_Occurred())
+        return NULL;
+    if (get_array(args[2], &view, "X", 'd', 8, 2, 1) < 0)
+        return NULL;
+    n = PyList_GET_SIZE(values);
+    cols = dim(&view, 1);
+    if (dim(&view, 0) != n || j < 0 || j >= cols) {
+        PyErr_SetString(PyExc_ValueError, "level_codes(): X must have a row per value and a column j");
+        goto fail;
+    }
+    X = view.buf;
+    misses = PyList_New(0);
+    if (misses == NULL)
+        goto fail;
+    /* The codes of the str objects met so far, by address: the request readers hand out one object
+     * per repeated level, so most values are found here without a dict lookup. The list holds every
+     * value until the end, so no address is reused meanwhile. */
+    PyObject *seen[16] = {NULL};
+    double seen_code[16];
+    for (i = 0; i < PyList_GET_SIZE(values) && i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i), *index = NULL;
+        size_t slot = ((uintptr_t)v >> 4) % 16;
+        if (seen[slot] == v) {
+            X[i * cols + j] = seen_code[slot];
+            continue;
+        }
+        if (PyUnicode_Check(v)) {
+            Py_INCREF(v); /* a lookup may run Python code (a str subclass's __eq__) */
+            index = PyDict_GetItemWithError(lookup, v);
+            Py_DECREF(v);
+            if (index == NULL && PyErr_Occurred())
+                goto fail;
+        }
+        if (index != NULL) {
+            double code = PyLong_CheckExact(index) ? PyLong_AsDouble(index) : PyFloat_AsDouble(index);
+            if (code == -1.0 && PyErr_Occurred())
+                goto fail;
+            X[i * cols + j] = code;
+            if (PyUnicode_CheckExact(v)) {
+                seen[slot] = v;
+                seen_code[slot] = code;
+            }
+        } else {
+            PyObject *at = PyLong_FromSsize_t(i);
+            if (at == NULL || PyList_Append(misses, at) < 0) {
+                Py_XDECREF(at);
+                goto fail;
+            }
+            Py_DECREF(at);
+        }
+    }
+    PyBuffer_Release(&view);
+    return misses;
+fail:
+    Py_XDECREF(misses);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"score", score, METH_VARARGS, score_doc},
     {"check_tables", check_tables, METH_VARARGS, check_tables_doc},
     {"decisions", decisions, METH_VARARGS, decisions_doc},
+    {"level_codes", (PyCFunction)(void (*)(void))level_codes, METH_FASTCALL, level_codes_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from forestflow.core.frame import Frame
 from forestflow.errors import InvalidInput
+from forestflow.runtime._h2o_trees import level_codes
 
 #: The value genmodel reads as missing.
 NA = float("nan")
@@ -118,6 +119,15 @@ class ModelColumn:
                     found[i] = self.code_of(arr[i], unseen)
         return found
 
+    def fill(self, arr: np.ndarray, X: np.ndarray, j: int, unseen: float = NA) -> None:
+        """``X[:, j] = self.codes(arr, unseen)``, known strings written by the C kernel's module in
+        one pass (no Python step, no list of floats per value); the rest resolved one by one."""
+        if arr.dtype.kind != "O" or X.dtype != np.float64 or not X.flags.c_contiguous:
+            X[:, j] = self.codes(arr, unseen)
+            return
+        for i in level_codes(arr.tolist(), self.lookup, X, j):
+            X[i, j] = self.code_of(arr[i], unseen)
+
 
 def _number(v: Any) -> float:
     if isinstance(v, str):
@@ -173,8 +183,10 @@ def build_matrix(
             values = one_per_row(name, arr)
             if single:
                 X[j] = col.code_of(values[0], unseen) if col.domain is not None else _number(values[0])
+            elif col.domain is not None:
+                col.fill(values, X, j, unseen)
             else:
-                X[:, j] = col.codes(values, unseen) if col.domain is not None else numbers(values)
+                X[:, j] = numbers(values)
         elif name == offset:
             offsets = np.array(numbers(one_per_row(name, arr)), dtype=np.float64)
             offsets[np.isnan(offsets)] = 0.0

@@ -68,7 +68,10 @@ class InputMap:
                 continue
             values = one_per_row(name, arr)
             column = self.columns[j]
-            X[:, j] = numbers(values, name) if column is None else column.codes(values, NA)
+            if column is None:
+                X[:, j] = numbers(values, name)
+            else:
+                column.fill(values, X, j, NA)
         missing = [f for f in self.names if f not in frame.columns]
         return X, unknown, missing
 
@@ -97,7 +100,10 @@ class InputMap:
         X = np.empty(arr.shape, dtype=np.float64)
         for j, feature in enumerate(self.features):
             column = self.columns[j]
-            X[:, j] = numbers(arr[:, j], feature.name) if column is None else column.codes(arr[:, j], NA)
+            if column is None:
+                X[:, j] = numbers(arr[:, j], feature.name)
+            else:
+                column.fill(arr[:, j], X, j, NA)
         return X
 
     def dummy(self, rows: int) -> np.ndarray:
