@@ -475,6 +475,7 @@ class Gateway:
             servable = loaded.servable
             frame = declared.fit_inputs(frame, servable.metadata().inputs, not servable.converts_inputs)
         entry.metrics.score_count += 1
+        entry.metrics.in_flight += 1  # until its outcome is counted (_count_outcome)
         self.registry.mark_counted(contract)
         fqrv = entry.fqrv
         started = time.perf_counter()
@@ -556,6 +557,7 @@ class Gateway:
                     self.residency.shadow_cold_skipped += 1
                 continue
             entry.metrics.shade_count += 1
+            entry.metrics.in_flight += 1  # until its outcome is counted (_count_outcome)
             self.registry.mark_counted(state.contract)
             started = time.perf_counter()
             try:
@@ -730,6 +732,7 @@ def _count_outcome(
     shadow copy that did not produce an answer is a failure.
     """
     metrics = entry.metrics
+    metrics.in_flight -= 1
     if not ok and served:
         if error is None or error.kind is Kind.CANCELLED or http_status(error) < 500:
             return

@@ -248,11 +248,14 @@ class ServableMetrics:
     reward_squares: float = 0.0
     #: This process's sliding windows (not persisted): error rate, latency, shadow agreement.
     window: ReleaseWindow = field(default_factory=ReleaseWindow, compare=False, repr=False)
+    #: Requests and shadow copies this process sent here that have not finished (not persisted): the
+    #: counts above include them at once, their failures only when they fail.
+    in_flight: int = field(default=0, compare=False, repr=False)
 
     @property
     def successful_events(self) -> int:
-        """Served and shadow events that did not fail."""
-        return self.score_count + self.shade_count - self.error_count - self.shade_error_count
+        """Served and shadow events that finished and did not fail (one still running is not a success yet)."""
+        return self.score_count + self.shade_count - self.error_count - self.shade_error_count - max(0, self.in_flight)
 
     def performance_view(self) -> dict[str, float]:
         """Observed metrics overlaid with the reported ones (reported win for the keys they name)."""

@@ -49,6 +49,18 @@ def test_min_served_events_counts_successes_only() -> None:
     assert not rule_holds(MaxErrorRateValidity(0.1, 20), metrics, 0)  # no events in this process's window
 
 
+def test_min_served_events_waits_for_events_in_flight() -> None:
+    # Sent, not finished: counted in shadeCount at once, but not a success until it has answered.
+    metrics = ServableMetrics(created_at_ms=0, score_count=3, shade_count=2, in_flight=2)
+    assert metrics.successful_events == 3
+    assert not rule_holds(MinServedEventsBasedValidity(5), metrics, 0)
+    metrics.in_flight -= 1
+    metrics.shade_error_count += 1  # one copy failed
+    metrics.in_flight -= 1  # the other answered
+    assert metrics.successful_events == 4
+    assert not rule_holds(MinServedEventsBasedValidity(5), metrics, 0)
+
+
 def test_agreement_on_floats_labels_and_integer_classes() -> None:
     served = Frame({"y": np.array([1.0, 2.0, 3.0])})
     assert agreeing_rows(Frame({"y": np.array([1.0, 2.0 * (1 + 1e-9), 3.1])}), served) == (2, 3)
