@@ -18,7 +18,7 @@ wrk.method = "POST"
 wrk.body = f:read("*a")
 f:close()
 wrk.headers["Content-Type"] = os.getenv("BENCH_CT")
-for name, value in (os.getenv("BENCH_HEADERS") or ""):gmatch("([^:\n]+): ([^\n]*)") do
+for name, value in (os.getenv("BENCH_HEADERS") or ""):gmatch("([^:\\n]+): ([^\\n]*)") do
   wrk.headers[name] = value
 end
 done = function(summary, latency, requests)
