@@ -70,14 +70,6 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> d
     return {"uvloop": uvloop.new_event_loop}
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The modules with ``slow`` tests (the longest: bench smokes, fuzzing, outages) are handed out to the
-    xdist workers first and the short ones fill in around them, so neither worker is left running a long
-    test alone at the end. A module's tests stay together (its module-scoped fixtures are set up once)."""
-    with_slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in with_slow)  # stable: collection order otherwise
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """Mark this session's processes (xdist workers and every gateway started inherit the mark)."""
     os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
