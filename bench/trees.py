@@ -9,7 +9,7 @@
    the prostate rows (25 trees of depth 5, categoricals as pandas categoricals) against the native
    H2O flavor on the prostate GBM fixture (25 trees), the two gateways loaded side by side on one
    core (bench/servers.py); target: within 1.1x.
-3. RSS of a gateway with five 100-tree models of each flavor loaded, against an empty one.
+3. RSS of a gateway with five 100-tree models of each flavor loaded, against an empty one (the smoke: one 5-tree model).
 
     python bench/trees.py                 # everything (a few minutes)
     python bench/trees.py --smoke         # tiny models, short cells (the tests run it)
@@ -81,8 +81,9 @@ def train(directory: Path, trees: int, depth: int) -> dict[str, tuple[str, Any, 
     }
 
 
-def in_process(directory: Path, trees: int, depth: int, seconds: float) -> None:
-    models = train(directory, trees, depth)
+def in_process(
+    directory: Path, models: dict[str, tuple[str, Any, Callable[[np.ndarray], Any]]], trees: int, depth: int, seconds: float
+) -> None:
     rng = np.random.default_rng(1)
     print(f"# in process: rows/s, {trees} trees of depth {depth}, {N_FEATURES} features (machine shared with other work)")
     print(f"{'flavor':9} {'rows':>5} {'forestflow':>12} {'library':>12} {'ratio':>7}  target")
@@ -165,9 +166,10 @@ def rss_kib(server: Server) -> int:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
 
 
-def memory(work: Path, directory: Path, trees: int, depth: int) -> None:
-    models = train(directory, trees, depth)
-    print(f"# RSS of a gateway with five {trees}-tree models of one flavor (MiB)")
+def memory(
+    work: Path, directory: Path, models: dict[str, tuple[str, Any, Callable[[np.ndarray], Any]]], trees: int, copies: int
+) -> None:
+    print(f"# RSS of a gateway with {copies} {trees}-tree models of one flavor (MiB)")
     empty = start_gateway(work / "data-empty", {}, work, "empty")
     try:
         base = rss_kib(empty) / 1024
@@ -177,7 +179,7 @@ def memory(work: Path, directory: Path, trees: int, depth: int) -> None:
     for flavor, (file, _, _) in models.items():
         server = start_gateway(work / f"data-rss-{flavor}", {"FORESTFLOW_ALLOW_PYTHON": "1"}, work, f"rss-{flavor}")
         try:
-            for k in range(5):
+            for k in range(copies):
                 deploy(server, directory, flavor, file, ("bench", f"rss{k}", 1))
             rss = rss_kib(server) / 1024
         finally:
@@ -198,12 +200,13 @@ def main() -> int:
     models = work / "models"  # deployed from: the gateways' data dirs must not be inside it
     models.mkdir()
     print(f"# logs and models: {work}", flush=True)
+    trained = train(models, trees, depth) if {"process", "memory"} & set(args.cells) else {}  # once for both cells
     if "process" in args.cells:
-        in_process(models, trees, depth, seconds)
+        in_process(models, trained, trees, depth, seconds)
     if "gateway" in args.cells:
         gateway_cpu(work, models, rounds, seconds if not args.smoke else 0.5, args.concurrency)
     if "memory" in args.cells:
-        memory(work, models, trees, depth)
+        memory(work, models, trained, trees, 5 if not args.smoke else 1)  # the smoke: one model each exercises the same path
     return 0
 
 

@@ -72,10 +72,9 @@ async def test_a_shadow_failing_every_copy_never_becomes_valid_and_shows_its_fai
 
 
 async def test_a_live_release_that_starts_failing_is_rolled_back(tmp_path: Path) -> None:
-    interval = 0.5
     broken = tmp_path / "broken"
     configs = {"broken": str(broken)}
-    async with serve_in_process(tmp_path / "data", access_log=False, log_level="warning", evaluation_interval_s=interval) as gw:
+    async with serve_in_process(tmp_path / "data", access_log=False, log_level="warning", evaluation_interval_s=0.25) as gw:
         await deploy(gw, release="v1", contract_settings=KEEP_ALL)
         await deploy(
             gw,
@@ -96,9 +95,26 @@ async def test_a_live_release_that_starts_failing_is_rolled_back(tmp_path: Path)
                 break
             assert time.monotonic() < deadline, await stats(gw)
             await asyncio.sleep(0.05)
+        # Every evaluation of the contract from here on: v2's window error rate and event count going in,
+        # and whether v2 was routed going in and coming out. Counted in rounds, not seconds: a loaded
+        # machine delays the timer, but no round may pass over a release whose gate failed.
+        rounds: list[tuple[float, int, bool, bool]] = []
+        admin = gw.gateway.admin
+        evaluate = admin.evaluate
+
+        async def observed(state: Any) -> None:
+            entry = state.servables.get("v2") if state.contract.project == "demo" else None
+            if entry is None:
+                return await evaluate(state)
+            window, routed = entry.metrics.window, "v2" in state.picker.keys()  # noqa: SIM118 (a WeightedPicker)
+            rate, events = window.error_rate, len(window.outcomes)
+            await evaluate(state)
+            rounds.append((rate, events, routed, "v2" in state.picker.keys()))  # noqa: SIM118
+
+        admin.evaluate = observed  # type: ignore[method-assign]
         broken.touch()
-        failed_at = time.monotonic()
         failures = 0
+        deadline = time.monotonic() + 10
         while True:
             status, body = await score(gw, configs)
             if status == 200:
@@ -106,9 +122,14 @@ async def test_a_live_release_that_starts_failing_is_rolled_back(tmp_path: Path)
                 break
             assert status == 500, body
             failures += 1
-            assert time.monotonic() - failed_at < 2 * interval + 0.5, "still routed to the failing release"
+            assert time.monotonic() < deadline, ("still routed to the failing release", failures, rounds)
             await asyncio.sleep(0.02)
+        admin.evaluate = evaluate  # type: ignore[method-assign]
         assert failures >= 3
+        # The first round that found v2 routed with its error rate over the bound took it out of routing.
+        crossed = [i for i, (rate, events, routed, _) in enumerate(rounds) if routed and events >= 20 and rate > 0.1]
+        assert crossed and not rounds[crossed[0]][3], rounds
+        assert all(after for *_, after in rounds[: crossed[0]]), rounds  # and no round before it did
         # The older release answers everything again; v2 sees only failing shadow copies now.
         for _ in range(10):
             status, body = await score(gw, configs)
