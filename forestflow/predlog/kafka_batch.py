@@ -13,6 +13,7 @@ refuses: the batch is closed from the start).
 
 from __future__ import annotations
 
+import functools
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -28,12 +29,17 @@ from forestflow.predlog._kafka_records import records
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 #: Where the CRC'd part starts (the attributes) and where the length counts from.
 _CRC_FROM, _LENGTH_FROM = struct.calcsize(">qiibI"), struct.calcsize(">qi")
+#: zstd's level for prediction log batches. aiokafka's default is 3 (the broker's); level 1 compresses
+#: prediction events as small (1-row events: 743 against 743 bytes per 125; 100-row events 2717
+#: against 2684 per 40) for 0.37x the instructions at 1 row and 0.59x at 100 rows (callgrind, per
+#: batch, 2026-11-26), and any level decodes the same.
+ZSTD_LEVEL = 1
 #: Record batch attributes of each compression (the low three bits).
 _CODECS: dict[str, tuple[int, Callable[[bytes], bytes] | None]] = {
     "none": (0, None),
     "gzip": (1, codec.gzip_encode),
     "lz4": (3, codec.lz4_encode),
-    "zstd": (4, codec.zstd_encode),
+    "zstd": (4, functools.partial(codec.zstd_encode, level=ZSTD_LEVEL)),
 }
 
 
