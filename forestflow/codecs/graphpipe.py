@@ -435,9 +435,41 @@ def _grouped(
                 f"input_tensors: the {group} tensor has {per_row.shape[1]} values per record for "
                 f"{len(specs)} {group} input(s) ({', '.join(s.name for s in specs)})"
             )
-        for j, spec in enumerate(specs[: per_row.shape[1]]):
-            columns[spec.name] = _cast(per_row[:, j].copy(), spec)
+        taken = specs[: per_row.shape[1]]
+        target = _common_cast(per_row.dtype, taken)
+        if target is not None:  # every column to one dtype: the tensor's columns copied out in one step
+            block = np.array(per_row[:, : len(taken)].T, dtype=target, order="C")
+            for spec, column in zip(taken, block):
+                columns[spec.name] = column
+        else:
+            for j, spec in enumerate(taken):
+                columns[spec.name] = _cast(per_row[:, j].copy(), spec)
     return columns
+
+
+#: (a tensor's dtype, an input's datatype) -> the dtype :func:`_cast` gives its column.
+_CAST_DTYPES: dict[tuple[np.dtype[Any], str], np.dtype[Any]] = {}
+
+
+def _common_cast(dtype: np.dtype[Any], specs: Sequence[TensorSpec]) -> np.dtype[Any] | None:
+    """The dtype :func:`_cast` gives every column of a ``dtype`` tensor for these inputs, if it is
+    the same for all of them (else None)."""
+    common = None
+    for spec in specs:
+        key = (dtype, spec.datatype)
+        cast = _CAST_DTYPES.get(key)
+        if cast is None:
+            target = DATATYPES.get(spec.datatype)
+            numeric = target is not None and spec.datatype in NUMERIC_DATATYPES and dtype.kind != "O"
+            cast = target if numeric and np.can_cast(dtype, target, "same_kind") else dtype
+            if len(_CAST_DTYPES) >= 1024:  # dtypes and datatypes are few; bounded all the same
+                _CAST_DTYPES.clear()
+            _CAST_DTYPES[key] = cast
+        if common is None:
+            common = cast
+        elif cast != common:
+            return None
+    return common
 
 
 def _cast(column: np.ndarray, spec: TensorSpec) -> np.ndarray:
