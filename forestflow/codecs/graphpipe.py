@@ -77,6 +77,8 @@ GP_TYPE_OF_DATATYPE: dict[str, int] = {
 }
 GP_TYPE_NAMES: dict[int, str] = {v: k for k, v in vars(Type).items() if not k.startswith("_")}
 _GP_TYPE_OF_DTYPE: dict[np.dtype[Any], int] = {dt.newbyteorder("="): t for t, dt in GP_DTYPES.items()}
+#: Each wire type's dtype in this machine's byte order (what a request's arrays become).
+_NATIVE: dict[int, np.dtype[Any]] = {t: dt.newbyteorder("=") for t, dt in GP_DTYPES.items()}
 FQRV_OUTPUT = "fqrv"
 
 
@@ -265,9 +267,7 @@ def _tensor(
         nbytes = count
         if nbytes % dtype.itemsize:
             raise InvalidInput(f"{where}: {nbytes} data bytes are not a whole number of {GP_TYPE_NAMES[gp_type]} values")
-        flat = np.frombuffer(reader.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=start).astype(
-            dtype.newbyteorder("=")
-        )
+        flat = np.frombuffer(reader.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=start).astype(_NATIVE[gp_type])
     else:
         raise InvalidInput(f"{where}: unsupported tensor type {GP_TYPE_NAMES.get(gp_type, gp_type)}")
     return flat.reshape(_resolve_shape(list(shape), flat.size, where))
@@ -511,8 +511,10 @@ def _wire_tensor(name: str, array: np.ndarray) -> _WireTensor:
     shape = (array.shape[0], 1) if array.ndim == 1 else tuple(array.shape)
     if array.dtype.kind in ("O", "U", "S", "T"):
         return Type.String, shape, _ffgp.write_strings(array.ravel().tolist()), True
-    native = np.dtype(np.uint8) if array.dtype.kind == "b" else array.dtype.newbyteorder("=")
-    gp_type = _GP_TYPE_OF_DTYPE.get(native)
+    gp_type = _GP_TYPE_OF_DTYPE.get(array.dtype)  # the usual native-order numbers: no dtype made
+    if gp_type is None:
+        native = np.dtype(np.uint8) if array.dtype.kind == "b" else array.dtype.newbyteorder("=")
+        gp_type = _GP_TYPE_OF_DTYPE.get(native)
     if gp_type is None:
         raise InvalidInput(f"output {name!r}: datatype {array.dtype} has no GraphPipe type")
     return gp_type, shape, np.ascontiguousarray(array, dtype=GP_DTYPES[gp_type]).tobytes(), False
