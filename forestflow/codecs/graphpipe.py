@@ -459,9 +459,8 @@ def _common_cast(dtype: np.dtype[Any], specs: Sequence[TensorSpec]) -> np.dtype[
         key = (dtype, spec.datatype)
         cast = _CAST_DTYPES.get(key)
         if cast is None:
-            target = DATATYPES.get(spec.datatype)
-            numeric = target is not None and spec.datatype in NUMERIC_DATATYPES and dtype.kind != "O"
-            cast = target if numeric and np.can_cast(dtype, target, "same_kind") else dtype
+            numeric = spec.datatype in NUMERIC_DATATYPES and dtype.kind != "O"
+            cast = DATATYPES[spec.datatype] if numeric and np.can_cast(dtype, DATATYPES[spec.datatype], "same_kind") else dtype
             if len(_CAST_DTYPES) >= 1024:  # dtypes and datatypes are few; bounded all the same
                 _CAST_DTYPES.clear()
             _CAST_DTYPES[key] = cast
