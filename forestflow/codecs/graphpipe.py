@@ -77,6 +77,8 @@ GP_TYPE_OF_DATATYPE: dict[str, int] = {
 }
 GP_TYPE_NAMES: dict[int, str] = {v: k for k, v in vars(Type).items() if not k.startswith("_")}
 _GP_TYPE_OF_DTYPE: dict[np.dtype[Any], int] = {dt.newbyteorder("="): t for t, dt in GP_DTYPES.items()}
+#: Each wire type's dtype in this machine's byte order (what a request's arrays become).
+_NATIVE: dict[int, np.dtype[Any]] = {t: dt.newbyteorder("=") for t, dt in GP_DTYPES.items()}
 FQRV_OUTPUT = "fqrv"
 
 
@@ -265,9 +267,7 @@ def _tensor(
         nbytes = count
         if nbytes % dtype.itemsize:
             raise InvalidInput(f"{where}: {nbytes} data bytes are not a whole number of {GP_TYPE_NAMES[gp_type]} values")
-        flat = np.frombuffer(reader.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=start).astype(
-            dtype.newbyteorder("=")
-        )
+        flat = np.frombuffer(reader.buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=start).astype(_NATIVE[gp_type])
     else:
         raise InvalidInput(f"{where}: unsupported tensor type {GP_TYPE_NAMES.get(gp_type, gp_type)}")
     return flat.reshape(_resolve_shape(list(shape), flat.size, where))
@@ -435,9 +435,40 @@ def _grouped(
                 f"input_tensors: the {group} tensor has {per_row.shape[1]} values per record for "
                 f"{len(specs)} {group} input(s) ({', '.join(s.name for s in specs)})"
             )
-        for j, spec in enumerate(specs[: per_row.shape[1]]):
-            columns[spec.name] = _cast(per_row[:, j].copy(), spec)
+        taken = specs[: per_row.shape[1]]
+        target = _common_cast(per_row.dtype, taken)
+        if target is not None:  # every column to one dtype: the tensor's columns copied out in one step
+            block = np.array(per_row[:, : len(taken)].T, dtype=target, order="C")
+            for spec, column in zip(taken, block):
+                columns[spec.name] = column
+        else:
+            for j, spec in enumerate(taken):
+                columns[spec.name] = _cast(per_row[:, j].copy(), spec)
     return columns
+
+
+#: (a tensor's dtype, an input's datatype) -> the dtype :func:`_cast` gives its column.
+_CAST_DTYPES: dict[tuple[np.dtype[Any], str], np.dtype[Any]] = {}
+
+
+def _common_cast(dtype: np.dtype[Any], specs: Sequence[TensorSpec]) -> np.dtype[Any] | None:
+    """The dtype :func:`_cast` gives every column of a ``dtype`` tensor for these inputs, if it is
+    the same for all of them (else None)."""
+    common = None
+    for spec in specs:
+        key = (dtype, spec.datatype)
+        cast = _CAST_DTYPES.get(key)
+        if cast is None:
+            numeric = spec.datatype in NUMERIC_DATATYPES and dtype.kind != "O"
+            cast = DATATYPES[spec.datatype] if numeric and np.can_cast(dtype, DATATYPES[spec.datatype], "same_kind") else dtype
+            if len(_CAST_DTYPES) >= 1024:  # dtypes and datatypes are few; bounded all the same
+                _CAST_DTYPES.clear()
+            _CAST_DTYPES[key] = cast
+        if common is None:
+            common = cast
+        elif cast != common:
+            return None
+    return common
 
 
 def _cast(column: np.ndarray, spec: TensorSpec) -> np.ndarray:
@@ -479,8 +510,10 @@ def _wire_tensor(name: str, array: np.ndarray) -> _WireTensor:
     shape = (array.shape[0], 1) if array.ndim == 1 else tuple(array.shape)
     if array.dtype.kind in ("O", "U", "S", "T"):
         return Type.String, shape, _ffgp.write_strings(array.ravel().tolist()), True
-    native = np.dtype(np.uint8) if array.dtype.kind == "b" else array.dtype.newbyteorder("=")
-    gp_type = _GP_TYPE_OF_DTYPE.get(native)
+    gp_type = _GP_TYPE_OF_DTYPE.get(array.dtype)  # the usual native-order numbers: no dtype made
+    if gp_type is None:
+        native = np.dtype(np.uint8) if array.dtype.kind == "b" else array.dtype.newbyteorder("=")
+        gp_type = _GP_TYPE_OF_DTYPE.get(native)
     if gp_type is None:
         raise InvalidInput(f"output {name!r}: datatype {array.dtype} has no GraphPipe type")
     return gp_type, shape, np.ascontiguousarray(array, dtype=GP_DTYPES[gp_type]).tobytes(), False

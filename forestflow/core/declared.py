@@ -26,6 +26,8 @@ from forestflow.errors import InvalidInput
 
 _INTEGER = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
 _NUMBERS = _INTEGER | {"FP16", "FP32", "FP64"}
+#: The usual declaration: one value per row, any number of rows (admits every 1-D column).
+_PER_ROW = (-1,)
 
 
 def admits(declared: Sequence[int], shape: Sequence[int]) -> bool:
@@ -58,7 +60,8 @@ def fit_inputs(frame: Frame, specs: Sequence[TensorSpec], datatypes: bool = True
         column = columns.get(spec.name)
         if column is None:
             continue
-        if not admits(spec.shape, column.shape):
+        shape = column.shape
+        if not (len(shape) == 1 and spec.shape == _PER_ROW) and not admits(spec.shape, shape):
             raise InvalidInput(f"input {spec.name!r}: expected shape {shape_text(spec.shape)}, got {shape_text(column.shape)}")
         if not datatypes or spec.name in frame.loose_datatypes:
             continue

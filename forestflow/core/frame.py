@@ -42,6 +42,9 @@ IMAGE = "image"
 def datatype_of(array: np.ndarray) -> str:
     """The V2 datatype name of a numpy array (unicode arrays count as BYTES)."""
     dt = array.dtype
+    known = _BY_DTYPE.get(dt)  # the usual native-order numbers and objects, in one look-up
+    if known is not None:
+        return known
     if dt.kind in ("U", "S", "O", "T"):
         return "BYTES"
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from forestflow.errors import InvalidInput
 
@@ -21,6 +21,10 @@ class Contract:
     organization: str
     project: str
     number: int
+    #: The text form and the hash, made once: every request asks for both (registry look-ups,
+    #: logs, metrics, answers); the generated ``__hash__`` would hash a new tuple of the fields.
+    _text: str = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.organization):
@@ -29,9 +33,17 @@ class Contract:
             raise InvalidInput(f"invalid project {self.project!r}: use 1-128 of [A-Za-z0-9_-]")
         if isinstance(self.number, bool) or not isinstance(self.number, int) or not 0 <= self.number < 2**31:
             raise InvalidInput(f"invalid contract number {self.number!r}: use an integer 0..2147483647")
+        object.__setattr__(self, "_text", f"{self.organization}.{self.project}.{self.number}")
+        object.__setattr__(self, "_hash", hash(self._text))
 
     def __str__(self) -> str:
-        return f"{self.organization}.{self.project}.{self.number}"
+        return self._text
+
+    def __hash__(self) -> int:  # equal contracts have equal texts
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Contract], tuple[str, str, int]]:
+        return Contract, (self.organization, self.project, self.number)  # hashes differ between processes
 
     @classmethod
     def parse(cls, text: str) -> Contract:
@@ -48,13 +60,24 @@ class FQRV:
 
     contract: Contract
     release: str
+    #: The text form and the hash, made once (as Contract's).
+    _text: str = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.release, str) or not _RELEASE.match(self.release) or ".." in self.release:
             raise InvalidInput(f"invalid release version {self.release!r}: use 1-128 of [A-Za-z0-9._-], not starting with '.'")
+        object.__setattr__(self, "_text", f"{self.contract}.{self.release}")
+        object.__setattr__(self, "_hash", hash(self._text))
 
     def __str__(self) -> str:
-        return f"{self.contract}.{self.release}"
+        return self._text
+
+    def __hash__(self) -> int:  # equal releases have equal texts
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[FQRV], tuple[Contract, str]]:
+        return FQRV, (self.contract, self.release)
 
     @classmethod
     def parse(cls, text: str) -> FQRV:
