@@ -90,7 +90,7 @@ def release(model_dir: Path, n: int, version: str = "gbm") -> dict[str, Any]:
 
 def seed(data_dir: Path, model_dir: Path, contracts: int) -> None:
     """The releases in the gateway's file store, written in one change."""
-    docs = {}
+    docs: dict[str, Any] = {}
     for n in range(contracts):
         defn = parse_serve_request(release(model_dir, n))
         docs[f"servable/{defn.fqrv}"] = serve_request_to_json(defn)
