@@ -1,6 +1,9 @@
-"""Issue 46 at scale: N contracts of one small native GBM each on one gateway, loaded lazily.
+"""Issue 46 at scale: N contracts of one native tree model each on one gateway, loaded lazily.
 
-Seeds a file store with N releases (the prostate GBM fixture, one contract each), then measures:
+Seeds a file store with N releases (one contract each) of the prostate GBM fixture (``--model
+gbm``, a small H2O MOJO) or of an XGBoost model of 100 trees of depth 6 trained at start on the
+fixture's four numeric columns (``--model trees100``, served by the native XGBoost flavor), then
+measures:
 the time from a restart (after a first run persisted the releases' counters and routing) to ready
 and to the first answer of a cold release; cold-request
 latency (first requests to distinct releases); RSS after that traffic with and without a memory
@@ -12,12 +15,18 @@ ratios rather than absolute figures.
     python bench/scale.py                       # 10,000 contracts
     python bench/scale.py --contracts 1000      # fewer
     python bench/scale.py --smoke               # 40 contracts, a few seconds
+    python bench/scale.py --model trees100      # 1,000 contracts of a 100-tree XGBoost model
+
+With ``--model trees100`` the budget gateway's budget defaults to a tenth of what all the releases
+would take (the budget's own count of one release, measured on a probe gateway, times N / 10), so
+the cold traffic moves over more releases than fit.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import shutil
 import statistics
 import sys
@@ -39,20 +48,49 @@ from forestflow.registry.file_store import FileStore  # noqa: E402
 
 BODY = payloads.score_body(1)
 HEADERS = {"Content-Type": "application/json"}
+#: The flavor of every release, per ``--model`` (the model file is in the run's model dir).
+FLAVORS: dict[str, dict[str, Any]] = {
+    "gbm": {"H2OMojo": {"mojoPath": "gbm.zip"}},
+    "trees100": {"XGBoost": {"modelPath": "trees100.ubj"}},
+}
+FLAVOR = FLAVORS["gbm"]
+
+
+def train_trees100(path: Path) -> None:
+    """An XGBoost binary classifier of 100 trees of depth 6 on the prostate fixture's numeric
+    columns (synthetic rows, so the trees are mostly full), saved as UBJSON."""
+    import numpy as np
+    import pandas as pd
+    import xgboost as xgb
+
+    rng = np.random.default_rng(0)
+    n = 20_000
+    frame = pd.DataFrame(
+        {
+            "AGE": rng.normal(66, 6, n),
+            "PSA": rng.gamma(2, 8, n),
+            "VOL": rng.gamma(2, 9, n),
+            "GLEASON": rng.integers(0, 10, n).astype(float),
+        }
+    )
+    score = 0.05 * (frame.AGE - 66) + 0.04 * frame.PSA - 0.02 * frame.VOL + 0.4 * (frame.GLEASON - 6) + rng.normal(0, 1, n)
+    params = {"objective": "binary:logistic", "max_depth": 6, "eta": 0.1, "seed": 0}
+    booster = xgb.train(params, xgb.DMatrix(frame, (score > 0.5).astype(int)), num_boost_round=100)
+    booster.save_model(str(path))
 
 
 def release(model_dir: Path, n: int, version: str = "gbm") -> dict[str, Any]:
-    """The serve request of contract bench/scale/<n> with the GBM of ``model_dir``."""
+    """The serve request of contract bench/scale/<n> with the model of ``model_dir``."""
     body = payloads.definition(("bench", "scale", n), "NONE")
     body["path"] = model_dir.as_uri()
-    body["flavor"] = {"H2OMojo": {"mojoPath": "gbm.zip"}}
+    body["flavor"] = FLAVOR
     body["fqrv"]["release_version"] = version
     return body
 
 
 def seed(data_dir: Path, model_dir: Path, contracts: int) -> None:
     """The releases in the gateway's file store, written in one change."""
-    docs = {}
+    docs: dict[str, Any] = {}
     for n in range(contracts):
         defn = parse_serve_request(release(model_dir, n))
         docs[f"servable/{defn.fqrv}"] = serve_request_to_json(defn)
@@ -108,29 +146,72 @@ def loads_done(server: Server) -> int:
     return int(metric(server, "forestflow_release_loads_total"))
 
 
+def evictions(server: Server) -> int:
+    return int(metric(server, "forestflow_release_evictions_total"))
+
+
+def release_mb(work: Path, model: Path, env: dict[str, str]) -> float:
+    """The memory budget's own count of one release (MiB): one release loaded on a probe gateway
+    with a budget far larger than it."""
+    probe = start_gateway(work / "probe", {**env, "FORESTFLOW_MODEL_MEMORY_BUDGET_MB": "100000"}, work, "probe", pin=False)
+    try:
+        requests.post(probe.url + "/servable", json=release(model, 0), timeout=120).raise_for_status()
+        score_ms(probe, 0)
+        return resident_mb(probe)
+    finally:
+        probe.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--contracts", type=int, default=10_000, help="releases on the big gateway (one contract each)")
+    parser.add_argument(
+        "--model", choices=sorted(FLAVORS), default="gbm", help="gbm: the small H2O GBM; trees100: XGBoost, 100 trees of depth 6"
+    )
+    parser.add_argument(
+        "--contracts", type=int, help="releases on the big gateway (one contract each; 10,000, or 1,000 with trees100)"
+    )
     parser.add_argument("--cold", type=int, default=200, help="distinct cold releases requested (cold p99, RSS)")
-    parser.add_argument("--budget-mb", type=int, default=4, help="model_memory_budget_mb of the budget gateway")
+    parser.add_argument(
+        "--budget-mb", type=int, help="model_memory_budget_mb of the budget gateway (gbm: 4; trees100: a tenth of all releases)"
+    )
     parser.add_argument("--deploys", type=int, default=50, help="deploys timed on each gateway")
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of the warm side-by-side run")
     parser.add_argument("--smoke", action="store_true", help="40 contracts, 10 cold, 5 deploys, 1 s")
     parser.add_argument("--keep", action="store_true", help="keep the data dirs and gateway logs")
     args = parser.parse_args()
+    global FLAVOR
+    FLAVOR = FLAVORS[args.model]
+    if args.contracts is None:
+        args.contracts = 1_000 if args.model == "trees100" else 10_000
     if args.smoke:
         args.contracts, args.cold, args.deploys, args.seconds = 40, 10, 5, 1.0
     work = Path(tempfile.mkdtemp(prefix="ff-scale-"))
     model = work / "model"
     model.mkdir()
-    shutil.copy(payloads.FIXTURE.with_suffix(".zip"), model / "gbm.zip")
-    size = (model / "gbm.zip").stat().st_size
-    print(f"# {args.contracts} contracts of one GBM ({size} B model file); logs under {work}; machine may be loaded")
+    if args.model == "trees100":
+        file = model / FLAVOR["XGBoost"]["modelPath"]
+        train_trees100(file)
+        described = "one XGBoost model of 100 trees of depth 6"
+    else:
+        file = model / "gbm.zip"
+        shutil.copy(payloads.FIXTURE.with_suffix(".zip"), file)
+        described = "one GBM"
+    size = file.stat().st_size
+    print(f"# {args.contracts} contracts of {described} ({size} B model file); logs under {work}; machine may be loaded")
     started = time.perf_counter()
     for name in ("big", "budget", "warming"):
         seed(work / name, model, args.contracts)
     print(f"seed {args.contracts} releases into three file stores: {time.perf_counter() - started:.2f} s")
     lazy = {"FORESTFLOW_LAZY_LOADING": "1", "FORESTFLOW_WARM_CONCURRENCY": "0", "FORESTFLOW_ACCESS_LOG": "0"}
+    if args.budget_mb is None and args.model == "gbm":
+        args.budget_mb = 4
+    elif args.budget_mb is None:
+        one = release_mb(work, model, lazy)
+        args.budget_mb = max(1, math.ceil(one * args.contracts / 10))
+        print(
+            f"one release by the budget's count: {one:.2f} MiB; all {args.contracts}: {one * args.contracts:.0f} MiB; "
+            f"budget {args.budget_mb} MiB (about {args.budget_mb / one:.0f} releases)"
+        )
     servers: list[Server] = []
     try:
         big, ready_s = restart(work / "big", lazy, work, "big")
@@ -156,7 +237,8 @@ def main() -> int:
             f"RSS MiB after ready and one answer: no budget {rss_before[0]:.0f}, budget {rss_before[1]:.0f}; after "
             f"{args.cold} releases used: no budget {big.rss_mb():.0f} (+{big.rss_mb() - rss_before[0]:.0f}), budget "
             f"{args.budget_mb} MiB {budgeted.rss_mb():.0f} (+{budgeted.rss_mb() - rss_before[1]:.0f}; "
-            f"resident by the budget's count {resident_mb(budgeted):.1f} MiB); model files {args.cold * size / 2**20:.1f} MiB"
+            f"resident by the budget's count {resident_mb(budgeted):.1f} MiB, {loads_done(budgeted)} loads, "
+            f"{evictions(budgeted)} evictions); model files {args.cold * size / 2**20:.1f} MiB"
         )
         started = time.perf_counter()
         small = start_gateway(work / "small", {"FORESTFLOW_ACCESS_LOG": "0"}, work, "small", pin=False)
