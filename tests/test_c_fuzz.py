@@ -34,10 +34,12 @@ from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput
 from forestflow.predlog.kafka_batch import RecordBatch
 from forestflow.predlog.log import LogEntry
-from forestflow.runtime import _h2o_trees
+from forestflow.runtime import _forest, _h2o_trees
 from forestflow.runtime.h2o_inputs import ModelColumn
 from forestflow.runtime.h2o_native import NativeTreeScorer, node_table
 from forestflow.runtime.h2o_tree_reader import InvalidMojo, flatten_trees, read_tree_model
+from forestflow.runtime.trees.codes import CATEGORICAL, FLAGS, IDENTITY, LE, LE_X_F32, LT_F32, MISSING_SHIFT, SIGMOID
+from forestflow.runtime.trees.forest import Forest, ForestBuilder
 from tests.codecs.test_json_columns import (
     _front_end,
     _python_path,
@@ -509,3 +511,125 @@ def test_h2o_flatten_of_any_tree_bytes_is_bounded_or_refused(name: str, data: An
         return
     assert len(table.kind) <= len(blob)  # one node per byte at most: never expanded
     _h2o_trees.check_tables(node_table(table), table.split, table.bits, table.roots, table.target, 65535, 1)
+
+
+# ---- _forest: the padded perfect-tree walk against the node-table walk, bit for bit ------------------------------
+def _near(values: list[float]) -> list[float]:
+    """Each value, its float64 and float32 neighbours, and its float32 rounding."""
+    out = []
+    with np.errstate(over="ignore"):
+        for v in values:
+            f = np.float32(v)
+            out += [v, float(f), float(np.nextafter(v, np.inf)), float(np.nextafter(v, -np.inf))]
+            out += [float(np.nextafter(f, np.float32(np.inf))), float(np.nextafter(f, np.float32(-np.inf)))]
+    return out
+
+
+#: Thresholds and row values: zeros of both signs, LightGBM's zero band, infinities, values beyond float32, and
+#: values between float32 neighbours.
+_EDGES = _near([0.0, 1e-35, -1e-35, float(np.float32(1e-35)), 1e-36, 0.1, -0.7, 1.5, 3.4e38, 1e39, -1e39])
+_EDGES += [-0.0, np.inf, -np.inf, 1e300, -1e300]
+_TREE_VALUES = st.sampled_from(_EDGES) | st.floats(-3, 3, allow_nan=False)
+
+
+@st.composite
+def random_trees(draw: Any, n_features: int, n_groups: int) -> dict[str, Any]:
+    """One tree for ForestBuilder.add_tree: any shape up to depth 10 (over the padded bound of 8), any flags."""
+    left: list[int] = []
+    right: list[int] = []
+    feature: list[int] = []
+    flags: list[int] = []
+    thresholds: list[float] = []
+    cat_sets: dict[int, list[int]] = {}
+    deep = draw(st.integers(0, 10))
+    budget = draw(st.integers(1, 60))
+
+    def node(depth: int) -> int:
+        k = len(left)
+        for column in (left, right, feature):
+            column.append(-1)
+        flags.append(0)
+        thresholds.append(0.0)
+        if depth < deep and len(left) < budget and draw(st.integers(0, 4)) > 0:
+            feature[k] = draw(st.integers(0, n_features - 1))
+            # default left, categorical (rare), in-set-left on a numeric node, missing kind 0-3
+            flags[k] = (
+                draw(st.integers(0, 1)) | (CATEGORICAL if draw(st.integers(0, 15)) == 0 else 0) | 4 * draw(st.integers(0, 1))
+            )
+            flags[k] |= draw(st.integers(0, 3)) << MISSING_SHIFT
+            thresholds[k] = np.nan if draw(st.integers(0, 40)) == 0 else draw(_TREE_VALUES)
+            if flags[k] & CATEGORICAL:
+                cat_sets[k] = draw(st.lists(st.integers(0, 40), max_size=4))
+            left[k] = node(depth + 1)
+            right[k] = node(depth + 1)
+        return k
+
+    node(0)
+    n = len(left)
+    leaves = draw(st.lists(st.floats(-2, 2, allow_nan=False, width=32), min_size=n, max_size=n))
+    return {
+        "left": np.array(left),
+        "right": np.array(right),
+        "feature": np.array(feature),
+        "flags": np.array(flags),
+        "thresholds": np.array(thresholds),
+        "leaves": np.array(leaves),
+        "cover": np.ones(n),
+        "group": draw(st.integers(0, n_groups - 1)),
+        "weight": draw(st.sampled_from([1.0, 0.5, 1.25])),
+        "cat_sets": cat_sets,
+    }
+
+
+@st.composite
+def random_forests(draw: Any) -> tuple[Forest, np.ndarray]:
+    n_features, n_groups = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    builder = ForestBuilder(n_features)
+    for k in range(draw(st.integers(1, 12))):
+        builder.add_tree(f"tree {k}", **draw(random_trees(n_features, n_groups)))
+    forest = builder.build(
+        [draw(st.floats(-1, 1))] * n_groups,
+        draw(st.sampled_from([LT_F32, LE, LE_X_F32])),
+        float32_sum=draw(st.booleans()),
+        link=draw(st.sampled_from([IDENTITY, SIGMOID])),
+        weighted=draw(st.booleans()),
+    )
+    rows = draw(st.sampled_from([0, 1, 2, 15, 16, 17, 40, 70]))
+    pool = [*_EDGES, np.nan, *forest.thresholds.tolist()]
+    picks = draw(st.lists(st.integers(0, len(pool) - 1), min_size=rows * n_features, max_size=rows * n_features))
+    return forest, np.array([pool[p] for p in picks], dtype=np.float64).reshape(rows, n_features)
+
+
+@FAST
+@given(random_forests())
+def test_forest_padded_walk_scores_what_the_node_table_walk_scores(case: tuple[Forest, np.ndarray]) -> None:
+    forest, X = case
+    assert forest.score(X).tobytes() == forest.score(X, padded=False).tobytes()
+    # Trees with a categorical split are walked in the node table.
+    ends = [*forest.roots.tolist(), len(forest.nodes)]
+    for t, depth in enumerate(forest.layout.trees[:, 0].tolist()):
+        if np.any(forest.nodes[ends[t] : ends[t + 1], FLAGS] & CATEGORICAL):
+            assert depth == -1
+
+
+@FAST
+@given(
+    random_forests(),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 1 << 12), st.integers(-3, 300)), min_size=1, max_size=4),
+)
+def test_forest_layout_check_refuses_indices_out_of_range(
+    case: tuple[Forest, np.ndarray], edits: list[tuple[int, int, int]]
+) -> None:
+    """A damaged layout is refused by check_layout() or, when its indices stay in range, scores without a stray read."""
+    forest, X = case
+    arrays = tuple(a.copy() for a in forest.layout.tables)
+    for which, at, value in edits:
+        if which == 2 or arrays[which].size == 0:
+            continue
+        arrays[which].flat[at % arrays[which].size] = value
+    try:
+        _forest.check_layout(*forest.tables, *arrays, forest.n_features, forest.compare)
+    except ValueError:
+        return
+    out = np.empty((len(X), forest.n_groups))
+    _forest.score(X, *forest.tables, forest.params, forest.base, out, tuple(arrays))

@@ -172,57 +172,320 @@ typedef struct {
  * tree's nodes stay in cache; each row still sums its trees in tree order (the libraries' order). */
 enum { BLOCK = 64 };
 
-static void score_rows(const ScoreJob *job) {
-    const Forest *f = &job->f;
-    int f32 = job->params[P_FLOAT32_SUM] != 0, weighted = job->params[P_WEIGHTED] != 0, link = (int)job->params[P_LINK];
-    double scale = job->params[P_SCALE], divisor = job->params[P_DIVISOR];
-    Py_ssize_t g = job->n_groups, w = f->leaf_width, start, end, i, t, k;
+typedef struct {
+    int f32, weighted, link;
+    double scale, divisor;
+    Py_ssize_t g, w;
     float acc32[BLOCK * 64]; /* n_groups <= 64, checked by score() */
+} Sums;
+
+static void sums_start(const ScoreJob *job, Sums *s, Py_ssize_t start, Py_ssize_t end) {
+    Py_ssize_t i, k;
+    for (i = start; i < end; i++)
+        for (k = 0; k < s->g; k++) {
+            if (s->f32)
+                s->acc32[(i - start) * s->g + k] = (float)job->base[k];
+            else
+                job->out[i * s->g + k] = job->base[k];
+        }
+}
+
+/* Row i (of the block from start) adds the leaf its tree t reached. */
+static inline __attribute__((always_inline)) void sums_add(const ScoreJob *job, Sums *s, Py_ssize_t start, Py_ssize_t i, Py_ssize_t t,
+                                                           Py_ssize_t leaf) {
+    const Forest *f = &job->f;
+    Py_ssize_t k, g = s->g, w = s->w;
+    int32_t group = f->groups[t];
+    if (s->f32) {
+        float v = (float)f->leaves[leaf * w], *a = s->acc32 + (i - start) * g + group;
+        if (s->weighted) { /* DART (XGBoost's Dart::InplacePredict): (base + leaf - base) * weight */
+            float b = (float)job->base[group], shifted = b + v, d = (shifted - b) * (float)f->weights[t];
+            *a += d;
+        } else {
+            *a += v;
+        }
+    } else {
+        const double *v = f->leaves + leaf * w;
+        double *o = job->out + i * g + group;
+        if (w == 1)
+            o[0] += s->weighted ? f->weights[t] * v[0] : v[0];
+        else
+            for (k = 0; k < w; k++)
+                o[k] += v[k];
+    }
+}
+
+static void sums_finish(const ScoreJob *job, Sums *s, Py_ssize_t start, Py_ssize_t end) {
+    Py_ssize_t i, k, g = s->g;
+    for (i = start; i < end; i++) {
+        double *p = job->out + i * g;
+        if (s->f32)
+            for (k = 0; k < g; k++)
+                p[k] = s->acc32[(i - start) * g + k];
+        if (s->divisor != 1.0)
+            for (k = 0; k < g; k++)
+                p[k] /= s->divisor;
+        if (s->scale != 1.0)
+            for (k = 0; k < g; k++)
+                p[k] *= s->scale;
+        link_row(s->link, p, g, s->f32);
+    }
+}
+
+static void sums_init(const ScoreJob *job, Sums *s) {
+    s->f32 = job->params[P_FLOAT32_SUM] != 0;
+    s->weighted = job->params[P_WEIGHTED] != 0;
+    s->link = (int)job->params[P_LINK];
+    s->scale = job->params[P_SCALE];
+    s->divisor = job->params[P_DIVISOR];
+    s->g = job->n_groups;
+    s->w = job->f.leaf_width;
+}
+
+/* Every tree walked in the node table. */
+static void score_rows(const ScoreJob *job, Sums *s) {
+    const Forest *f = &job->f;
+    Py_ssize_t start, end, i, t;
     for (start = 0; start < f->n_rows; start = end) {
         end = start + BLOCK < f->n_rows ? start + BLOCK : f->n_rows;
-        for (i = start; i < end; i++)
-            for (k = 0; k < g; k++) {
-                if (f32)
-                    acc32[(i - start) * g + k] = (float)job->base[k];
-                else
-                    job->out[i * g + k] = job->base[k];
-            }
+        sums_start(job, s, start, end);
         for (t = 0; t < f->n_trees; t++) {
-            int32_t root = f->roots[t], group = f->groups[t];
-            for (i = start; i < end; i++) {
-                Py_ssize_t leaf = leaf_of(f, root, f->X + i * f->n_features);
-                if (f32) {
-                    float v = (float)f->leaves[leaf * w], *a = acc32 + (i - start) * g + group;
-                    if (weighted) { /* DART (XGBoost's Dart::InplacePredict): (base + leaf - base) * weight */
-                        float b = (float)job->base[group], shifted = b + v, d = (shifted - b) * (float)f->weights[t];
-                        *a += d;
-                    } else {
-                        *a += v;
-                    }
-                } else {
-                    const double *v = f->leaves + leaf * w;
-                    double *o = job->out + i * g + group;
-                    if (w == 1)
-                        o[0] += weighted ? f->weights[t] * v[0] : v[0];
+            int32_t root = f->roots[t];
+            for (i = start; i < end; i++)
+                sums_add(job, s, start, i, t, leaf_of(f, root, f->X + i * f->n_features));
+        }
+        sums_finish(job, s, start, end);
+    }
+}
+
+/* ---- The padded perfect trees (runtime/trees/perfect.py explains them) ----
+ * A tree of depth d is 2^d - 1 nodes in heap order, each a row slot and a threshold T (go right when
+ * the slot's value > T), then 2^d leaves naming nodes of the table. A row's slots are its features
+ * with missing values made values, one family per missing rule. */
+enum { L_TREES, L_SLOTS, L_THRESHOLDS, L_LEAVES, L_SOURCES, L_FAMILIES, L_COUNT };
+enum { PT_DEPTH, PT_NODE, PT_LEAF, PT_WIDTH };
+enum { FAM_NAN_LEFT, FAM_NAN_RIGHT, FAM_NAN_ZERO, FAM_ZERO_LEFT, FAM_ZERO_RIGHT, N_FAMILIES };
+enum { MAX_DEPTH = 8, LANES = 16, CHUNK = 16 };
+
+typedef struct {
+    const int32_t *trees, *slots, *leaves, *sources, *families;
+    const void *thresholds; /* float for the float32 comparisons, double for CMP_LE */
+    Py_ssize_t n_trees, n_nodes, n_leaves, n_slots;
+} Layout;
+
+static const struct {
+    const char *name;
+    char code;
+    Py_ssize_t size;
+    int ndim;
+} layout_spec[L_COUNT] = {
+    {"layout trees", 'i', 4, 2}, {"layout slots", 'i', 4, 1},   {"layout thresholds", 'd', 8, 1},
+    {"layout leaves", 'i', 4, 1}, {"layout sources", 'i', 4, 1}, {"layout families", 'i', 4, 1},
+};
+
+/* The layout's arrays from a tuple (views to release in *got), their shapes checked against one another. */
+static int get_layout(PyObject *tuple, Py_buffer *views, int *got, int compare, Layout *L) {
+    *got = 0;
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != L_COUNT) {
+        PyErr_SetString(PyExc_TypeError, "the layout must be a tuple of 6 arrays");
+        return -1;
+    }
+    for (; *got < L_COUNT; (*got)++) {
+        int f32 = *got == L_THRESHOLDS && compare != CMP_LE;
+        if (get_array(PyTuple_GET_ITEM(tuple, *got), &views[*got], layout_spec[*got].name, f32 ? 'f' : layout_spec[*got].code,
+                      f32 ? 4 : layout_spec[*got].size, layout_spec[*got].ndim, 0) < 0)
+            return -1;
+    }
+    L->trees = views[L_TREES].buf;
+    L->slots = views[L_SLOTS].buf;
+    L->thresholds = views[L_THRESHOLDS].buf;
+    L->leaves = views[L_LEAVES].buf;
+    L->sources = views[L_SOURCES].buf;
+    L->families = views[L_FAMILIES].buf;
+    L->n_trees = dim(&views[L_TREES], 0);
+    L->n_nodes = dim(&views[L_SLOTS], 0);
+    L->n_leaves = dim(&views[L_LEAVES], 0);
+    L->n_slots = dim(&views[L_SOURCES], 0);
+    if (dim(&views[L_TREES], 1) != PT_WIDTH || dim(&views[L_THRESHOLDS], 0) != L->n_nodes ||
+        dim(&views[L_FAMILIES], 0) != N_FAMILIES + 1) {
+        PyErr_SetString(PyExc_ValueError, "the layout's arrays do not fit one another");
+        return -1;
+    }
+    return 0;
+}
+
+/* NULL when every index of the layout is in range for a forest of n_nodes nodes and n_features features. */
+static const char *check_layout_contents(const Layout *L, Py_ssize_t n_trees, Py_ssize_t n_nodes, Py_ssize_t n_features) {
+    Py_ssize_t k;
+    if (L->n_trees != n_trees)
+        return "the layout has another number of trees";
+    for (k = 0; k < n_trees; k++) {
+        const int32_t *tr = L->trees + k * PT_WIDTH;
+        Py_ssize_t size;
+        if (tr[PT_DEPTH] == -1)
+            continue;
+        if (tr[PT_DEPTH] < 0 || tr[PT_DEPTH] > MAX_DEPTH)
+            return "a padded tree's depth is out of range";
+        size = (Py_ssize_t)1 << tr[PT_DEPTH];
+        if (tr[PT_NODE] < 0 || tr[PT_NODE] + size - 1 > L->n_nodes || tr[PT_LEAF] < 0 || tr[PT_LEAF] + size > L->n_leaves)
+            return "a padded tree's nodes or leaves are out of range";
+    }
+    for (k = 0; k < L->n_nodes; k++)
+        if (L->slots[k] < 0 || L->slots[k] >= L->n_slots)
+            return "a padded node's slot is out of range";
+    for (k = 0; k < L->n_leaves; k++)
+        if (L->leaves[k] < 0 || L->leaves[k] >= n_nodes)
+            return "a padded leaf's node is out of range";
+    for (k = 0; k < L->n_slots; k++)
+        if (L->sources[k] < 0 || L->sources[k] >= n_features)
+            return "a slot's feature is out of range";
+    if (L->families[0] != 0 || L->families[N_FAMILIES] != L->n_slots)
+        return "the slot families do not cover the slots";
+    for (k = 0; k < N_FAMILIES; k++)
+        if (L->families[k + 1] < L->families[k])
+            return "the slot families are not in order";
+    return NULL;
+}
+
+/* One row's slots: its features with missing values made values, as each family's rule says. */
+#define DEFINE_EXPAND(NAME, T)                                                                                                  \
+    static void NAME(const Layout *L, const double *x, T *out) {                                                                \
+        const int32_t *src = L->sources, *fam = L->families;                                                                    \
+        int32_t k;                                                                                                              \
+        for (k = fam[FAM_NAN_LEFT]; k < fam[FAM_NAN_LEFT + 1]; k++)                                                             \
+            out[k] = (T)(isnan(x[src[k]]) ? -INFINITY : x[src[k]]);                                                             \
+        for (k = fam[FAM_NAN_RIGHT]; k < fam[FAM_NAN_RIGHT + 1]; k++)                                                           \
+            out[k] = (T)(isnan(x[src[k]]) ? INFINITY : x[src[k]]);                                                              \
+        for (k = fam[FAM_NAN_ZERO]; k < fam[FAM_NAN_ZERO + 1]; k++)                                                             \
+            out[k] = (T)(isnan(x[src[k]]) ? 0.0 : x[src[k]]);                                                                   \
+        for (k = fam[FAM_ZERO_LEFT]; k < fam[FAM_ZERO_RIGHT + 1]; k++) {                                                        \
+            double v = x[src[k]];                                                                                               \
+            if (isnan(v) || (v >= -1e-35f && v <= 1e-35f)) /* goes_right()'s zero test, with a float bound */                  \
+                v = k < fam[FAM_ZERO_RIGHT] ? -INFINITY : INFINITY;                                                            \
+            out[k] = (T)v;                                                                                                      \
+        }                                                                                                                       \
+    }
+
+/* LANES walks at once, each lane a tree (its first node off, its depth dep; 0 = an idle lane) and a row
+ * (its slots at xs + xb): exactly dep steps, no branch on the data; at[k] gets the leaf's index in the tree.
+ * Every lane reads at every step up to the deepest lane's depth (node 0 when past its own: there is one,
+ * since some tree has depth >= 1), so that the step has no branch. */
+#define DEFINE_WALK(NAME, T)                                                                                                    \
+    static void NAME(const T *xs, const int32_t *slots, const T *thr, const int32_t *off, const int32_t *xb, const int32_t *dep, \
+                     int32_t *at) {                                                                                             \
+        uint32_t i[LANES];                                                                                                      \
+        int32_t dmax = 0, l, k;                                                                                                 \
+        for (k = 0; k < LANES; k++) {                                                                                           \
+            i[k] = 0;                                                                                                           \
+            dmax = dep[k] > dmax ? dep[k] : dmax;                                                                               \
+        }                                                                                                                       \
+        for (l = 0; l < dmax; l++) {                                                                                            \
+            _Pragma("GCC unroll 16") for (k = 0; k < LANES; k++) {                                                               \
+                int32_t on = -(int32_t)(l < dep[k]); /* a lane past its depth reads node 0 and stays */                   \
+                int32_t g = (off[k] + (int32_t)i[k]) & on;                                                                      \
+                uint32_t next = 2 * i[k] + 1 + (xs[xb[k] + slots[g]] > thr[g]);                                                 \
+                i[k] = on ? next : i[k];                                                                                        \
+            }                                                                                                                   \
+        }                                                                                                                       \
+        for (k = 0; k < LANES; k++)                                                                                             \
+            at[k] = (int32_t)i[k] - ((1 << dep[k]) - 1);                                                                        \
+    }
+
+/* The same for LANES consecutive rows of one tree (its nodes at slots and thr, depth d): fewer loads per step. */
+#define DEFINE_WALK_ROWS(NAME, T)                                                                                               \
+    static void NAME(const T *xs, Py_ssize_t ns, const int32_t *slots, const T *thr, int32_t d, int32_t *at) {                  \
+        uint32_t i[LANES];                                                                                                      \
+        int32_t l, k;                                                                                                           \
+        for (k = 0; k < LANES; k++)                                                                                             \
+            i[k] = 0;                                                                                                           \
+        for (l = 0; l < d; l++) {                                                                                               \
+            _Pragma("GCC unroll 16") for (k = 0; k < LANES; k++) i[k] = 2 * i[k] + 1 + (xs[k * ns + slots[i[k]]] > thr[i[k]]);  \
+        }                                                                                                                       \
+        for (k = 0; k < LANES; k++)                                                                                             \
+            at[k] = (int32_t)i[k] - ((1 << d) - 1);                                                                             \
+    }
+
+DEFINE_EXPAND(expand_f, float)
+DEFINE_EXPAND(expand_d, double)
+DEFINE_WALK(walk_f, float)
+DEFINE_WALK(walk_d, double)
+DEFINE_WALK_ROWS(walk_rows_f, float)
+DEFINE_WALK_ROWS(walk_rows_d, double)
+
+typedef struct {
+    int32_t off[LANES], xb[LANES], dep[LANES], at[LANES], tree[LANES], row[LANES];
+    int n;
+} Lanes;
+
+/* Walks the lanes gathered so far; each one's leaf goes to leafs[tree - t0][row]. */
+static void lanes_run(const Layout *L, Lanes *ln, const void *xs, int f32, int32_t (*leafs)[BLOCK], Py_ssize_t t0) {
+    int k;
+    if (ln->n == 0)
+        return;
+    for (k = ln->n; k < LANES; k++)
+        ln->off[k] = ln->xb[k] = ln->dep[k] = 0;
+    if (f32)
+        walk_f(xs, L->slots, L->thresholds, ln->off, ln->xb, ln->dep, ln->at);
+    else
+        walk_d(xs, L->slots, L->thresholds, ln->off, ln->xb, ln->dep, ln->at);
+    for (k = 0; k < ln->n; k++)
+        leafs[ln->tree[k] - t0][ln->row[k]] = L->leaves[L->trees[ln->tree[k] * PT_WIDTH + PT_LEAF] + ln->at[k]];
+    ln->n = 0;
+}
+
+/* Trees of depth >= 0 walked in the layout, the others in the node table; xs holds BLOCK rows of n_slots slots. */
+static void score_rows_padded(const ScoreJob *job, Sums *s, const Layout *L, void *xs) {
+    const Forest *f = &job->f;
+    int f32 = f->compare != CMP_LE;
+    Py_ssize_t start, end, i, t, t0, t1, ns = L->n_slots;
+    int32_t leafs[CHUNK][BLOCK];
+    Lanes ln;
+    ln.n = 0;
+    for (start = 0; start < f->n_rows; start = end) {
+        end = start + BLOCK < f->n_rows ? start + BLOCK : f->n_rows;
+        for (i = start; i < end; i++) {
+            if (f32)
+                expand_f(L, f->X + i * f->n_features, (float *)xs + (i - start) * ns);
+            else
+                expand_d(L, f->X + i * f->n_features, (double *)xs + (i - start) * ns);
+        }
+        sums_start(job, s, start, end);
+        for (t0 = 0; t0 < f->n_trees; t0 = t1) {
+            t1 = t0 + CHUNK < f->n_trees ? t0 + CHUNK : f->n_trees;
+            for (t = t0; t < t1; t++) {
+                const int32_t *tr = L->trees + t * PT_WIDTH;
+                if (tr[PT_DEPTH] < 0) {
+                    for (i = start; i < end; i++)
+                        leafs[t - t0][i - start] = (int32_t)leaf_of(f, f->roots[t], f->X + i * f->n_features);
+                    continue;
+                }
+                for (i = start; i + LANES <= end; i += LANES) { /* whole groups of rows: one tree for all lanes */
+                    int32_t at[LANES], k;
+                    if (f32)
+                        walk_rows_f((const float *)xs + (i - start) * ns, ns, L->slots + tr[PT_NODE],
+                                    (const float *)L->thresholds + tr[PT_NODE], tr[PT_DEPTH], at);
                     else
-                        for (k = 0; k < w; k++)
-                            o[k] += v[k];
+                        walk_rows_d((const double *)xs + (i - start) * ns, ns, L->slots + tr[PT_NODE],
+                                    (const double *)L->thresholds + tr[PT_NODE], tr[PT_DEPTH], at);
+                    for (k = 0; k < LANES; k++)
+                        leafs[t - t0][i - start + k] = L->leaves[tr[PT_LEAF] + at[k]];
+                }
+                for (; i < end; i++) { /* the rest, with other trees' rests or a small batch's trees */
+                    ln.off[ln.n] = tr[PT_NODE];
+                    ln.xb[ln.n] = (int32_t)((i - start) * ns);
+                    ln.dep[ln.n] = tr[PT_DEPTH];
+                    ln.tree[ln.n] = (int32_t)t;
+                    ln.row[ln.n] = (int32_t)(i - start);
+                    if (++ln.n == LANES)
+                        lanes_run(L, &ln, xs, f32, leafs, t0);
                 }
             }
+            lanes_run(L, &ln, xs, f32, leafs, t0);
+            for (t = t0; t < t1; t++)
+                for (i = start; i < end; i++)
+                    sums_add(job, s, start, i, t, leafs[t - t0][i - start]);
         }
-        for (i = start; i < end; i++) {
-            double *p = job->out + i * g;
-            if (f32)
-                for (k = 0; k < g; k++)
-                    p[k] = acc32[(i - start) * g + k];
-            if (divisor != 1.0)
-                for (k = 0; k < g; k++)
-                    p[k] /= divisor;
-            if (scale != 1.0)
-                for (k = 0; k < g; k++)
-                    p[k] *= scale;
-            link_row(link, p, g, f32);
-        }
+        sums_finish(job, s, start, end);
     }
 }
 
@@ -376,19 +639,24 @@ static void release(Py_buffer *x_view, Py_buffer *views, int got) {
 }
 
 PyDoc_STRVAR(score_doc,
-             "score(X, nodes, thresholds, leaves, cats, roots, groups, weights, params, base, out)\n\n"
+             "score(X, nodes, thresholds, leaves, cats, roots, groups, weights, params, base, out[, layout])\n\n"
              "Scores every row of X (float64, rows x features, NaN = missing) into out (float64, rows x groups):\n"
              "base + the trees' leaves per group (float32 sums if params says so), divided, scaled, linked.\n"
              "The tables must have passed check() for X's width and out's (the walk does not check bounds).\n"
-             "params is float64: compare, float32 sums, link, scale, divisor, weighted, features, groups.");
+             "params is float64: compare, float32 sums, link, scale, divisor, weighted, features, groups.\n"
+             "layout (a tuple of 6 arrays, runtime/trees/perfect.py) must have passed check_layout() with the\n"
+             "same tables: its trees are walked padded, the same leaves as in the node table.");
 
 static PyObject *score(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *x_obj, *tables[T_COUNT], *o_params, *o_base, *o_out;
-    Py_buffer x_view, views[T_COUNT], params_v, base_v, out_v;
-    int got = 0, ok = 0;
+    PyObject *x_obj, *tables[T_COUNT], *o_params, *o_base, *o_out, *o_layout = NULL;
+    Py_buffer x_view, views[T_COUNT], params_v, base_v, out_v, layout_v[L_COUNT];
+    int got = 0, layout_got = 0, ok = 0;
     ScoreJob job;
-    if (!PyArg_UnpackTuple(args, "score", 11, 11, &x_obj, &tables[0], &tables[1], &tables[2], &tables[3], &tables[4], &tables[5],
-                           &tables[6], &o_params, &o_base, &o_out))
+    Layout layout;
+    Sums *sums = NULL;
+    void *xs = NULL;
+    if (!PyArg_UnpackTuple(args, "score", 11, 12, &x_obj, &tables[0], &tables[1], &tables[2], &tables[3], &tables[4], &tables[5],
+                           &tables[6], &o_params, &o_base, &o_out, &o_layout))
         return NULL;
     if (get_array(o_params, &params_v, "params", 'd', 8, 1, 0) < 0)
         return NULL;
@@ -405,19 +673,38 @@ static PyObject *score(PyObject *Py_UNUSED(self), PyObject *args) {
         goto release_tables;
     if (get_array(o_out, &out_v, "out", 'd', 8, 2, 1) < 0)
         goto release_base;
+    if (o_layout != NULL && get_layout(o_layout, layout_v, &layout_got, job.f.compare, &layout) < 0)
+        goto release_out;
     job.params = params_v.buf;
     job.base = base_v.buf;
     job.out = out_v.buf;
     job.n_groups = dim(&out_v, 1);
-    /* The shapes the walk relies on; the tables' contents were checked by check(). */
+    /* The shapes the walk relies on; the tables' contents were checked by check() and check_layout(). */
     if (dim(&out_v, 0) != job.f.n_rows || dim(&base_v, 0) != job.n_groups || job.n_groups != (Py_ssize_t)job.params[P_GROUPS] ||
         job.f.n_features != (Py_ssize_t)job.params[P_FEATURES] || job.n_groups < 1 || job.n_groups > 64 ||
-        job.f.leaf_width > job.n_groups) {
+        job.f.leaf_width > job.n_groups || (o_layout != NULL && layout.n_trees != job.f.n_trees)) {
         PyErr_SetString(PyExc_ValueError, "score(): array shapes do not fit one another");
-    } else {
-        Py_BEGIN_ALLOW_THREADS score_rows(&job);
-        Py_END_ALLOW_THREADS ok = 1;
+        goto release_layout;
     }
+    sums = malloc(sizeof *sums);
+    if (o_layout != NULL && layout.n_slots >= (1 << 24)) /* slot offsets are int32: walk the node table */
+        o_layout = NULL;
+    if (o_layout != NULL)
+        xs = malloc((size_t)BLOCK * (size_t)(layout.n_slots + 1) * sizeof(double));
+    if (sums == NULL || (o_layout != NULL && xs == NULL)) {
+        PyErr_NoMemory();
+        goto release_layout;
+    }
+    sums_init(&job, sums);
+    Py_BEGIN_ALLOW_THREADS if (o_layout != NULL) score_rows_padded(&job, sums, &layout, xs);
+    else score_rows(&job, sums);
+    Py_END_ALLOW_THREADS ok = 1;
+release_layout:
+    free(xs);
+    free(sums);
+    while (layout_got-- > 0)
+        PyBuffer_Release(&layout_v[layout_got]);
+release_out:
     PyBuffer_Release(&out_v);
 release_base:
     PyBuffer_Release(&base_v);
@@ -425,6 +712,51 @@ release_tables:
     release(&x_view, views, got);
     PyBuffer_Release(&params_v);
     if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(check_layout_doc,
+             "check_layout(nodes, thresholds, leaves, cats, roots, groups, weights, trees, slots, layout_thresholds,\n"
+             "             layout_leaves, sources, families, n_features, compare)\n\n"
+             "Raises ValueError unless the padded layout (runtime/trees/perfect.py) is safe to walk for these\n"
+             "tables (which must have passed check()): every depth, node, leaf, slot and feature in range.");
+
+static PyObject *check_layout(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[T_COUNT], *lobjs[L_COUNT], *tuple;
+    Py_buffer views[T_COUNT], lviews[L_COUNT];
+    Py_ssize_t n_features;
+    int got = 0, lgot = 0, compare;
+    const char *error = NULL;
+    Forest f;
+    Layout L;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOni:check_layout", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6],
+                          &lobjs[0], &lobjs[1], &lobjs[2], &lobjs[3], &lobjs[4], &lobjs[5], &n_features, &compare))
+        return NULL;
+    if (compare < CMP_LT_F32 || compare > CMP_LE_X_F32) {
+        PyErr_SetString(PyExc_ValueError, "check_layout(): unknown comparison");
+        return NULL;
+    }
+    tuple = PyTuple_New(L_COUNT);
+    if (tuple == NULL)
+        return NULL;
+    for (int k = 0; k < L_COUNT; k++) {
+        Py_INCREF(lobjs[k]);
+        PyTuple_SET_ITEM(tuple, k, lobjs[k]);
+    }
+    if (get_tables(objs, views, &got) == 0 && get_layout(tuple, lviews, &lgot, compare, &L) == 0) {
+        memset(&f, 0, sizeof f);
+        fill_forest(&f, views);
+        error = check_layout_contents(&L, f.n_trees, f.n_nodes, n_features);
+        if (error != NULL)
+            PyErr_Format(PyExc_ValueError, "check_layout(): %s", error);
+    }
+    Py_DECREF(tuple);
+    while (lgot-- > 0)
+        PyBuffer_Release(&lviews[lgot]);
+    while (got-- > 0)
+        PyBuffer_Release(&views[got]);
+    if (PyErr_Occurred())
         return NULL;
     Py_RETURN_NONE;
 }
@@ -480,6 +812,7 @@ static PyMethodDef methods[] = {
     {"score", score, METH_VARARGS, score_doc},
     {"decisions", decisions, METH_VARARGS, decisions_doc},
     {"check", check, METH_VARARGS, check_doc},
+    {"check_layout", check_layout, METH_VARARGS, check_layout_doc},
     {NULL, NULL, 0, NULL},
 };
 

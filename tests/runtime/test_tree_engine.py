@@ -18,7 +18,8 @@ from forestflow.core.ids import FQRV
 from forestflow.runtime import _forest
 from forestflow.runtime.flavors import create_servable
 from forestflow.runtime.trees import lightgbm_reader, ubjson, xgboost_reader
-from forestflow.runtime.trees.forest import IDENTITY, ModelFileError
+from forestflow.runtime.trees.codes import CATEGORICAL, FLAGS, IDENTITY
+from forestflow.runtime.trees.forest import ModelFileError
 from forestflow.runtime.trees.servable import TreeServable
 from forestflow.runtime.trees.shap_forest import ShapForest
 from tests import tree_models
@@ -153,6 +154,25 @@ def test_shap_inputs_walk_to_the_scored_margins(models: tuple[Path, dict[str, Tr
     params[1:3] = (0, IDENTITY)  # double sums, no link: the margin
     _forest.score(X, *engine.tables, params, engine.base, raw)
     np.testing.assert_allclose(walked, raw, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["xgb_binary", "xgb_multiclass", "lgb_multiclass", "sk_rf_multiclass"])
+def test_padded_trees_score_what_the_node_table_scores(models: tuple[Path, dict[str, TreeCase]], name: str) -> None:
+    """The trained models' numeric trees are walked padded, and score the node-table walk's outputs bit for bit."""
+    directory, cases = models
+    case = cases[name]
+    s = servable(directory, case)
+    forest = s.model.forest  # type: ignore[union-attr]
+    ends = [*forest.roots.tolist(), len(forest.nodes)]
+    categorical = [bool(np.any(forest.nodes[a:b, FLAGS] & CATEGORICAL)) for a, b in zip(ends, ends[1:])]
+    depths = forest.layout.trees[:, 0]
+    assert np.array_equal(depths < 0, categorical) and not all(categorical)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(70, forest.n_features))
+    X[rng.random(X.shape) < 0.2] = np.nan
+    X[rng.random(X.shape) < 0.1] = 0.0
+    for rows in (X, X[:1], X[:17]):
+        assert forest.score(rows).tobytes() == forest.score(rows, padded=False).tobytes()
 
 
 def test_a_garbage_pickle_is_a_model_file_error(tmp_path: Path) -> None:

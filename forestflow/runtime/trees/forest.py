@@ -16,17 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from forestflow.runtime import _forest
+from forestflow.runtime.trees.codes import CAT_START, CAT_WORDS, FEATURE, FLAGS, IDENTITY, LEFT, RIGHT
+from forestflow.runtime.trees.perfect import PerfectLayout, perfect_layout
 
-#: Node table columns and flags (as in _forest.c).
-FEATURE, LEFT, RIGHT, FLAGS, CAT_START, CAT_WORDS = range(6)
-DEFAULT_LEFT, CATEGORICAL, IN_SET_LEFT = 1, 2, 4
-MISSING_NAN, MISSING_NONE, MISSING_ZERO = 0, 1, 2
-MISSING_SHIFT = 3
-#: Numeric comparisons (left when): x < t in float32 (XGBoost), x <= t (LightGBM, scikit-learn's
-#: histogram GBMs), float32(x) <= t (scikit-learn's trees).
-LT_F32, LE, LE_X_F32 = 0, 1, 2
-#: Links applied to each row's sums.
-IDENTITY, SIGMOID, SOFTMAX, EXP = 0, 1, 2, 3
 #: The kernel keeps at most this many output groups per row.
 MAX_GROUPS = 64
 
@@ -56,6 +48,8 @@ class Forest:
     divisor: float = 1.0
     weighted: bool = False
     params: np.ndarray = field(init=False, repr=False)
+    #: The padded perfect trees score() walks (perfect.py).
+    layout: PerfectLayout = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         params = np.array(
@@ -78,6 +72,9 @@ class Forest:
             _forest.check(*self.tables, self.n_features, self.n_groups)
         except (ValueError, TypeError) as exc:
             raise ModelFileError(str(exc)) from None
+        layout = perfect_layout(self.nodes, self.thresholds, self.roots, self.n_features, self.compare)
+        _forest.check_layout(*self.tables, *layout.tables, self.n_features, self.compare)
+        object.__setattr__(self, "layout", layout)
 
     @property
     def n_groups(self) -> int:
@@ -89,10 +86,14 @@ class Forest:
         """The arrays every kernel call takes, in its order."""
         return (self.nodes, self.thresholds, self.leaves, self.cats, self.roots, self.groups, self.weights)
 
-    def score(self, X: np.ndarray) -> np.ndarray:
-        """Linked outputs ``(rows, n_groups)`` of the rows of ``X`` (float64, NaN = missing)."""
+    def score(self, X: np.ndarray, padded: bool = True) -> np.ndarray:
+        """Linked outputs ``(rows, n_groups)`` of the rows of ``X`` (float64, NaN = missing); ``padded``
+        False walks every tree in the node table (the same outputs, bit for bit; for tests and benchmarks)."""
         out = np.empty((X.shape[0], self.n_groups))
-        _forest.score(X, *self.tables, self.params, self.base, out)
+        if padded:
+            _forest.score(X, *self.tables, self.params, self.base, out, self.layout.tables)
+        else:
+            _forest.score(X, *self.tables, self.params, self.base, out)
         return out
 
     def decisions(self, X: np.ndarray) -> np.ndarray:

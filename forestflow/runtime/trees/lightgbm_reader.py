@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from forestflow.runtime.trees.forest import (
+from forestflow.runtime.trees.codes import (
     CATEGORICAL,
     DEFAULT_LEFT,
     EXP,
@@ -32,9 +32,8 @@ from forestflow.runtime.trees.forest import (
     MISSING_ZERO,
     SIGMOID,
     SOFTMAX,
-    ForestBuilder,
-    ModelFileError,
 )
+from forestflow.runtime.trees.forest import ForestBuilder, ModelFileError
 from forestflow.runtime.trees.model import Feature, TreeModel
 
 _IDENTITY_OBJECTIVES = ("regression", "regression_l1", "huber", "fair", "quantile", "mape")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from forestflow.runtime.trees.forest import FEATURE, LEFT, RIGHT, Forest
+from forestflow.runtime.trees.codes import FEATURE, LEFT, RIGHT
+from forestflow.runtime.trees.forest import Forest
 from forestflow.runtime.treeshap import ShapForest
 
 

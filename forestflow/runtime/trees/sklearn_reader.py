@@ -19,17 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from forestflow.runtime.trees.forest import (
-    DEFAULT_LEFT,
-    EXP,
-    IDENTITY,
-    LE,
-    LE_X_F32,
-    SIGMOID,
-    SOFTMAX,
-    ForestBuilder,
-    ModelFileError,
-)
+from forestflow.runtime.trees.codes import DEFAULT_LEFT, EXP, IDENTITY, LE, LE_X_F32, SIGMOID, SOFTMAX
+from forestflow.runtime.trees.forest import ForestBuilder, ModelFileError
 from forestflow.runtime.trees.model import Feature, TreeModel
 
 _FORESTS = ("RandomForestClassifier", "RandomForestRegressor", "ExtraTreesClassifier", "ExtraTreesRegressor")

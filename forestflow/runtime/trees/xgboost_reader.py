@@ -21,17 +21,8 @@ from typing import Any
 import numpy as np
 
 from forestflow.runtime.trees import ubjson
-from forestflow.runtime.trees.forest import (
-    CATEGORICAL,
-    DEFAULT_LEFT,
-    EXP,
-    IDENTITY,
-    LT_F32,
-    SIGMOID,
-    SOFTMAX,
-    ForestBuilder,
-    ModelFileError,
-)
+from forestflow.runtime.trees.codes import CATEGORICAL, DEFAULT_LEFT, EXP, IDENTITY, LT_F32, SIGMOID, SOFTMAX
+from forestflow.runtime.trees.forest import ForestBuilder, ModelFileError
 from forestflow.runtime.trees.model import Feature, TreeModel
 
 #: Objectives scored, and their link: identity, sigmoid (a probability), exp (counts, gamma...).
