@@ -8,15 +8,18 @@ before issue 46's skipping) with the timer's round (only the contracts with some
     python bench/evaluation_round.py                    # 10,000 contracts, 20 rounds of each
     python bench/evaluation_round.py --contracts 1000
 
-``--rounds-only K`` makes K timer rounds and prints nothing else (for instruction counts: run it
-under ``valgrind --tool=callgrind`` with K and with 0, and divide the difference of the totals by K;
-it runs on versions of the gateway without ``everything`` too).
+``--counted K`` makes K timer rounds inside ``functools.reduce``, for instruction counts of those
+rounds alone (it runs on versions of the gateway without ``everything`` too)::
+
+    valgrind --tool=callgrind --collect-atstart=no --toggle-collect=functools_reduce \\
+        python bench/evaluation_round.py --counted 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import sys
 import tempfile
@@ -82,12 +85,29 @@ async def run(args: argparse.Namespace) -> None:
         )
 
 
+def counted(args: argparse.Namespace) -> None:
+    """``--counted``: under callgrind --collect-atstart=no --toggle-collect=functools_reduce only
+    what runs inside reduce is counted: the rounds, nothing of the setup."""
+    loop = asyncio.new_event_loop()
+    with tempfile.TemporaryDirectory(prefix="ff-evalround-") as tmp:
+        admin = build(args.contracts, Path(tmp))
+        loop.run_until_complete(admin.evaluate_all())  # the first round: every contract is new
+        rounds = [admin.evaluate_all() for _ in range(args.counted)]
+        functools.reduce(lambda _, r: loop.run_until_complete(r), rounds, None)
+    loop.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--contracts", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds of each kind")
     parser.add_argument("--rounds-only", type=int, help="make this many timer rounds, time nothing")
-    asyncio.run(run(parser.parse_args()))
+    parser.add_argument("--counted", type=int, help="make this many timer rounds inside functools.reduce (for callgrind)")
+    args = parser.parse_args()
+    if args.counted is not None:
+        counted(args)
+    else:
+        asyncio.run(run(args))
     return 0
 
 
