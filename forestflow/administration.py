@@ -195,15 +195,22 @@ class Administration:
         async with self.registry.lock:
             state = self.registry.contract_state(contract)
             await self.persist({contract_key(contract): contract_settings_to_json(settings)})
-            state.update_settings(settings)
+            self.registry.update_settings(state, settings)
             await self.evaluate(state)
 
     # ---- evaluation and persistence ---------------------------------------------------------------
-    async def evaluate_all(self) -> None:
-        """Re-evaluate every contract (the gateway's timer)."""
-        async with self.registry.lock:
+    async def evaluate_all(self, everything: bool = False) -> None:
+        """Re-evaluate the contracts whose evaluation may give another result than their last one
+        (the gateway's timer): those whose settings, releases or metrics moved since, and those
+        whose moment came (a valid-from time, a phase-in step). ``everything``: every contract."""
+        registry = self.registry
+        async with registry.lock:
+            contracts = list(registry.contracts) if everything else registry.due(self.clock())
             slice_ends = time.perf_counter() + EVALUATION_SLICE_S
-            for state in list(self.registry.contracts.values()):
+            for contract in contracts:
+                state = registry.contracts.get(contract)
+                if state is None:  # its last release expired or was removed meanwhile
+                    continue
                 await self.evaluate(state)
                 if time.perf_counter() >= slice_ends:  # thousands of contracts: requests are served in between
                     await asyncio.sleep(0)

@@ -128,7 +128,7 @@ class ReplicaSync:
             if state is None:
                 self._new_contract_state(contract, settings)
             elif state.settings != settings:
-                state.update_settings(settings)
+                registry.update_settings(state, settings)
                 touched.add(contract)
         # Make-before-break: a contract that gets releases to load keeps serving the ones the
         # store deleted until those loads are done (then the snapshot is applied again), and for

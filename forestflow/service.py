@@ -613,6 +613,7 @@ class Gateway:
                 continue
             if rows:
                 entry.metrics.window.record_agreement(agreeing, rows)
+                self.registry.stale.add(entry.fqrv.contract)  # agreement: a performance metric
 
     def _log_outcome(
         self,
@@ -733,14 +734,16 @@ def _count_outcome(
     """
     metrics = entry.metrics
     metrics.in_flight -= 1
+    contract = entry.fqrv.contract
+    registry.stale.add(contract)  # validity reads the successes and the window
     if not ok and served:
         if error is None or error.kind is Kind.CANCELLED or http_status(error) < 500:
             return
         metrics.error_count += 1
-        registry.dirty.add(entry.fqrv.contract)
+        registry.dirty.add(contract)
     elif not ok:
         metrics.shade_error_count += 1
-        registry.dirty.add(entry.fqrv.contract)
+        registry.dirty.add(contract)
     metrics.window.record(ok, latency_ms)
 
 

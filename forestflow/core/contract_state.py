@@ -18,11 +18,21 @@ from forestflow.core.ids import FQRV, Contract
 from forestflow.core.policies import (
     BanditParams,
     ContractSettings,
+    ImmediatelyValid,
+    ImmediatePhaseIn,
+    KeepLatest,
+    KeepTopRanked,
+    LinearTimeBasedPhaseIn,
     LogLevel,
+    MaxErrorRateValidity,
+    MinServedEventsBasedValidity,
+    NeverValid,
+    PerformanceBasedValidity,
     RouterType,
     ServableMetrics,
     ServableSettings,
     StickyParams,
+    TimeBasedValidity,
     is_valid,
     phase_in_pct,
     recency_key,
@@ -70,6 +80,8 @@ class ContractState:
         self.bandit_shares: dict[str, float] = {}
         self._bandit_basis: tuple[Any, ...] | None = None
         self._since_shares = 0
+        #: The releases the last evaluation found valid (:meth:`next_change_ms` reads it).
+        self._valid: list[str] = []
 
     @property
     def rng(self) -> np.random.Generator:
@@ -113,7 +125,7 @@ class ContractState:
 
         Expired servables are removed from this state and returned; the caller unloads them.
         """
-        valid = self.valid_releases(now_ms)
+        valid = self._valid = self.valid_releases(now_ms)
         for release, entry in self.servables.items():
             metrics = entry.metrics
             if release in valid:
@@ -134,6 +146,50 @@ class ContractState:
         self.picker = self.picker.reweighted(weights)
         after = [(i.key, i.weight) for i in self.picker.items]
         return Evaluation(expired=expired, routing_changed=before != after)
+
+    def next_change_ms(self, now_ms: int) -> int | None:
+        """The first moment after the evaluation made at ``now_ms`` when evaluating again could give
+        another result by the passing of time alone (None: none could).
+
+        Only valid-from times and linear phase-ins move with time; every other input is a setting,
+        the membership or a metric, whose changes are marked where they are made (see
+        :attr:`~forestflow.registry.registry.Registry.stale`). A policy this does not know answers
+        ``now_ms``: the contract is evaluated at every round.
+        """
+        soonest: int | None = None
+        valid = self._valid
+        for release, entry in self.servables.items():
+            for rule in entry.settings.policy.validity:
+                match rule:
+                    case TimeBasedValidity(valid_after_ms=after):
+                        if now_ms < after and (soonest is None or after < soonest):
+                            soonest = after
+                    case (
+                        ImmediatelyValid()
+                        | NeverValid()
+                        | MinServedEventsBasedValidity()
+                        | PerformanceBasedValidity()
+                        | MaxErrorRateValidity()
+                    ):
+                        pass
+                    case _:
+                        return now_ms
+            metrics = entry.metrics
+            match entry.settings.policy.phase_in:
+                case ImmediatePhaseIn():
+                    pass
+                case LinearTimeBasedPhaseIn(phase_in_over_secs=secs):
+                    pct, stamp = metrics.current_phase_in_pct, metrics.became_valid_at_ms
+                    if secs > 0 and pct < 100 and stamp is not None and release in valid:
+                        # phase_in_pct is elapsed * 100 // (secs * 1000): it reaches pct + 1 then.
+                        at = stamp + (pct + 1) * secs * 10
+                        if soonest is None or at < soonest:
+                            soonest = at
+                case _:
+                    return now_ms
+        if not isinstance(self.settings.expiration, KeepLatest | KeepTopRanked):
+            return now_ms
+        return soonest
 
     @property
     def weights_router(self) -> RouterType:

@@ -70,6 +70,9 @@ class _Contents:
     routing: dict[str, Any] = field(default_factory=dict)
     #: The snapshot's generation; only a journal of the same generation applies to it.
     generation: int = 0
+    #: Every replica id a counter or router field has named (a superset: ids are never removed), so
+    #: deleting one release's fields looks up ``<name>@<id>`` for each instead of scanning them all.
+    replicas: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -298,6 +301,8 @@ class FileStore:
                         target.pop(key, None)
                     else:
                         target[key] = value
+                        if short == "r":
+                            contents.replicas.add(key.rpartition("@")[2])
             elif short == "c":
                 for key, value in values.items():
                     self._set_counter(key, value)
@@ -307,9 +312,10 @@ class FileStore:
         """Set (None: drop) one per-process counter field, keeping the peers' sums in step."""
         counters = self._contents.counters
         old = counters.pop(field_name, None)
+        fqrv, _, replica = field_name.rpartition("@")
         if values is not None:
             counters[field_name] = values
-        fqrv, _, replica = field_name.rpartition("@")
+            self._contents.replicas.add(replica)
         if replica != self.replica_id:
             total = self._peer_counts.get(fqrv, NO_COUNTS)
             if old is not None:
@@ -370,7 +376,7 @@ class FileStore:
             kind, _, name = key.partition("/")
             if kind == "routing":
                 if doc is None:  # the contract is gone: every process's router state with it
-                    for field_name in [f for f in routing if f.rpartition("@")[0] == name]:
+                    for field_name in self._fields(routing, name):
                         record.put("r", field_name, None)
                 else:
                     record.put("r", f"{name}@{self.replica_id}", doc)
@@ -383,11 +389,15 @@ class FileStore:
                 record.put("d", key, merged)
             elif doc is None:
                 if kind == "metrics":
-                    for field_name in [f for f in counters if f.rpartition("@")[0] == name]:
+                    for field_name in self._fields(counters, name):
                         record.put("c", field_name, None)
                 record.put("d", key, None)
             else:
                 record.put("d", key, doc)
+
+    def _fields(self, fields: dict[str, Any], name: str) -> list[str]:
+        """The fields ``<name>@<replica>`` of every replica (each one looked up, none scanned)."""
+        return [f for replica in sorted(self._contents.replicas) if (f := f"{name}@{replica}") in fields]
 
     def _retire_gone_replicas(self, record: _Record) -> None:
         """Fold the counters of replicas not running now into this one's; drop their router state."""
@@ -427,6 +437,8 @@ class _Record:
                 del target[key]
             else:
                 target[key] = value
+                if section == "r":
+                    contents.replicas.add(key.rpartition("@")[2])
             self.documents_changed |= section == "d"
         self.entries.setdefault(section, {})[key] = value
 
@@ -461,12 +473,14 @@ def _read_snapshot(path: Path) -> _Contents:
         return _Contents()
     if data.get("format", 1) < FORMAT:
         return _from_single_process_format(data.get("documents", {}))
+    counters, routing = data.get("counters", {}), data.get("routing", {})
     return _Contents(
         int(data.get("version", 0)),
         data.get("documents", {}),
-        data.get("counters", {}),
-        data.get("routing", {}),
+        counters,
+        routing,
         int(data.get("generation", 0)),
+        {f.rpartition("@")[2] for fields in (counters, routing) for f in fields},
     )
 
 
@@ -481,7 +495,7 @@ def _generation(header: bytes) -> int | None:
 
 def _from_single_process_format(documents: dict[str, Any]) -> _Contents:
     """A registry written before workers existed (format 1): its counters and router state become w0's."""
-    contents = _Contents()
+    contents = _Contents(replicas={"w0"})
     for key, doc in documents.items():
         kind, _, name = key.partition("/")
         if kind == "routing":

@@ -12,6 +12,8 @@ Changes are made with :attr:`Registry.lock` held by the caller; lookups need no 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +84,18 @@ class Registry:
         self.dirty: set[Contract] = set()
         #: Rollbacks (a routed release became invalid) per fqrv, since start (``/metrics``).
         self.rollbacks: dict[str, int] = {}
+        #: Contracts to evaluate at the timer's next round: something their evaluation reads moved
+        #: since their last one (settings, releases, loads, or a metric: traffic, outcomes, shadow
+        #: agreement, feedback). With 10,000 contracts, evaluating every one each round took a good
+        #: share of a core (and of the requests' time) with nothing to change.
+        self.stale: set[Contract] = set()
+        #: When each contract's evaluation next changes by the passing of time alone (a valid-from
+        #: moment, a phase-in step), as a heap (older entries of a contract are skipped) and by contract.
+        self._due: list[tuple[int, int, Contract]] = []
+        self._due_at: dict[Contract, int] = {}
+        self._pushes = itertools.count()
+        #: The latest clock value an evaluation used: a clock that went back makes a round evaluate all.
+        self._latest_ms: int | None = None
 
     # ---- lookups ----------------------------------------------------------------------------------
     def contract_state(self, contract: Contract) -> ContractState:
@@ -151,6 +165,7 @@ class Registry:
         state = self.contracts.get(contract)
         if state is None:
             state = self.contracts[contract] = ContractState(contract, settings or ContractSettings())
+            self.stale.add(contract)
         return state
 
     def install(self, defn: ServableDefinition, loaded: Loaded, metrics: ServableMetrics) -> ContractState:
@@ -161,6 +176,7 @@ class Registry:
         self.failed.pop(defn.fqrv, None)
         self.cold.pop(defn.fqrv, None)
         state.add(ServableEntry(defn.fqrv, defn.settings, metrics))
+        self.stale.add(state.contract)
         if self.on_loaded is not None:
             self.on_loaded(loaded)
         return state
@@ -170,6 +186,7 @@ class Registry:
         state = self.ensure_contract(defn.fqrv.contract, defn.contract_settings)
         self.cold[defn.fqrv] = defn
         state.add(ServableEntry(defn.fqrv, defn.settings, metrics))
+        self.stale.add(state.contract)
         return state
 
     def warm(self, loaded: Loaded) -> None:
@@ -178,6 +195,7 @@ class Registry:
         loaded.definition = self.cold.pop(fqrv, loaded.definition)
         self.loaded[fqrv] = loaded
         self.failed.pop(fqrv, None)
+        self.stale.add(fqrv.contract)
         if self.on_loaded is not None:
             self.on_loaded(loaded)
 
@@ -187,12 +205,14 @@ class Registry:
         loaded = self.loaded.pop(fqrv, None)
         if loaded is not None:
             self.cold[fqrv] = loaded.definition
+            self.stale.add(fqrv.contract)
         return loaded
 
     def remove(self, contract: Contract, releases: list[str]) -> list[Loaded]:
         """Take releases out of their contract; returns the servables the caller must unload."""
         state = self.contracts.get(contract)
         unload: list[Loaded] = []
+        self.stale.add(contract)
         for release in releases:
             if state is not None:
                 state.remove(release)
@@ -205,6 +225,8 @@ class Registry:
     def drop_contract(self, contract: Contract) -> None:
         """Forget a contract (its servables must already be removed)."""
         self.contracts.pop(contract, None)
+        self.stale.discard(contract)
+        self._due_at.pop(contract, None)
 
     def update_definition(self, defn: ServableDefinition) -> None:
         """A loaded (or cold) servable's new settings (same artifact): kept on it and on its contract entry."""
@@ -213,6 +235,28 @@ class Registry:
         else:
             self.loaded[defn.fqrv].definition = defn
         self.entry(defn.fqrv).settings = defn.settings
+        self.stale.add(defn.fqrv.contract)
+
+    def update_settings(self, state: ContractState, settings: ContractSettings) -> None:
+        """A contract's new settings (its router is rebuilt at its next evaluation)."""
+        state.update_settings(settings)
+        self.stale.add(state.contract)
+
+    def due(self, now_ms: int) -> list[Contract]:
+        """The contracts an evaluation round at ``now_ms`` evaluates: the stale ones and those whose
+        moment has come (every contract when the clock went back since the last evaluation)."""
+        if self._latest_ms is not None and now_ms < self._latest_ms:
+            self.stale.update(self.contracts)
+            self._latest_ms = now_ms
+        heap, due_at = self._due, self._due_at
+        while heap and heap[0][0] <= now_ms:
+            at, _, contract = heapq.heappop(heap)
+            if due_at.get(contract) == at:
+                del due_at[contract]
+                self.stale.add(contract)  # until it is evaluated (a round that fails leaves it stale)
+        contracts = self.contracts
+        self.stale = {c for c in self.stale if c in contracts}  # not intersection_update: it walks the dict
+        return list(self.stale)
 
     def evaluate(self, state: ContractState, now_ms: int) -> Expiry:
         """Evaluate one contract at ``now_ms``: validity stamps, phase-in, router, expirations.
@@ -220,6 +264,10 @@ class Registry:
         Expired releases leave the contract and the loaded set; the caller persists their removal
         and unloads what is returned.
         """
+        contract = state.contract
+        self.stale.discard(contract)
+        if self._latest_ms is None or now_ms > self._latest_ms:
+            self._latest_ms = now_ms
         stamps_before = {r: e.metrics.became_valid_at_ms for r, e in state.servables.items()}
         routed_before = {r for r, e in state.servables.items() if e.metrics.current_phase_in_pct > 0}
         result: Evaluation = state.evaluate(now_ms)
@@ -239,10 +287,22 @@ class Registry:
                 expiry.unload.append(loaded)
         stamped = any(stamps_before.get(r) != e.metrics.became_valid_at_ms for r, e in state.servables.items())
         if stamped or result.routing_changed or expiry.rolled_back:
-            self.mark_counted(state.contract)
+            self.counters_dirty = True  # persisted; not stale: an evaluation right after changes nothing
+            self.dirty.add(contract)
+        at = state.next_change_ms(now_ms)
+        if at is None:
+            self._due_at.pop(contract, None)
+        elif self._due_at.get(contract) != at:
+            self._due_at[contract] = at
+            heapq.heappush(self._due, (at, next(self._pushes), contract))
+            if len(self._due) > 2 * len(self._due_at) + 64:  # mostly moments that moved since: drop those
+                self._due = [e for e in self._due if self._due_at.get(e[2]) == e[0]]
+                heapq.heapify(self._due)
         return expiry
 
     def mark_counted(self, contract: Contract) -> None:
-        """A counter (or the routing) of ``contract`` moved: the next flush writes its document."""
+        """A counter (or the routing) of ``contract`` moved: the next flush writes its document, and
+        the next evaluation round evaluates it."""
         self.counters_dirty = True
         self.dirty.add(contract)
+        self.stale.add(contract)

@@ -218,6 +218,7 @@ class ReleaseLoads:
         if status.registered:
             self.registry.pending.discard(fqrv)
             self.registry.failed[fqrv] = reason
+        self.registry.stale.add(fqrv.contract)  # evaluated at the next round, as after a load that succeeded
         log.error("release_load_failed", fqrv=label, attempt=status.attempts, reason=reason, retry_in_s=round(delay, 2))
 
     async def _pause(self, status: LoadStatus) -> None:

@@ -137,3 +137,21 @@ async def test_a_change_read_by_a_write_of_counters_is_still_followed(tmp_path: 
     await follower.check()
     assert calls == [1]
     assert await follower.load() == {}  # the flush did not bring the deleted servable's counters back
+
+
+async def test_deleting_a_release_drops_the_counters_and_router_state_of_every_replica(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "registry.json"
+    metrics = {"createdAtMS": 1, "scoreCount": 3}
+    for replica in ("w1", "w2", "w7"):  # w7: a replica of an earlier, larger --workers run
+        store = FileStore(path, replica_id=replica, replicas=3)
+        docs = {f"servable/a.b.{i}.v": {"n": i} for i in range(3)} if replica == "w1" else {}
+        await store.apply(docs | {f"metrics/a.b.{i}.v": metrics for i in range(3)} | {"routing/a.b.1": {"i": replica}})
+        if replica == "w2":
+            file_store.compact(path)  # w1's and w2's fields come from the snapshot, w7's from the journal
+    deleting = FileStore(path, replica_id="w2", replicas=3)  # not w0: gone replicas are not folded
+    await deleting.load()
+    await deleting.apply({"servable/a.b.1.v": None, "metrics/a.b.1.v": None, "routing/a.b.1": None})
+    contents = FileStore(path, replica_id="w1")
+    await contents.load()
+    assert sorted(contents._contents.counters) == [f"a.b.{i}.v@{r}" for i in (0, 2) for r in ("w1", "w2", "w7")]
+    assert contents._contents.routing == {}
