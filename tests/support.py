@@ -216,16 +216,16 @@ class CliRun:
     stderr: str
 
 
-def run_cli(*args: str) -> CliRun:
-    """``forestflow <args>`` run in this process, through the console script's ``main(argv)``: the same parser,
-    commands and exit codes as the installed command without starting an interpreter for each (tests of the
-    entry point itself start ``python -m forestflow.cli``). As there, no ``FORESTFLOW_*`` variable is set."""
+def run_cli(*args: str, cwd: Path | None = None) -> CliRun:
+    """``forestflow <args>`` run in this process (in ``cwd``, if given), through the console script's ``main(argv)``:
+    the same parser, commands and exit codes as the installed command without starting an interpreter for each
+    (tests of the entry point itself start ``python -m forestflow.cli``). As there, no ``FORESTFLOW_*`` variable is set."""
     from forestflow.cli import main
 
     saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("FORESTFLOW_")}
     out, err = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.chdir(cwd or Path.cwd()), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(list(args))
             except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
