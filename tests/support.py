@@ -223,6 +223,9 @@ def run_cli(*args: str, cwd: Path | None = None) -> CliRun:
     from forestflow.cli import main
 
     saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("FORESTFLOW_")}
+    # Help is wrapped to the terminal's width: a child process writing to a pipe sees COLUMNS or 80.
+    columns = os.environ.get("COLUMNS")
+    os.environ.setdefault("COLUMNS", "80")
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.chdir(cwd or Path.cwd()), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -232,6 +235,8 @@ def run_cli(*args: str, cwd: Path | None = None) -> CliRun:
                 code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
     finally:
         os.environ.update(saved)
+        if columns is None:
+            del os.environ["COLUMNS"]
     return CliRun(code, out.getvalue(), err.getvalue())
 
 
