@@ -2,6 +2,9 @@
 
 Every model is trained on float32-representable features, so scikit-learn (float64) and the ONNX
 graph (float32) see the same numbers and their answers agree to float32 rounding.
+
+scikit-learn and skl2onnx are imported by the builders, not at import: test modules import this one at
+collection, on every test worker, and the two take seconds to import.
 """
 
 from __future__ import annotations
@@ -11,14 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from skl2onnx import convert_sklearn
-from skl2onnx.common.data_types import FloatTensorType, StringTensorType
-from sklearn.compose import ColumnTransformer
-from sklearn.datasets import load_iris
-from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier, RandomForestRegressor
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import Pipeline
-from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
 FEATURES = ["f0", "f1", "f2", "f3"]
 COLORS = ["red", "green", "blue"]
@@ -67,6 +62,10 @@ def _save(directory: Path, name: str, onx: Any, props: dict[str, str] | None = N
 
 def regressor(directory: Path, rows: int = 7) -> OnnxCase:
     """A random-forest regressor on one [N, 4] input; feature names given by ``featureOrder``."""
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.ensemble import RandomForestRegressor
+
     rng = np.random.default_rng(1)
     X = _f32(rng.normal(size=(200, 4)))
     y = X[:, 0] * 1.5 - X[:, 2] + 0.3 * X[:, 3] ** 2
@@ -84,6 +83,10 @@ def regressor(directory: Path, rows: int = 7) -> OnnxCase:
 
 def binary(directory: Path, rows: int = 7) -> OnnxCase:
     """Logistic regression, labels 0/1, ZipMap probabilities; feature names in the model's metadata."""
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.linear_model import LogisticRegression
+
     rng = np.random.default_rng(2)
     X = _f32(rng.normal(size=(300, 4)))
     y = (X[:, 0] + 0.5 * X[:, 1] - X[:, 3] > 0).astype(np.int64)
@@ -103,6 +106,11 @@ def binary(directory: Path, rows: int = 7) -> OnnxCase:
 
 def multiclass(directory: Path, rows: int = 9) -> OnnxCase:
     """A random forest on iris with string labels (string label output, string-keyed ZipMap)."""
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.datasets import load_iris
+    from sklearn.ensemble import RandomForestClassifier
+
     X, y = load_iris(return_X_y=True)
     X = _f32(X)
     names = np.array(["setosa", "versicolor", "virginica"])[y]
@@ -125,6 +133,13 @@ def pipeline(directory: Path, rows: int = 8) -> OnnxCase:
 
     Inputs: ``color`` (string [N, 1]) and ``x`` (float [N, 2], features x1, x2 by ``featureOrder``).
     """
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType, StringTensorType
+    from sklearn.compose import ColumnTransformer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
     rng = np.random.default_rng(3)
     n = 300
     color = rng.choice(COLORS, n)
@@ -154,6 +169,13 @@ def prostate_gbm(directory: Path, rows: list[dict[str, str]], categorical: list[
     Inputs ``cat`` (string [N, 3]) and ``num`` (float [N, 4]); the flavor assembles both from
     one column per feature (``featureOrder``), so the H2O cell's request bodies score unchanged.
     """
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType, StringTensorType
+    from sklearn.compose import ColumnTransformer
+    from sklearn.ensemble import GradientBoostingClassifier
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import OneHotEncoder
+
     X = np.empty((len(rows), len(categorical) + len(numeric)), dtype=object)
     for i, r in enumerate(rows):
         X[i] = [r[c] for c in categorical] + [float(r[c]) for c in numeric]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import io
 import os
 import signal
 import socket
@@ -203,6 +205,39 @@ async def serve_in_process(
             yield InProcessGateway(f"http://127.0.0.1:{port}", app, session, runner)
     finally:
         await runner.cleanup()
+
+
+@dataclass
+class CliRun:
+    """What one ``forestflow`` command did: its exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> CliRun:
+    """``forestflow <args>`` run in this process (in ``cwd``, if given), through the console script's ``main(argv)``:
+    the same parser, commands and exit codes as the installed command without starting an interpreter for each
+    (tests of the entry point itself start ``python -m forestflow.cli``). As there, no ``FORESTFLOW_*`` variable is set."""
+    from forestflow.cli import main
+
+    saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("FORESTFLOW_")}
+    # Help is wrapped to the terminal's width: a child process writing to a pipe sees COLUMNS or 80.
+    columns = os.environ.get("COLUMNS")
+    os.environ.setdefault("COLUMNS", "80")
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.chdir(cwd or Path.cwd()), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
+                code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.environ.update(saved)
+        if columns is None:
+            del os.environ["COLUMNS"]
+    return CliRun(code, out.getvalue(), err.getvalue())
 
 
 class ChildProcess:

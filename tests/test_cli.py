@@ -21,7 +21,7 @@ import requests
 
 from forestflow.cli_admin import gateway_url
 from tests.api_gp.helpers import raw_tensor_request
-from tests.support import ROOT, GatewayProcess, python_servable, score_body
+from tests.support import ROOT, GatewayProcess, python_servable, run_cli, score_body
 
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("FORESTFLOW_")}
 
@@ -38,15 +38,15 @@ def cli(*args: str, cwd: Path = ROOT, timeout: float = 60) -> subprocess.Complet
 
 
 def test_help_is_plain_text_and_shows_defaults() -> None:
-    top = cli("--help")
+    top = cli("--help")  # the entry point once; the subcommands' help through main(argv) in this process
     assert top.returncode == 0
     assert "``" not in top.stdout and "logs" in top.stdout
     for command in ("deploy", "contracts"):
-        out = cli(command, "--help").stdout
+        out = run_cli(command, "--help").stdout
         assert "http://127.0.0.1:8090" in out, out  # the default URL is shown
         assert "host:port means http" in out
-    assert "servable definition" in cli("deploy", "--help").stdout  # the file argument has help
-    tail = cli("logs", "tail", "--help").stdout
+    assert "servable definition" in run_cli("deploy", "--help").stdout  # the file argument has help
+    tail = run_cli("logs", "tail", "--help").stdout
     for option in ("--follow", "--from-beginning", "--key", "--data-dir", "--file"):
         assert option in tail
 
@@ -60,7 +60,7 @@ def test_url_without_scheme_means_http() -> None:
 def test_deploy_of_a_non_json_file_says_not_json(tmp_path: Path) -> None:
     bad = tmp_path / "model.toml"
     bad.write_text('path = "file://x"\n')
-    result = cli("deploy", str(bad), "--url", "127.0.0.1:9")
+    result = run_cli("deploy", str(bad), "--url", "127.0.0.1:9")
     assert result.returncode != 0
     assert "not JSON" in result.stderr and result.stderr.count("\n") == 1, result.stderr
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 import requests
 
 from forestflow.runtime.remote.config import _KEYS as _REMOTE_KEYS
-from tests.support import ROOT, GatewayProcess, free_port
+from tests.support import ROOT, GatewayProcess, free_port, run_cli
 
 README = (ROOT / "README.md").read_text()
 DOCS = ROOT / "docs"
@@ -44,6 +45,18 @@ def cli_command(line: str, url: str, *extra: str) -> str:
     command = line.split("  #", 1)[0].strip().removeprefix(".venv/bin/forestflow ")
     local = command.startswith(("logs ", "kafka "))  # read the log or a broker: no gateway URL
     return " ".join([sys.executable, "-m", "forestflow.cli", command, *([] if local else ["--url", url]), *extra])
+
+
+def shell(command: str, timeout: float = 60) -> tuple[int, str, str]:
+    """Run a command line from the repository root: exit code, stdout, stderr. A bare ``forestflow`` command (as
+    :func:`cli_command` writes it, no pipe or redirection) goes through the CLI's ``main(argv)`` in this process
+    with the words the shell would pass; any other line through bash."""
+    prefix = f"{sys.executable} -m forestflow.cli "
+    if command.startswith(prefix) and not any(c in command for c in "|&;<>$`\\*?~{"):
+        done = run_cli(*shlex.split(command.removeprefix(prefix)), cwd=ROOT)
+        return done.returncode, done.stdout, done.stderr
+    ran = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return ran.returncode, ran.stdout, ran.stderr
 
 
 def _shell_lines() -> list[str]:
@@ -97,9 +110,9 @@ def test_safe_rollouts_section_runs_as_written(tmp_path: Any) -> None:
 
     def run(line: str, *extra: str) -> str:
         command = cli_command(line, gw.url, *extra).replace("/tmp/v2-broken", str(broken))
-        done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, (line, done.stderr)
-        return done.stdout
+        code, out, err = shell(command)
+        assert code == 0, (line, err)
+        return out
 
     def by_release(body: list[dict[str, Any]]) -> dict[str, Any]:
         return {m["ServableMetrics"]["fqrv"]["releaseVersion"]: m["ServableMetrics"] for m in body}
@@ -159,9 +172,9 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
         command = cli_command(line, gw.url, *extra).replace("forestflow-data/", f"{data}/")
         if " logs tail" in command:
             command += f" --data-dir {data}"
-        done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, (line, done.stdout, done.stderr)
-        return done.stdout
+        code, out, err = shell(command)
+        assert code == 0, (line, out, err)
+        return out
 
     def events() -> int:
         return len(log.read_text().splitlines()) if log.exists() else 0
@@ -293,9 +306,9 @@ def test_quick_start_runs_as_written_and_its_rollout_ends_with_the_new_release_a
 
     def run(line: str, *extra: str) -> str:
         command = cli_command(line.replace("--over 10m", "--over 3s"), gw.url, *extra).replace("forestflow-data/", f"{data}/")
-        done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, (command, done.stderr)
-        return done.stdout
+        code, out, err = shell(command)
+        assert code == 0, (command, err)
+        return out
 
     def answered_by(line: str) -> str:
         return str(json.loads(run(line, "--json"))["Prediction"]["fqrv"]["releaseVersion"])
