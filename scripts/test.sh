@@ -41,5 +41,9 @@ fi
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 
+# Bytecode caches on: with PYTHONDONTWRITEBYTECODE set (as some sandboxes do), every gateway process a
+# test starts would compile the package again, and every pytest worker re-rewrite ~400 modules.
+unset PYTHONDONTWRITEBYTECODE
+
 # Two test processes by default (FORESTFLOW_TEST_WORKERS=0 runs them in this one).
 exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${FORESTFLOW_TEST_WORKERS:-2}" "$@"
