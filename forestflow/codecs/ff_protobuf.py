@@ -91,6 +91,10 @@ def prediction_bytes_after(fqrv_field: bytes, frame: Frame, field: bytes = b"") 
     """:func:`prediction_bytes` with the fqrv field already written (by :func:`prediction_fqrv_field`).
 
     Vector outputs get one field name per value, as in the JSON body."""
+    # Written as it is when every column is 1-D (the usual answer: no per-column check in Python).
+    out = _ffwire.message(field, fqrv_field, 0x12, 0x1A, frame.num_rows, frame.columns, None, True)
+    if out is not None:
+        return out
     frame = one_name_per_value(frame)
     out = _ffwire.message(field, fqrv_field, 0x12, 0x1A, frame.num_rows, frame.columns, None)
     return out if out is not None else _converted(field, fqrv_field, 0x12, 0x1A, frame, None)
