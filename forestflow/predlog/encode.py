@@ -240,6 +240,51 @@ def event_to_dict(payload: bytes, graphpipe: bool = False) -> dict[str, Any]:
 _KEY_OF_RECORD: Any = object()
 
 
+def _usual_event_json(record: PredictionRecord, fields: _ServableFields, wire: bool) -> dict[str, Any] | None:
+    """The event of a JSON line in one dict display, for the events nearly every request makes: a
+    /score answer with its JSON bodies, or a V2 REST one (no error, pin, trace or pipeline extras).
+    None for any other event (:func:`encode_event_json` builds those field by field, in the same order)."""
+    if record.error or record.pinned or record.trace_id or record.feedback is not None:
+        return None
+    response = record.response
+    if response is not None and response.parameters:
+        return None
+    request_json, response_json = record.request_json, record.response_json
+    if request_json is None or response_json is None:
+        return None
+    if not wire:
+        return {
+            "prediction": orjson.Fragment(one_line_json(response_json)),
+            "servedRequest": record.served,
+            "inferenceRequest": orjson.Fragment(one_line_json(request_json)),
+            "loggingSettings": fields.logging_json,
+            "eventTimeMS": str(record.event_time_ms),
+            "requestId": record.request_id,
+            "fqrv": fields.fqrv_json,
+            "latencyMs": record.latency_ms,
+            "status": record.status,
+            "protocol": record.protocol,
+        }
+    if (
+        record.protocol != "v2"
+        or request_json.json_length is not None  # type: ignore[attr-defined]  # a WireBody (``wire``)
+        or (isinstance(response_json, WireBody) and response_json.json_length is not None)
+    ):
+        return None
+    return {
+        "servedRequest": record.served,
+        "loggingSettings": fields.logging_json,
+        "eventTimeMS": str(record.event_time_ms),
+        "requestId": record.request_id,
+        "fqrv": fields.fqrv_json,
+        "latencyMs": record.latency_ms,
+        "status": record.status,
+        "protocol": "v2",
+        "wireRequest": orjson.Fragment(one_line_json(bytes(request_json))),  # orjson takes exactly bytes
+        "wireResponse": orjson.Fragment(one_line_json(bytes(response_json))),
+    }
+
+
 def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_RECORD) -> bytes:
     """One JSON line ``{"topic", "key", "event"}`` for the local file log (no trailing newline).
 
@@ -249,6 +294,9 @@ def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_
     graphpipe, wire = record.raw_request is not None, isinstance(record.request_json, WireBody)
     if kafka_key is _KEY_OF_RECORD:
         kafka_key = record.key
+    fast = _usual_event_json(record, fields, wire) if not graphpipe else None
+    if fast is not None:
+        return orjson.dumps({"topic": "basic", "key": kafka_key, "event": fast})
     if record.feedback is not None:
         return orjson.dumps({"topic": "basic", "key": kafka_key, "event": _feedback_event_json(record, fields)})
     event: dict[str, Any] = {}
