@@ -415,7 +415,7 @@ PyDoc_STRVAR(message_doc,
 "(per group a Tensor of the record's elements, columns in order) and, unless ``configs`` is None,\n"
 "that dict of str as map entries in field 3. With a non-empty ``outer`` (a field key) the message is\n"
 "returned as that length-delimited field. ``columns`` is a dict of str to arrays of ``rows`` records\n"
-"each, in column order (a frame's own dict, passed as it is). None when a column cannot be read as it is (strided matrix, text of\n"
+"each (-1: as many as the first column has), in column order (a frame's own dict, passed as it is). None when a column cannot be read as it is (strided matrix, text of\n"
 "fixed width, another byte order): convert it (contiguous, native, text as objects) and call again.\n"
 "With an eighth argument ``flat_only`` true, None also when a column has more than one dimension.");
 
@@ -490,6 +490,13 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
         return NULL;
     }
     n = PyDict_GET_SIZE(columns);
+    if (rows_arg == -1) { /* the length of the first column, as Frame.num_rows has it */
+        PyObject *first_name, *first = NULL;
+        Py_ssize_t first_pos = 0;
+        rows_arg = 0;
+        if (PyDict_Next(columns, &first_pos, &first_name, &first) && (rows_arg = PyObject_Length(first)) < 0)
+            return NULL;
+    }
     if (rows_arg < 0) {
         PyErr_SetString(PyExc_ValueError, "rows must not be negative");
         return NULL;
