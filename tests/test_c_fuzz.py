@@ -32,6 +32,8 @@ from forestflow.codecs.graphpipe import encode_infer_response
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput
+from forestflow.predlog import _kafka_records
+from forestflow.predlog.cloudevents import python_record_headers, record_headers
 from forestflow.predlog.kafka_batch import RecordBatch
 from forestflow.predlog.log import LogEntry
 from forestflow.runtime import _forest, _h2o_trees
@@ -386,6 +388,31 @@ def test_kafka_records_read_back_with_aiokafka(items: list[tuple[bytes | None, b
     parsed = DefaultRecordBatch(bytes(RecordBatch(entries, "none")._build()))
     assert parsed.validate_crc()
     assert [(r.offset, r.key, r.value) for r in parsed] == [(i, k, v) for i, (k, v) in enumerate(items)]
+
+
+@FAST
+@given(
+    st.integers(-(2**63), 2**63 - 1)
+    | st.integers(0, 253402300799999)
+    | st.sampled_from([0, 999, 253402300799999, 253402300800000]),
+    st.text(max_size=80),
+    st.booleans(),
+    st.sampled_from(["acme", "a", "org-with-a-long-name_" * 3]),
+)
+def test_kafka_ce_headers_are_the_python_headers(time_ms: int, request_id: str, served: bool, org: str) -> None:
+    """The CloudEvents headers written in C are byte for byte the Python ones (or C declines the time)."""
+    contract = Contract(org, "fuzz", 1)
+    try:
+        expected = python_record_headers(contract, served, request_id, time_ms)
+    except (UnicodeEncodeError, ValueError, OverflowError, OSError) as error:
+        # A lone surrogate, or a time datetime cannot hold: the same error (C declines such a time).
+        with pytest.raises(type(error)):
+            record_headers(contract, served, request_id, time_ms)
+        return
+    assert record_headers(contract, served, request_id, time_ms) == expected
+    fixed = python_record_headers(contract, served, "", 0)[: -len(b"\x0ace_id\x00\x0ece_time\x30") - 24]
+    written = _kafka_records.ce_headers(fixed, request_id, time_ms)
+    assert written is None if not 0 <= time_ms <= 253402300799999 else written == expected
 
 
 # ---- _h2o_trees: random tables are refused or scored, never walked out of bounds ----------------------------

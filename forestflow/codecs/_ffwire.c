@@ -43,6 +43,7 @@ typedef struct {
     int text;
     Py_buffer view;
     int has_view;
+    struct Text *texts; /* a text column's elements, read while sizing */
 } Column;
 
 /* Element i of a column (in record-major order). */
@@ -113,73 +114,87 @@ static const char *text_of(const Column *c, PyObject *item, Py_ssize_t *len) {
     return NULL;
 }
 
-/* Bytes of one record's elements of one column (the column's part of the Tensor's data). */
-static int column_row_size(const Column *c, Py_ssize_t row, size_t *size) {
-    Py_ssize_t j, start = row * c->width;
-    size_t total = 0;
-    switch (c->kind) {
-    case KIND_F64:
-        total = (size_t)c->width * 9;
-        break;
-    case KIND_F32:
-    case KIND_F16:
-        total = (size_t)c->width * 5;
-        break;
-    case KIND_SIGNED:
-    case KIND_UNSIGNED:
-        for (j = 0; j < c->width; j++)
-            total += 1 + varint_len(varint_value(c, start + j));
-        break;
-    default:
-        for (j = 0; j < c->width; j++) {
-            Py_ssize_t len;
-            if (text_of(c, *(PyObject *const *)AT(c, start + j), &len) == NULL)
-                return -1;
-            total += 1 + varint_len((uint64_t)len) + (size_t)len;
+/* A text element read once (while sizing) and copied from there while writing. */
+typedef struct Text {
+    const char *data;
+    Py_ssize_t len;
+} Text;
+
+/* Adds a column's elements to each record's data size in ``data_len`` (one entry per record, ``step``
+ * apart); a text column's elements are read here, once, into ``texts``. */
+static int add_column_sizes(const Column *c, Py_ssize_t rows, size_t *data_len, Py_ssize_t step, Text *texts) {
+    Py_ssize_t r, j, i = 0;
+    for (r = 0; r < rows; r++) {
+        size_t total = 0;
+        if (c->kind == KIND_OBJECT) {
+            for (j = 0; j < c->width; j++, i++) {
+                if ((texts[i].data = text_of(c, *(PyObject *const *)AT(c, i), &texts[i].len)) == NULL)
+                    return -1;
+                total += 1 + varint_len((uint64_t)texts[i].len) + (size_t)texts[i].len;
+            }
+        } else {
+            for (j = 0; j < c->width; j++, i++)
+                total += 1 + varint_len(varint_value(c, i));
         }
+        data_len[r * step] += total;
     }
-    *size = total;
     return 0;
 }
 
-static char *put_column_row(char *out, const Column *c, Py_ssize_t row) {
+/* Writes one record's elements of a column; ``texts``: the text column's elements read while sizing. */
+static inline char *put_column_row(char *out, const Column *c, Py_ssize_t row, const Text *texts) {
     Py_ssize_t j, start = row * c->width;
-    for (j = 0; j < c->width; j++) {
-        Py_ssize_t i = start + j;
-        switch (c->kind) {
-        case KIND_F64:
-            *out++ = 0x09;
-            memcpy(out, AT(c, i), 8); /* little-endian hosts only: checked at import */
-            out += 8;
-            break;
-        case KIND_F32:
-            *out++ = 0x0D;
-            memcpy(out, AT(c, i), 4);
-            out += 4;
-            break;
-        case KIND_F16: {
+    const char *p = AT(c, start);
+    if (c->width == 1 && c->kind == KIND_F64) { /* the usual feature column */
+        out[0] = 0x09;
+        memcpy(out + 1, p, 8);
+        return out + 9;
+    }
+    switch (c->kind) {
+    case KIND_F64:
+        for (j = 0; j < c->width; j++, p += c->stride) {
+            out[0] = 0x09;
+            memcpy(out + 1, p, 8); /* little-endian hosts only: checked at import */
+            out += 9;
+        }
+        break;
+    case KIND_F32:
+        for (j = 0; j < c->width; j++, p += c->stride) {
+            out[0] = 0x0D;
+            memcpy(out + 1, p, 4);
+            out += 5;
+        }
+        break;
+    case KIND_F16:
+        for (j = 0; j < c->width; j++, p += c->stride) {
             uint16_t h;
             float f;
-            memcpy(&h, AT(c, i), 2);
+            memcpy(&h, p, 2);
             f = half_to_float(h);
-            *out++ = 0x0D;
-            memcpy(out, &f, 4);
-            out += 4;
-            break;
+            out[0] = 0x0D;
+            memcpy(out + 1, &f, 4);
+            out += 5;
         }
-        case KIND_SIGNED:
-        case KIND_UNSIGNED:
+        break;
+    case KIND_SIGNED:
+    case KIND_UNSIGNED:
+        for (j = 0; j < c->width; j++) {
             *out++ = 0x08;
-            out = put_varint(out, varint_value(c, i));
-            break;
-        default: {
-            Py_ssize_t len;
-            const char *data = text_of(c, *(PyObject *const *)AT(c, i), &len); /* checked when sized */
-            *out++ = 0x0A;
-            out = put_varint(out, (uint64_t)len);
-            memcpy(out, data, (size_t)len);
-            out += len;
+            out = put_varint(out, varint_value(c, start + j));
         }
+        break;
+    default:
+        for (j = 0; j < c->width; j++) {
+            const Text *t = &texts[start + j];
+            *out++ = 0x0A;
+            out = put_varint(out, (uint64_t)t->len);
+            if (t->len <= 16) { /* the usual category level: no call */
+                for (Py_ssize_t b = 0; b < t->len; b++)
+                    out[b] = t->data[b];
+            } else {
+                memcpy(out, t->data, (size_t)t->len);
+            }
+            out += t->len;
         }
     }
     return out;
@@ -393,15 +408,16 @@ static int open_column(PyObject *array, Column *c, Py_ssize_t rows, int *code) {
 }
 
 PyDoc_STRVAR(message_doc,
-"message(outer, prefix, schema_tag, datum_tag, rows, columns, configs) -> bytes or None\n\n"
+"message(outer, prefix, schema_tag, datum_tag, rows, columns, configs[, flat_only]) -> bytes or None\n\n"
 "A ForestFlow message holding a frame (InferenceRequest or Prediction): ``prefix`` (fields written\n"
 "first, e.g. a Prediction's fqrv), one TensorSchema entry per type group of the columns (groups in\n"
 "order of first appearance) as field ``schema_tag``, every record as a Datum in field ``datum_tag``\n"
 "(per group a Tensor of the record's elements, columns in order) and, unless ``configs`` is None,\n"
 "that dict of str as map entries in field 3. With a non-empty ``outer`` (a field key) the message is\n"
 "returned as that length-delimited field. ``columns`` is a dict of str to arrays of ``rows`` records\n"
-"each, in column order (a frame's own dict, passed as it is). None when a column cannot be read as it is (strided matrix, text of\n"
-"fixed width, another byte order): convert it (contiguous, native, text as objects) and call again.");
+"each (-1: as many as the first column has), in column order (a frame's own dict, passed as it is). None when a column cannot be read as it is (strided matrix, text of\n"
+"fixed width, another byte order): convert it (contiguous, native, text as objects) and call again.\n"
+"With an eighth argument ``flat_only`` true, None also when a column has more than one dimension.");
 
 /* METH_FASTCALL arguments, checked one by one: PyArg_ParseTuple's format parsing costs more than a
  * small message's writing (these run once or twice per logged prediction). */
@@ -434,6 +450,8 @@ static int long_arg(const char *fn, int at, PyObject *arg, long long *value) {
 /* Columns and records of the usual small message, held on the stack (no allocation per call). */
 #define SMALL_COLUMNS 32
 #define SMALL_ROWS 16
+/* Text elements held on the stack (more are allocated). */
+#define SMALL_TEXTS 256
 
 static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     const char *outer, *prefix, *name_data[SMALL_COLUMNS], **names_utf8 = NULL;
@@ -447,8 +465,16 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
     size_t *data_len = NULL, small_data_len[SMALL_ROWS * (FF_BYTES + 1) + 1];
     size_t fixed[FF_BYTES + 1], schema_entry[FF_BYTES + 1], schema_total = 0, datums_total = 0, map_total = 0, body, total;
     int *codes = NULL, variable[FF_BYTES + 1];
+    Text small_texts[SMALL_TEXTS], *texts = NULL;
     char *out;
 
+    int flat_only = 0;
+    if (nargs == 8) { /* flat_only: None for a column of more than one dimension */
+        flat_only = PyObject_IsTrue(args[7]);
+        if (flat_only < 0)
+            return NULL;
+        nargs = 7;
+    }
     if (arg_count("message", nargs, 7) < 0 || bytes_arg("message", 1, args[0], &outer, &outer_len) < 0 ||
         bytes_arg("message", 2, args[1], &prefix, &prefix_len) < 0 || long_arg("message", 3, args[2], &schema_tag) < 0 ||
         long_arg("message", 4, args[3], &datum_tag) < 0 || long_arg("message", 5, args[4], &rows_arg) < 0)
@@ -464,6 +490,13 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
         return NULL;
     }
     n = PyDict_GET_SIZE(columns);
+    if (rows_arg == -1) { /* the length of the first column, as Frame.num_rows has it */
+        PyObject *first_name, *first = NULL;
+        Py_ssize_t first_pos = 0;
+        rows_arg = 0;
+        if (PyDict_Next(columns, &first_pos, &first_name, &first) && (rows_arg = PyObject_Length(first)) < 0)
+            return NULL;
+    }
     if (rows_arg < 0) {
         PyErr_SetString(PyExc_ValueError, "rows must not be negative");
         return NULL;
@@ -512,6 +545,8 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
         if ((names_utf8[i] = PyUnicode_AsUTF8AndSize(name, &name_len[i])) == NULL)
             goto done;
         status = open_column(array, &cols[i], rows, &codes[i]);
+        if (status > 0 && flat_only && cols[i].view.ndim > 1)
+            status = 0;
         if (status <= 0)
             goto done;
     }
@@ -551,25 +586,44 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
         schema_total += 1 + varint_len(entry) + entry;
     }
 
-    /* Sizing pass: every length prefix is known before anything is written. */
-    for (r = 0; r < rows && n_groups > 0; r++) {
-        size_t datum = 0;
-        for (g = 0; g < n_groups; g++) {
-            size_t data = fixed[g], one, tensor;
-            if (variable[g])
-                for (k = 0; k < groups[g].count; k++) {
-                    Column *c = ordered[groups[g].first + k];
-                    if (c->kind == KIND_F64 || c->kind == KIND_F32 || c->kind == KIND_F16)
-                        continue;
-                    if (column_row_size(c, r, &one) < 0)
-                        goto done;
-                    data += one;
-                }
-            data_len[r * n_groups + g] = data;
-            tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
-            datum += 1 + varint_len(tensor) + tensor;
+    /* Sizing pass: every length prefix is known before anything is written. Column by column (each
+     * text element read once, kept for the writing pass), then record by record. */
+    if (n_groups > 0 && rows > 0) {
+        size_t n_texts = 0, used = 0;
+        for (i = 0; i < n; i++)
+            if (cols[i].kind == KIND_OBJECT)
+                n_texts += (size_t)(cols[i].view.len / cols[i].itemsize);
+        texts = n_texts <= SMALL_TEXTS ? small_texts : PyMem_Malloc(n_texts * sizeof(Text));
+        if (texts == NULL) {
+            PyErr_NoMemory();
+            goto done;
         }
-        datums_total += 1 + varint_len(datum) + datum;
+        for (r = 0; r < rows; r++)
+            for (g = 0; g < n_groups; g++)
+                data_len[r * n_groups + g] = fixed[g];
+        for (g = 0; g < n_groups; g++) {
+            if (!variable[g])
+                continue;
+            for (k = 0; k < groups[g].count; k++) {
+                Column *c = ordered[groups[g].first + k];
+                if (c->kind == KIND_F64 || c->kind == KIND_F32 || c->kind == KIND_F16)
+                    continue;
+                if (c->kind == KIND_OBJECT) {
+                    c->texts = texts + used;
+                    used += (size_t)(c->view.len / c->itemsize);
+                }
+                if (add_column_sizes(c, rows, &data_len[g], n_groups, c->texts) < 0)
+                    goto done;
+            }
+        }
+        for (r = 0; r < rows; r++) {
+            size_t datum = 0;
+            for (g = 0; g < n_groups; g++) {
+                size_t data = data_len[r * n_groups + g], tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
+                datum += 1 + varint_len(tensor) + tensor;
+            }
+            datums_total += 1 + varint_len(datum) + datum;
+        }
     }
     if (configs != Py_None && map_size(configs, &map_total) < 0)
         goto done;
@@ -611,10 +665,11 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
             size_t data = data_len[r * n_groups + g], tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
             *out++ = 0x0A; /* Datum.tensors */
             out = put_varint(out, tensor);
-            memcpy(out, groups[g].tag, (size_t)groups[g].tag_len);
+            for (i = 0; i < groups[g].tag_len; i++) /* 1 to 3 bytes: no call */
+                out[i] = groups[g].tag[i];
             out = put_varint(out + groups[g].tag_len, data);
             for (k = 0; k < groups[g].count; k++)
-                out = put_column_row(out, ordered[groups[g].first + k], r);
+                out = put_column_row(out, ordered[groups[g].first + k], r, ordered[groups[g].first + k]->texts);
         }
     }
     if (configs != Py_None)
@@ -625,6 +680,8 @@ done:
         for (i = 0; i < n; i++)
             if (cols[i].has_view)
                 PyBuffer_Release(&cols[i].view);
+    if (texts != small_texts)
+        PyMem_Free(texts);
     if (!small) {
         PyMem_Free((void *)names_utf8);
         PyMem_Free(name_len);

@@ -13,6 +13,7 @@ def message(
     rows: int,
     columns: dict[str, np.ndarray],
     configs: dict[str, str] | None,
+    flat_only: bool = False,
     /,
 ) -> bytes | None: ...
 def varint(value: int, /) -> bytes: ...

@@ -64,7 +64,8 @@ def _converted(
 def inference_request_bytes(frame: Frame, configs: dict[str, str], field: bytes = b"") -> bytes:
     """A serialized InferenceRequest of an input frame and its configs (as field key ``field`` when given)."""
     # The frame's own column dict goes to C as it is (no tuple of names and list of columns per message).
-    out = _ffwire.message(field, b"", 0x0A, 0x12, frame.num_rows, frame.columns, configs)
+    # rows -1: C takes the first column's length (Frame.num_rows is a Python property, per message).
+    out = _ffwire.message(field, b"", 0x0A, 0x12, -1, frame.columns, configs)
     return out if out is not None else _converted(field, b"", 0x0A, 0x12, frame, configs)
 
 
@@ -91,6 +92,10 @@ def prediction_bytes_after(fqrv_field: bytes, frame: Frame, field: bytes = b"") 
     """:func:`prediction_bytes` with the fqrv field already written (by :func:`prediction_fqrv_field`).
 
     Vector outputs get one field name per value, as in the JSON body."""
+    # Written as it is when every column is 1-D (the usual answer: no per-column check in Python).
+    out = _ffwire.message(field, fqrv_field, 0x12, 0x1A, -1, frame.columns, None, True)
+    if out is not None:
+        return out
     frame = one_name_per_value(frame)
     out = _ffwire.message(field, fqrv_field, 0x12, 0x1A, frame.num_rows, frame.columns, None)
     return out if out is not None else _converted(field, fqrv_field, 0x12, 0x1A, frame, None)

@@ -150,7 +150,8 @@ class PredictionLog:
     # ---- request path ------------------------------------------------------------------------------
     def emit(self, record: PredictionRecord) -> bool:
         """Encode and buffer one event without waiting; False if it was dropped."""
-        self.stats.produced += 1
+        stats = self.stats
+        stats.produced += 1
         key_text = record.logging.key_for(record.configs)
         try:
             value = encode_event_json(record, key_text) if self._jsonl else encode_event(record)
@@ -167,15 +168,16 @@ class PredictionLog:
             else NO_HEADERS,
         )
         size = entry.size
-        stats = self.stats
         if self._closing or stats.buffered_bytes + size > self.capacity_bytes:
             stats.dropped_overflow += 1
             self._maybe_warn()
             return False
-        self._queue.append(entry)
+        queue = self._queue
+        if not queue:  # the drain waits only on an empty queue: one wake-up per batch, not per event
+            self._wakeup.set()
+        queue.append(entry)
         stats.buffered += 1
         stats.buffered_bytes += size
-        self._wakeup.set()
         return True
 
     def _maybe_warn(self) -> None:

@@ -304,7 +304,12 @@ def test_c_writer_checks_its_arguments() -> None:
     with pytest.raises(ValueError, match="does not split into 2 records"):
         message(2, {"a": np.zeros(3)})
     with pytest.raises(ValueError, match="rows must not be negative"):
-        message(-1, {})
+        message(-2, {})
+    # -1: as many records as the first column has (what Frame.num_rows says)
+    assert message(-1, {"a": np.arange(3.0), "b": np.zeros(3)}) == message(3, {"a": np.arange(3.0), "b": np.zeros(3)})
+    assert message(-1, {}) == message(0, {})
+    with pytest.raises(TypeError, match="has no len"):
+        message(-1, {"a": np.float64(1.0)})
     with pytest.raises(TypeError, match="column names must be str"):
         message(1, {1: np.zeros(1)})
     with pytest.raises(TypeError, match="dict of str to str"):
