@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, cast
@@ -276,17 +275,7 @@ class FastProtocol(asyncio.Protocol):
             self._fed = 0
             if self._reading_paused and len(self._buf) < _HIGH_WATER:
                 self.resume_reading()
-            # Run at once, without a task: the usual request (scored on the loop) is answered
-            # before its first await would wait. One that waits (a scoring thread, a batch) is
-            # finished by a task, from where it stopped.
-            serving = self._serve(current, body)
-            try:
-                waiting = serving.send(None)
-            except StopIteration:
-                continue
-            except asyncio.CancelledError:  # as a task would: it ends, the connection waits for its end
-                return
-            self._task = self._loop.create_task(_Started(serving, waiting, self._served))
+            self._task = self._loop.create_task(self._serve(current, body))
 
     def _start_request(self) -> _Message | None:
         """Parse the head of the next request; None: wait for more bytes, or handed to aiohttp."""
@@ -378,22 +367,19 @@ class FastProtocol(asyncio.Protocol):
 
     # ---- answering -----------------------------------------------------------------------------
     async def _serve(self, current: _Message, body: bytes) -> None:
-        """Answer one request; close the connection after it when it asked (the caller reads the next)."""
         try:
             await self._answer(current, body)
         except Exception:  # a bug past the answer (writing it): the connection cannot go on
             log.exception("fast_path_failed", path=current.target.path)
             self._close_transport()
+        finally:
+            self._task = None
         if self.transport is not None:
             self._last_seen = self._loop.time()
             if current.message.should_close:
                 self._close_transport()
-
-    def _served(self, answered: bool) -> None:
-        """The task of a request that had to wait has ended (``answered``: not by an exception)."""
-        self._task = None
-        if answered and self.transport is not None:
-            self._process()
+            else:
+                self._process()
 
     async def _answer(self, current: _Message, body: bytes) -> None:
         server, target, message = self._server, current.target, current.message
@@ -526,51 +512,6 @@ class FastProtocol(asyncio.Protocol):
             self._close_transport()
         else:
             self._arm_idle()
-
-
-class _Started(Coroutine[Any, Any, None]):
-    """A coroutine whose first steps ran outside any task, handed to a task to finish: its first
-    step gives the task what the coroutine waits for (``waiting``, what it last yielded), later ones
-    go on from there. ``done(answered)`` runs within the task's last step, as a coroutine's own
-    ``finally`` would: ``answered`` is False when it ended by an exception (a cancellation)."""
-
-    __slots__ = ("_coro", "_waiting", "_done", "_first")
-
-    def __init__(self, coro: Coroutine[Any, Any, None], waiting: Any, done: Callable[[bool], None]) -> None:
-        self._coro = coro
-        self._waiting = waiting
-        self._done = done
-        self._first = True
-
-    def send(self, value: Any) -> Any:
-        if self._first:
-            self._first = False
-            waiting, self._waiting = self._waiting, None
-            return waiting
-        return self._step(self._coro.send, value)
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        self._first = False
-        self._waiting = None
-        if val is None and tb is None:  # a task throws the exception itself
-            return self._step(self._coro.throw, typ)
-        return self._step(lambda _: self._coro.throw(typ, val, tb), None)
-
-    def close(self) -> None:
-        self._coro.close()
-
-    def __await__(self) -> Generator[Any, None, None]:  # pragma: no cover - only a task runs it
-        raise TypeError("a started coroutine is finished by a task, not awaited")
-
-    def _step(self, call: Callable[[Any], Any], arg: Any) -> Any:
-        try:
-            return call(arg)
-        except StopIteration:
-            self._done(True)
-            raise
-        except BaseException:
-            self._done(False)
-            raise
 
 
 class FastRunner(web.AppRunner):
