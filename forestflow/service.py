@@ -496,6 +496,13 @@ class Gateway:
                     failed = False
                 finally:
                     timing.finish(failed)
+            elif work is None:
+                self._fan_out(state, shadows, context)
+                scheduler = loaded.scheduler
+                scored = scheduler.offer_live(frame, timeout)  # a tiny batch on an idle scheduler: scored now
+                if isinstance(scored, asyncio.Future):
+                    scored = await scheduler.result(scored)
+                out = input_report.checked(entry.settings, scored)  # strictInputs: a 400
             else:
                 submitted = loaded.scheduler.submit(frame, Priority.LIVE, timeout, None, work)
                 self._fan_out(state, shadows, context)

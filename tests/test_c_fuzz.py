@@ -12,6 +12,7 @@ AddressSanitizer, where a read one byte out of bounds fails too. Example counts 
 
 from __future__ import annotations
 
+import random
 import struct
 import zipfile
 from pathlib import Path
@@ -25,10 +26,12 @@ from graphpipe import convert
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench import payloads
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.codecs import _ffgp, _ffjson, _ffwire
 from forestflow.codecs import graphpipe as gp_codec
 from forestflow.codecs.graphpipe import encode_infer_response
+from forestflow.codecs.v2_request import parse_inputs
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput
@@ -123,12 +126,56 @@ def test_ffjson_v2_request_agrees_with_orjson(head: bytes) -> None:
     _check_v2_body(head)
 
 
+def _check_v2_columns(head: bytes) -> None:
+    """What ``v2_columns`` takes is JSON whose general decoding gives the same columns, parameters and id."""
+    got = _ffjson.v2_columns(head)
+    if got is None:
+        return
+    columns, parameters, client_id = got
+    doc = orjson.loads(head)
+    assert set(doc) <= {"inputs", "parameters", "id"}, head
+    assert doc.get("parameters") == parameters and doc.get("id") == client_id, head
+    tensors = parse_inputs(doc, memoryview(b""))
+    assert [t.name for t in tensors] == list(columns) and len({len(c) for c in columns.values()}) == 1, head
+    for tensor in tensors:
+        column = columns[tensor.name]
+        assert tensor.datatype in ("FP64", "BYTES") and not tensor.parameters, head
+        assert tensor.array.shape == column.shape == (len(column),) and tensor.array.dtype == column.dtype, head
+        if column.dtype.kind == "f":
+            assert np.array_equal(tensor.array, column, equal_nan=True), head
+        else:
+            assert tensor.array.tolist() == column.tolist(), head
+
+
+@FAST
+@given(v2_bodies())
+def test_ffjson_v2_columns_take_only_what_the_general_path_reads_alike(head: bytes) -> None:
+    _check_v2_columns(head)
+
+
+def test_ffjson_v2_columns_take_the_plain_request() -> None:
+    body = payloads.v2_body(3)
+    got = _ffjson.v2_columns(body)
+    assert got is not None and list(got[0]) == payloads.CATEGORICAL + payloads.NUMERIC
+    assert got[1] == {"reqid": "bench"} and got[2] is None
+    _check_v2_columns(body)
+    for declined in (b'{"inputs":[]}', b'{"inputs":[{"name":"a","datatype":"FP64","shape":[1],"data":[1]}]}'):
+        assert _ffjson.v2_columns(declined) is None  # no input; integers only (converted in Python)
+    rng, taken = random.Random(3), 0
+    for _ in range(3000):
+        head = _v2_body(rng)
+        _check_v2_columns(head)
+        taken += _ffjson.v2_columns(head) is not None
+    assert taken > 40
+
+
 @pytest.mark.slow
 @MANY
 @given(score_bodies(), v2_bodies())
 def test_ffjson_many_more_bodies(body: bytes, head: bytes) -> None:
     _check_score_body(body)
     _check_v2_body(head)
+    _check_v2_columns(head)
 
 
 @FAST

@@ -57,6 +57,8 @@ _MAX_HEAD = 16384
 #: Distinct (method, target) pairs whose route is remembered (cleared past it).
 _MAX_TARGETS = 4096
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
+#: (HTTP version, status, content type) -> the status line and Content-Type header of a response.
+_STARTS: dict[tuple[Any, int, str], str] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,8 +429,15 @@ class FastProtocol(asyncio.Protocol):
         """The response as aiohttp's ``web.Response`` writes it (the same headers), in one write."""
         body = reply.body
         version = current.message.version
-        head = [f"HTTP/{version.major}.{version.minor} {reply.status} {_REASONS.get(reply.status, '')}\r\n"]
-        head.append(f"Content-Type: {reply.content_type}\r\n")
+        key = (version, reply.status, reply.content_type)
+        start = _STARTS.get(key)
+        if start is None:  # the status line and content type, made once per (version, status, type)
+            start = f"HTTP/{version.major}.{version.minor} {reply.status} {_REASONS.get(reply.status, '')}\r\n"
+            start += f"Content-Type: {reply.content_type}\r\n"
+            if len(_STARTS) >= _MAX_TARGETS:
+                _STARTS.clear()
+            _STARTS[key] = start
+        head = [start]
         extra = reply.headers
         if extra:
             head.extend(f"{name}: {value}\r\n" for name, value in extra.items())

@@ -8,17 +8,19 @@ with one, that release scores directly.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import numpy as np
+import orjson
 
 import forestflow
 from forestflow.api.common import MAX_CACHED_CONTRACTS
-from forestflow.codecs.v2 import Layout, decode_inputs, spec_json
+from forestflow.codecs.v2 import PD, Layout, decode_inputs, spec_json
 from forestflow.codecs.v2_request import TRANSPORT_PARAMETERS, configs_from
 from forestflow.codecs.v2_tensor import BASE64, Tensor
-from forestflow.core.frame import IMAGE, Frame, TensorSpec
+from forestflow.core.frame import DATATYPES, IMAGE, Frame, TensorSpec
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput, NoActiveServablesForContract, NotFound
 from forestflow.predlog.record import Wire, WireBody
@@ -219,6 +221,86 @@ async def infer(
         else None,
     )
     return result, layout
+
+
+@dataclass(frozen=True, slots=True)
+class _PlainInputs:
+    """What the plain path needs of a release's metadata, worked out once per release."""
+
+    metadata: ServableMetadata | None
+    #: Input names: a one-tensor request named after none of them is in the np layout.
+    names: frozenset[str]
+    #: Inputs that do not take a ``[n]`` tensor as it is (vectors per row).
+    reshaped: frozenset[str]
+    #: The layout of a plain request (pd, one axis), with the declared outputs the answer follows.
+    layout: Layout
+
+
+#: The plain inputs of the releases seen, by the id of their metadata (checked to be it).
+_PLAIN: dict[int, _PlainInputs] = {}
+_NO_METADATA = _PlainInputs(None, frozenset(), frozenset(), Layout(PD, 1))
+
+
+def plain_layout(meta: ServableMetadata | None, columns: dict[str, np.ndarray]) -> Layout | None:
+    """The layout :func:`~forestflow.codecs.v2.decode_inputs` gives 1-D pd tensors ``columns`` for a
+    release of this metadata when it takes them as they are (each a one-value-per-row input, or no
+    input), else None (a vector input; or one tensor named after no input, which is np)."""
+    if meta is None:
+        plain = _NO_METADATA
+    else:
+        plain = _PLAIN.get(id(meta), _NO_METADATA)
+        if plain.metadata is not meta:
+            specs = meta.inputs
+            plain = _PlainInputs(
+                meta,
+                frozenset(s.name for s in specs),
+                frozenset(s.name for s in specs if len(s.shape) > 1 and tuple(s.shape[1:]) != (1,)),
+                Layout(PD, 1, False, tuple((s.name, tuple(s.shape)) for s in meta.outputs)),
+            )
+            if len(_PLAIN) >= MAX_CACHED_CONTRACTS:
+                _PLAIN.clear()
+            _PLAIN[id(meta)] = plain
+    if plain.reshaped and not plain.reshaped.isdisjoint(columns):
+        return None
+    if len(columns) == 1 and plain.names and next(iter(columns)) not in plain.names:
+        return None
+    return plain.layout
+
+
+def plain_answer(name: str, request_id: str, fqrv: FQRV, frame: Frame, layout: Layout) -> bytes | None:
+    """The V2 response body of an answer whose every output is a 1-D column of numbers or of text,
+    with nothing else to say (no explanation, no metadata returned by the model's steps): what
+    the general encoding writes for it, in fewer steps; None for any other answer."""
+    parameters = frame.parameters
+    if parameters and (RESPONSE_METADATA in parameters or EXPLANATION in parameters):
+        return None
+    declared = dict(layout.outputs) if layout.rank != 2 and layout.outputs else None
+    outputs = []
+    for output, column in frame.columns.items():
+        datatype = _PLAIN_DATATYPES.get(column.dtype)
+        if datatype is None or column.ndim != 1:
+            return None
+        if datatype == "BYTES":
+            data: Any = column.tolist()
+            if not _ONLY_STR.issuperset(map(type, data)):
+                return None  # bytes (images, not UTF-8) or other objects: the general encoding
+        else:
+            data = column if column.flags.c_contiguous else np.ascontiguousarray(column)
+        shape = declared.get(output) if declared is not None else None
+        if layout.rank == 2 or (shape is not None and len(shape) >= 2):
+            outputs.append({"name": output, "datatype": datatype, "shape": [len(column), 1], "data": data})
+        else:
+            outputs.append({"name": output, "datatype": datatype, "shape": [len(column)], "data": data})
+    reply: dict[str, Any] = {"model_name": name, "model_version": fqrv.release, "id": request_id}
+    if layout.explicit:
+        reply["parameters"] = {"content_type": layout.content_type}
+    reply["outputs"] = outputs
+    return orjson.dumps(reply, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+#: The dtypes whose 1-D columns :func:`plain_answer` writes, and their V2 datatype.
+_PLAIN_DATATYPES = {dtype: name for name, dtype in DATATYPES.items()}
+_ONLY_STR = frozenset({str})
 
 
 def explanation_tensor(fqrv: FQRV, frame: Frame) -> Tensor | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -32,13 +33,14 @@ from forestflow.api.common import (
 )
 from forestflow.api.pinning import PIN_HEADER, headers_pinned_route
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
+from forestflow.codecs import _ffjson
 from forestflow.codecs.v2 import Layout, encode_outputs
-from forestflow.codecs.v2_request import loads, object_of, parse_inputs, tensor_name
+from forestflow.codecs.v2_request import TRANSPORT_PARAMETERS, configs_from, loads, object_of, parse_inputs, tensor_name
 from forestflow.codecs.v2_tensor import Tensor, json_entry
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 from forestflow.errors import GatewayError, InvalidInput, PayloadTooLarge
-from forestflow.predlog.record import WireBody
+from forestflow.predlog.record import Wire, WireBody
 from forestflow.service import Gateway, InferResult, Route
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -240,6 +242,88 @@ def decode_request(head: bytes | memoryview, binary: bytes | memoryview, max_row
     return parameters, client_id, tensors, wanted, binary_default
 
 
+def answer_body(
+    gateway: Gateway,
+    name: str,
+    request_id: str,
+    wanted: list[tuple[str, dict[str, Any]]],
+    ks: dict[str, int],
+    binary_default: bool,
+    layout: Layout,
+    fqrv: FQRV,
+    frame: Frame,
+) -> WireBody:
+    """The response body of a scored request, made once for the client and the prediction log
+    (shadows get theirs): ``wanted`` outputs (all when empty), ``ks`` classes of classified ones,
+    binary outputs by default or not."""
+    if not wanted and not ks and not binary_default:
+        plain = v2_common.plain_answer(name, request_id, fqrv, frame, layout)
+        if plain is not None:
+            return WireBody.of(plain)
+    outputs = encode_outputs(frame, layout, [n for n, _ in wanted])
+    outputs = v2_common.classify_outputs(gateway, fqrv, frame, outputs, ks)
+    v2_common.base64_images(gateway, fqrv, outputs)
+    contributions = v2_common.explanation_tensor(fqrv, frame)
+    if contributions is not None:
+        outputs = [*outputs, contributions]
+    reply: dict[str, Any] = {"model_name": name, "model_version": fqrv.release, "id": request_id}
+    returned = v2_common.response_metadata(frame)
+    if layout.explicit or returned:
+        reply["parameters"] = {**returned, "content_type": layout.content_type} if layout.explicit else dict(returned)
+    return WireBody.of(*encode_response(reply, outputs, dict(wanted), binary_default))
+
+
+#: Request parameters that change how a request is decoded or answered: left to the general path.
+_NOT_PLAIN = TRANSPORT_PARAMETERS | {"content_type", "explain"}
+_NO_OUTPUTS: list[tuple[str, dict[str, Any]]] = []
+_NO_CLASSES: dict[str, int] = {}
+
+
+async def _infer_plain(
+    gateway: Gateway, name: str, body: bytes, request_id: str, protocol: str, timeout_s: float | None, route: Route
+) -> V2Answer | None:
+    """The usual request (every input a named ``[n]`` FP64 or BYTES tensor with its JSON data, no
+    requested outputs, no parameter that changes the decoding or the answer) read straight into the
+    columns of its Frame and scored; None for any other, which the general path then decodes
+    (it answers the same for these, through more steps)."""
+    plain = _ffjson.v2_columns(body)
+    if plain is None:
+        return None
+    columns, parameters, client_id = plain
+    if parameters is None:
+        parameters = {}
+    elif not _NOT_PLAIN.isdisjoint(parameters):
+        return None
+    if client_id is not None and not isinstance(client_id, (str, int)):
+        return None  # the general path says what is wrong with it
+    for column in columns.values():
+        if len(column) > gateway.settings.max_rows:
+            return None
+        break
+    await gateway.load_routed(route)  # a cold release: loaded before its inputs lay out the columns
+    layout = v2_common.plain_layout(gateway.decoding_metadata(route), columns)
+    if layout is None:
+        return None  # a vector input, or one tensor that is no input (the np layout)
+    if client_id not in (None, ""):
+        request_id = str(client_id)
+    result = await gateway.infer(
+        route.state.contract,
+        Frame(columns, dict(parameters)),
+        configs=configs_from(parameters),
+        request_id=request_id,
+        protocol=protocol,
+        timeout_s=timeout_s,
+        route=route,
+        wire=Wire(
+            WireBody.of(body),
+            partial(answer_body, gateway, name, request_id, _NO_OUTPUTS, _NO_CLASSES, False, layout),
+        ),
+    )
+    out = result.response_json
+    assert isinstance(out, WireBody)
+    return V2Answer(result, out, out.json_length, request_id)
+
+
 async def infer_payload(
     gateway: Gateway,
     name: str,
@@ -257,6 +341,10 @@ async def infer_payload(
     ``request_id`` is used unless the body carries an ``id``. Shared by the REST route and the
     Kafka front-end; ``route`` is the routing already decided for it, if any.
     """
+    if header_length is None and route is not None and not tracing.ON and len(body) <= body_pool.LARGE_BODY_BYTES:
+        plain = await _infer_plain(gateway, name, body, request_id, protocol, timeout_s, route)
+        if plain is not None:
+            return plain
     head, binary = split_body(body, header_length)
     max_rows = gateway.settings.max_rows
     if tracing.ON:
@@ -272,18 +360,7 @@ async def infer_payload(
     ks, options = v2_common.output_parameters(wanted)
 
     def answer(fqrv: FQRV, frame: Frame, layout: Layout) -> WireBody:
-        # The response body, made once for the client and the prediction log (shadows get theirs).
-        outputs = encode_outputs(frame, layout, [n for n, _ in wanted])
-        outputs = v2_common.classify_outputs(gateway, fqrv, frame, outputs, ks)
-        v2_common.base64_images(gateway, fqrv, outputs)
-        contributions = v2_common.explanation_tensor(fqrv, frame)
-        if contributions is not None:
-            outputs = [*outputs, contributions]
-        reply: dict[str, Any] = {"model_name": name, "model_version": fqrv.release, "id": request_id}
-        returned = v2_common.response_metadata(frame)
-        if layout.explicit or returned:
-            reply["parameters"] = {**returned, "content_type": layout.content_type} if layout.explicit else dict(returned)
-        return WireBody.of(*encode_response(reply, outputs, dict(wanted), binary_default))
+        return answer_body(gateway, name, request_id, wanted, ks, binary_default, layout, fqrv, frame)
 
     result, _ = await v2_common.infer(
         gateway,

@@ -958,11 +958,17 @@ enum { EL_NUMBER = 1, EL_FLOAT = 2, EL_NULL = 4, EL_BOOL = 8, EL_TEXT = 16 };
  * strings), for the kinds where they agree: all numbers (int64, or float64 when one is not an
  * integer; nulls as NaN in FP data), all booleans, all strings for BYTES. NO otherwise.
  */
+static int typed_data_of(Reader *r, const char *dt, Py_ssize_t dt_len, PyObject **out);
+
 static int typed_data(Reader *r, PyObject *datatype, PyObject **out) {
     Py_ssize_t dt_len;
     const char *dt = PyUnicode_AsUTF8AndSize(datatype, &dt_len);
     if (dt == NULL)
         return ERR;
+    return typed_data_of(r, dt, dt_len, out);
+}
+
+static int typed_data_of(Reader *r, const char *dt, Py_ssize_t dt_len, PyObject **out) {
     int text = dt_len == 5 && memcmp(dt, "BYTES", 5) == 0, fp = dt_len >= 2 && dt[0] == 'F' && dt[1] == 'P';
     int seen = 0;
     Vec values = {NULL, 0, 0}, ints = {NULL, 0, 0};
@@ -1204,6 +1210,160 @@ static PyObject *v2_request(PyObject *self, PyObject *arg) {
     return finish(&r, status, result);
 }
 
+/* ---- V2 inference request, the plain tabular case: straight to columns ------------------------------ */
+
+/*
+ * One input of a plain request: an object of exactly ``name`` (a non-empty string), ``datatype``
+ * (FP64 or BYTES), ``shape`` (``[n]``) and ``data`` (a flat array after the datatype, of n numbers
+ * with one not an integer or null, or of n strings), in any order. Its column goes into ``columns``
+ * under its name (NO for a name seen before); ``*rows`` is n (NO when an earlier input had another).
+ */
+static int plain_input(Reader *r, PyObject *columns, Py_ssize_t *rows) {
+    PyObject *name = NULL, *data = NULL;
+    int status = expect(r, '{'), fp = -1, have_shape = 0, more = 0;
+    int64_t n = -1;
+    while (status == OK) {
+        const char *key;
+        Py_ssize_t key_len;
+        int ascii;
+        ws(r);
+        status = string_text(r, &key, &key_len, &ascii);
+        if (status == OK)
+            status = expect(r, ':');
+        if (status != OK)
+            break;
+        ws(r);
+        if (KEY_IS(key, key_len, "name") && name == NULL) {
+            status = string_object(r, &name);
+            if (status == OK && PyUnicode_GET_LENGTH(name) == 0)
+                status = NO;
+        } else if (KEY_IS(key, key_len, "datatype") && fp < 0) {
+            const char *dt;
+            Py_ssize_t dt_len;
+            status = string_text(r, &dt, &dt_len, &ascii);
+            if (status == OK)
+                fp = KEY_IS(dt, dt_len, "FP64") ? 1 : KEY_IS(dt, dt_len, "BYTES") ? 0 : -1;
+            if (status == OK && fp < 0)
+                status = NO;
+        } else if (KEY_IS(key, key_len, "shape") && !have_shape) {
+            int is_int;
+            double ignored;
+            have_shape = 1;
+            status = expect(r, '[');
+            if (status == OK) {
+                ws(r);
+                status = number(r, &is_int, &n, &ignored);
+            }
+            if (status == OK && (!is_int || n < 0))
+                status = NO;
+            if (status == OK)
+                status = expect(r, ']');
+        } else if (KEY_IS(key, key_len, "data") && data == NULL && fp >= 0 && r->p < r->end && *r->p == '[') {
+            status = typed_data_of(r, fp ? "FP64" : "BYTES", fp ? 4 : 5, &data);
+            if (status == OK && fp && PyArray_TYPE((PyArrayObject *)data) != NPY_FLOAT64)
+                status = NO; /* integers only, or booleans: converted (or refused) in Python */
+        } else {
+            status = NO; /* another member, one twice, or data before its datatype */
+        }
+        if (status == OK) {
+            more = next_or_close(r, '}');
+            if (more == OK)
+                break;
+            status = more == MORE ? OK : more;
+        }
+    }
+    if (status == OK && (name == NULL || data == NULL || !have_shape || PyArray_SIZE((PyArrayObject *)data) != n))
+        status = NO;
+    if (status == OK && *rows >= 0 && n != *rows)
+        status = NO; /* inputs of different row counts: the Python path says which */
+    if (status == OK) {
+        int known = PyDict_Contains(columns, name);
+        status = known < 0 ? ERR : known ? NO : PyDict_SetItem(columns, name, data) < 0 ? ERR : OK;
+    }
+    if (status == OK)
+        *rows = (Py_ssize_t)n;
+    Py_XDECREF(name);
+    Py_XDECREF(data);
+    return status;
+}
+
+static int v2_columns_body(Reader *r, PyObject **result) {
+    PyObject *columns = NULL, *parameters = NULL, *id = NULL;
+    Py_ssize_t rows = -1;
+    int status = expect(r, '{'), step;
+    while (status == OK) {
+        const char *key;
+        Py_ssize_t key_len;
+        int ascii;
+        ws(r);
+        status = string_text(r, &key, &key_len, &ascii);
+        if (status == OK)
+            status = expect(r, ':');
+        if (status != OK)
+            break;
+        ws(r);
+        if (KEY_IS(key, key_len, "inputs") && columns == NULL) {
+            columns = PyDict_New();
+            status = columns == NULL ? ERR : expect(r, '[');
+            while (status == OK) {
+                status = plain_input(r, columns, &rows);
+                if (status == OK) {
+                    step = next_or_close(r, ']');
+                    if (step == OK)
+                        break;
+                    status = step == MORE ? OK : step;
+                }
+            }
+        } else if (KEY_IS(key, key_len, "parameters") && parameters == NULL) {
+            status = r->p < r->end && *r->p == '{' ? value(r, 1, &parameters) : NO;
+        } else if (KEY_IS(key, key_len, "id") && id == NULL) {
+            status = value(r, 1, &id);
+        } else {
+            status = NO; /* outputs, anything else, or a member twice: the general reader */
+        }
+        if (status == OK) {
+            step = next_or_close(r, '}');
+            if (step == OK)
+                break;
+            status = step == MORE ? OK : step;
+        }
+    }
+    if (status == OK)
+        status = at_end(r);
+    if (status == OK && columns == NULL)
+        status = NO;
+    if (status == OK) {
+        *result = PyTuple_Pack(3, columns, parameters ? parameters : Py_None, id ? id : Py_None);
+        status = *result == NULL ? ERR : OK;
+    }
+    Py_XDECREF(columns);
+    Py_XDECREF(parameters);
+    Py_XDECREF(id);
+    return status;
+}
+
+PyDoc_STRVAR(v2_columns_doc,
+             "v2_columns(body, /)\n--\n\n"
+             "A plain V2 inference request JSON as ``(columns, parameters, id)``: ``columns`` maps each input's\n"
+             "name to its 1-D array, in input order (FP64: float64; BYTES: an object array of str), ``parameters``\n"
+             "the request's parameters object (None when absent) and ``id`` its id as orjson reads it (None when\n"
+             "absent). Plain: members ``inputs`` (at least one) and optionally ``parameters`` (an object) and\n"
+             "``id``, each once; every input exactly ``name`` (non-empty), ``datatype`` FP64 or BYTES, ``shape``\n"
+             "``[n]`` and a flat ``data`` of n values after the datatype (FP64: numbers, one of them not an\n"
+             "integer, or nulls), names distinct, every n the same. None for anything else (no exception).");
+
+static PyObject *v2_columns(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer view;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Reader r = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len, NULL, 0};
+    int status = v2_columns_body(&r, &result);
+    PyBuffer_Release(&view);
+    return finish(&r, status, result);
+}
+
 /* ---- answers: a BASIC datum from each typed group's rows -------------------------------------------- */
 
 /* End of the JSON array (flat, of scalars, as orjson writes it) that starts at p; NULL if there is none. */
@@ -1313,6 +1473,7 @@ static PyObject *datum(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 static PyMethodDef methods[] = {
     {"score_request", score_request, METH_O, score_request_doc},
     {"v2_request", v2_request, METH_O, v2_request_doc},
+    {"v2_columns", v2_columns, METH_O, v2_columns_doc},
     {"datum", (PyCFunction)(void (*)(void))datum, METH_FASTCALL, datum_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -519,13 +519,22 @@ def _wire_tensor(name: str, array: np.ndarray) -> _WireTensor:
     return gp_type, shape, np.ascontiguousarray(array, dtype=GP_DTYPES[gp_type]).tobytes(), False
 
 
+#: The FQRV tensor of the releases that answered (the same bytes in every answer of a release).
+_FQRV_TENSORS: dict[FQRV, _WireTensor] = {}
+
+
 def encode_infer_response(fqrv: FQRV, frame: Frame, output_names: Sequence[str] = ()) -> bytes:
     """An InferResponse: without ``output_names``, the FQRV ``[1, 1]`` String tensor then every
     output (ForestFlow's layout); with them, exactly those tensors in that order, where ``fqrv``
     names the FQRV tensor (so ``execute(..., output_name=x)`` gets one array back). Written front
     to back by ``_ffgp.infer_response``: every uoffset points forward, shapes and data start
     8-aligned so readers may view them in place."""
-    fqrv_tensor: _WireTensor = (Type.String, (1, 1), _ffgp.write_strings([str(fqrv)]), True)
+    fqrv_tensor = _FQRV_TENSORS.get(fqrv)
+    if fqrv_tensor is None:
+        fqrv_tensor = (Type.String, (1, 1), _ffgp.write_strings([str(fqrv)]), True)
+        if len(_FQRV_TENSORS) >= 1024:
+            _FQRV_TENSORS.clear()
+        _FQRV_TENSORS[fqrv] = fqrv_tensor
     if not output_names:
         return _ffgp.infer_response([fqrv_tensor, *(_wire_tensor(n, c) for n, c in frame.columns.items())])
     if len(set(output_names)) != len(output_names):

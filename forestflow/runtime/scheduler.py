@@ -245,6 +245,11 @@ class ServableScheduler:
         ``runs_on_loop``), under the same queue, slots and deadline.
         """
         future = self.offer(frame, priority, timeout_s, on_start, work)
+        del frame
+        return await self.result(future)
+
+    async def result(self, future: asyncio.Future[Frame]) -> Frame:
+        """The result of a job :meth:`offer` admitted; cancelling the caller withdraws the job."""
         try:
             return await future
         except asyncio.CancelledError:
@@ -254,7 +259,35 @@ class ServableScheduler:
         finally:
             # A failed future holds its exception, whose traceback holds this frame: without this,
             # that cycle keeps the request's frame alive until a full GC pass.
-            del future, frame
+            del future
+
+    def offer_live(self, frame: Frame, timeout_s: float) -> Frame | asyncio.Future[Frame]:
+        """A LIVE job's answer when it is scored on the event loop at once (a tiny batch while a
+        slot is free and nothing waits or is being gathered: no future, no await), else, as
+        :meth:`offer`, the future of its result. Raises as :meth:`offer` and as the model does."""
+        rows = frame.num_rows
+        if (
+            rows > self.servable.inline_max_rows
+            or self.closed
+            or self.queues[Priority.LIVE]
+            or not self._can_start()
+            or (self.coalesce_rows > 1 and rows <= _GATHER_MAX_ROWS and (self._coalescing or self._gather_timer is not None))
+        ):
+            return self.offer(frame, Priority.LIVE, timeout_s)
+        if self.coalesce_rows > 1 and rows <= _GATHER_MAX_ROWS:
+            self._turn_offers += 1  # as _inline counts it: several in one turn start gathering
+            if not self._turn_armed:
+                self._turn_armed = True
+                asyncio.get_running_loop().call_soon(self._end_turn)
+        self.stats.inline_calls += 1
+        try:
+            return self._predict(frame)
+        except Exception as exc:
+            error = self._caller_error(exc)
+        try:
+            raise error
+        finally:
+            del error, frame  # the traceback holds this frame: no cycle through its locals
 
     def offer(
         self,

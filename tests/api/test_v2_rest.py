@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
+from forestflow.codecs import _ffjson
 from tests.support import InProcessGateway, python_servable
 
 MODEL = "acme.demo.1"
@@ -110,6 +111,24 @@ async def test_json_inference_echoes_id_and_names_the_model(gw: InProcessGateway
         body = await r.json()
         assert r.status == 200 and body["id"] == r.headers["X-Request-Id"]
     assert body["outputs"] == [{"name": "double", "datatype": "FP64", "shape": [2, 1], "data": [2.0, 8.0]}]
+
+
+async def test_plain_requests_are_answered_as_the_general_path_answers_them(gw: InProcessGateway) -> None:
+    """A plain request (read straight into columns, answered without Tensor objects) gets the very
+    bytes the general path gives the same request made general by an empty ``outputs`` list."""
+    await deploy(gw)
+    for rows in (1, 3):
+        xs, labels = [0.5 + i for i in range(rows)], [f"l{i}\u00e9" for i in range(rows)]
+        plain: dict[str, Any] = {"id": "q", "inputs": json_inputs(xs, labels), "parameters": {"reqid": "a", "n": 2}}
+        answers = []
+        for body in (plain, {**plain, "outputs": []}):
+            async with gw.session.post(gw.url + INFER, data=orjson.dumps(body)) as r:
+                assert r.status == 200, await r.text()
+                answers.append((await r.read(), r.headers["Content-Type"]))
+        assert answers[0] == answers[1]
+        assert orjson.loads(answers[0][0])["outputs"][0]["data"] == [2 * x for x in xs]
+        assert _ffjson.v2_columns(orjson.dumps(plain)) is not None  # the plain reader takes the first
+        assert _ffjson.v2_columns(orjson.dumps({**plain, "outputs": []})) is None  # and leaves the second
 
 
 async def test_version_path_scores_that_release(gw: InProcessGateway) -> None:
