@@ -1,17 +1,18 @@
 """C extensions of forestflow (everything else is in pyproject.toml).
 
 Built by ``pip install`` wherever gcc and the Python headers are (the README's install commands,
-CI, the Dockerfile's build stage); the protobuf writer also reads numpy's headers (numpy is a
-build requirement in pyproject.toml).
+CI, the Dockerfile's build stage). None needs numpy's headers (codecs/ndarray.h), so setuptools is
+the only build requirement: pip's build environment for a source install is setuptools alone.
 """
 
 import os
 
-import numpy
 from setuptools import Extension, setup
 
 #: The varint writers both serializers share.
 VARINT_H = "forestflow/codecs/varint.h"
+#: numpy arrays made and read without numpy's headers (the codecs).
+NDARRAY_H = "forestflow/codecs/ndarray.h"
 #: The buffer-protocol array readers of the runtime's extensions.
 ARRAYS_H = "forestflow/runtime/arrays.h"
 #: Compiler warnings every extension is built with (a new warning fails tests/test_c_warnings.py), and no
@@ -25,13 +26,12 @@ setup(
     ext_modules=[
         # Every extension is built with -Wall -Wextra; tests/test_c_warnings.py holds them to none.
         # The prediction log's PredictionEvent records (codecs/ff_protobuf.py).
-        # It reads numpy arrays' memory through numpy's C API (their buffers cost more to build than a
+        # It reads numpy arrays' memory straight from their fields (their buffers cost more to build than a
         # small column costs to write).
         Extension(
             "forestflow.codecs._ffwire",
             ["forestflow/codecs/_ffwire.c"],
-            include_dirs=[numpy.get_include()],
-            depends=[VARINT_H],
+            depends=[VARINT_H, NDARRAY_H],
             extra_compile_args=WARNINGS + ["-O2"],
         ),
         # Request JSON bodies (BASIC /score, V2 infer) read straight into typed numpy columns
@@ -39,7 +39,7 @@ setup(
         Extension(
             "forestflow.codecs._ffjson",
             ["forestflow/codecs/_ffjson.c"],
-            include_dirs=[numpy.get_include()],
+            depends=[NDARRAY_H],
             extra_compile_args=WARNINGS + ["-O2"],
         ),
         # GraphPipe flatbuffer string vectors (codecs/graphpipe.py): the per-value loops only.

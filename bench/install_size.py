@@ -5,6 +5,7 @@ extra's, measured in new venvs outside the checkout and printed as the tables of
     python bench/install_size.py --core-only --runs 2
     python bench/install_size.py --extras onnx,s3 --cache warm
     python bench/install_size.py --core-only --cases wheel --no-compile --quickstart   # bytecode of what runs only
+    python bench/install_size.py --core-only --cases source --pip 'pip==25.3'   # another pip does the install
 
 The checkout's files (tracked and untracked, not ignored: what a clone has, plus uncommitted edits) are copied
 to a temporary directory, so no build left in the worktree is reused. Each core case gets a new
@@ -241,6 +242,10 @@ def main() -> None:
     parser.add_argument(
         "--no-compile", action="store_true", help="pip install --no-compile for the core (bytecode is then written as imported)"
     )
+    parser.add_argument(
+        "--pip",
+        help="a pip requirement (e.g. 'pip==25.3') each core venv's pip is upgraded to before its install (not timed, own cache)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (its path is printed)")
     args = parser.parse_args()
 
@@ -302,11 +307,17 @@ def measure(args: argparse.Namespace, work: Path) -> None:
     for run in range(args.runs):
         for case in cases:
             venv = new_venv(python, work / f"core-{case}-{run}")
+            label = case
+            if args.pip:
+                upgrade = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--upgrade", args.pip]
+                subprocess.run(upgrade, env=pip_env(work / "cache-pip"), cwd=work, check=True)
+                pip_version = subprocess.run([str(venv / "bin" / "pip"), "--version"], capture_output=True, text=True)
+                label = f"{case} (pip {pip_version.stdout.split()[1]})"
             tree = fresh_copy(f"{case}-{run}")  # pip builds in the tree (editable: in place, and it stays in use)
             target = {"source": [str(tree)], "editable": ["-e", str(tree)], "wheel": [str(wheel)]}[case]
             pip = [str(venv / "bin" / "pip"), "install", *(["--no-compile"] if args.no_compile else []), *target]
             install = timed(case, pip, env(), work, work / f"{case}-{run}.log")
-            row, case_sizes = core_row(case, install, venv)
+            row, case_sizes = core_row(label, install, venv)
             print(row, flush=True)
             if case == "wheel" or core_venv is None:
                 core_venv, core_tree, sizes = venv, tree, case_sizes

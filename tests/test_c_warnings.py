@@ -6,7 +6,6 @@ import subprocess
 import sysconfig
 from pathlib import Path
 
-import numpy
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +22,8 @@ SOURCES = [
 
 @pytest.mark.parametrize("source", SOURCES)
 def test_extension_compiles_without_warnings(source: str) -> None:
-    includes = [sysconfig.get_paths()["include"], numpy.get_include(), str(ROOT / "forestflow" / "codecs")]
+    # No numpy include directory: the extensions build without numpy (setuptools is the only build requirement).
+    includes = [sysconfig.get_paths()["include"], str(ROOT / "forestflow" / "codecs")]
     command = ["gcc", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-O2", *(f"-I{i}" for i in includes), str(ROOT / source)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr

@@ -21,12 +21,11 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#define PY_ARRAY_UNIQUE_SYMBOL ffjson_ARRAY_API
-#include <numpy/arrayobject.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "ndarray.h"
 
 /* Status of every reader step: done, a Python exception is set, or declined (fall back, no exception). */
 enum { OK = 0, ERR = -1, NO = 1 };
@@ -569,14 +568,14 @@ typedef struct {
 } FFType;
 
 static const FFType FF_TYPES[] = {
-    {"String", 6, NPY_OBJECT, READ_TEXT, 0, 0},
-    {"Float64", 7, NPY_FLOAT64, READ_FLOAT, 0, 0},
-    {"Float32", 7, NPY_FLOAT32, READ_FLOAT, 0, 0},
-    {"Int64", 5, NPY_INT64, READ_INT, INT64_MIN, INT64_MAX},
-    {"Int32", 5, NPY_INT32, READ_INT, INT32_MIN, INT32_MAX},
-    {"Int16", 5, NPY_INT16, READ_INT, INT16_MIN, INT16_MAX},
-    {"Int8", 4, NPY_INT8, READ_INT, INT8_MIN, INT8_MAX},
-    {"Bool", 4, NPY_BOOL, READ_BOOL, 0, 0},
+    {"String", 6, ND_OBJECT, READ_TEXT, 0, 0},
+    {"Float64", 7, ND_FLOAT64, READ_FLOAT, 0, 0},
+    {"Float32", 7, ND_FLOAT32, READ_FLOAT, 0, 0},
+    {"Int64", 5, ND_INT64, READ_INT, INT64_MIN, INT64_MAX},
+    {"Int32", 5, ND_INT32, READ_INT, INT32_MIN, INT32_MAX},
+    {"Int16", 5, ND_INT16, READ_INT, INT16_MIN, INT16_MAX},
+    {"Int8", 4, ND_INT8, READ_INT, INT8_MIN, INT8_MAX},
+    {"Bool", 4, ND_BOOL, READ_BOOL, 0, 0},
 };
 #define N_FF_TYPES (sizeof(FF_TYPES) / sizeof(FF_TYPES[0]))
 
@@ -632,7 +631,7 @@ static int group_value(Reader *r, Group *g) {
                 return NO;
             return vec_push(&g->values, (Item){.i = iv});
         }
-        if (g->type->typenum == NPY_FLOAT32) {
+        if (g->type->typenum == ND_FLOAT32) {
             if (is_int && (iv > (1LL << 53) || iv < -(1LL << 53)))
                 return NO; /* numpy might round such an integer once, not twice */
             if (fabs(dv) > 3.4028234663852886e38)
@@ -788,11 +787,10 @@ static void free_groups(Group *groups, Py_ssize_t n) {
 
 /* Field ``j`` of a group as a 1-D array of ``rows`` values (String columns take new references). */
 static PyObject *field_column(const Group *g, Py_ssize_t j, Py_ssize_t rows) {
-    npy_intp n = rows;
-    PyObject *column = PyArray_SimpleNew(1, &n, g->type->typenum);
+    PyObject *column = nd_new(g->type->typenum, rows);
     if (column == NULL)
         return NULL;
-    char *out = PyArray_BYTES((PyArrayObject *)column);
+    char *out = nd_data(column);
     const Item *values = g->values.data + j;
     Py_ssize_t step = g->width;
 #define FILL(ctype, expr)                               \
@@ -802,7 +800,7 @@ static PyObject *field_column(const Group *g, Py_ssize_t j, Py_ssize_t rows) {
     }                                                   \
     break
     switch (g->type->typenum) {
-    case NPY_OBJECT: {
+    case ND_OBJECT: {
         PyObject **slots = (PyObject **)out;
         for (Py_ssize_t i = 0; i < rows; i++) {
             Py_XDECREF(slots[i]);
@@ -810,13 +808,13 @@ static PyObject *field_column(const Group *g, Py_ssize_t j, Py_ssize_t rows) {
         }
         break;
     }
-    case NPY_FLOAT64: FILL(double, v->d);
-    case NPY_FLOAT32: FILL(float, v->d);
-    case NPY_INT64: FILL(int64_t, v->i);
-    case NPY_INT32: FILL(int32_t, v->i);
-    case NPY_INT16: FILL(int16_t, v->i);
-    case NPY_INT8: FILL(int8_t, v->i);
-    default: FILL(npy_bool, v->i != 0);
+    case ND_FLOAT64: FILL(double, v->d);
+    case ND_FLOAT32: FILL(float, v->d);
+    case ND_INT64: FILL(int64_t, v->i);
+    case ND_INT32: FILL(int32_t, v->i);
+    case ND_INT16: FILL(int16_t, v->i);
+    case ND_INT8: FILL(int8_t, v->i);
+    default: FILL(unsigned char, v->i != 0);
     }
 #undef FILL
     return column;
@@ -1030,25 +1028,25 @@ static int typed_data_of(Reader *r, const char *dt, Py_ssize_t dt_len, PyObject 
         }
     }
     if (status == OK) {
-        npy_intp n = text ? values.n : seen == EL_BOOL ? ints.n : values.n;
-        int typenum = text ? NPY_OBJECT : seen == EL_BOOL ? NPY_BOOL : (seen & (EL_FLOAT | EL_NULL)) ? NPY_FLOAT64 : NPY_INT64;
-        *out = PyArray_SimpleNew(1, &n, typenum);
+        Py_ssize_t n = text ? values.n : seen == EL_BOOL ? ints.n : values.n;
+        int typenum = text ? ND_OBJECT : seen == EL_BOOL ? ND_BOOL : (seen & (EL_FLOAT | EL_NULL)) ? ND_FLOAT64 : ND_INT64;
+        *out = nd_new(typenum, n);
         if (*out == NULL) {
             status = ERR;
-        } else if (typenum == NPY_OBJECT) {
-            PyObject **slots = (PyObject **)PyArray_BYTES((PyArrayObject *)*out);
-            for (npy_intp i = 0; i < n; i++) {
+        } else if (typenum == ND_OBJECT) {
+            PyObject **slots = (PyObject **)nd_data(*out);
+            for (Py_ssize_t i = 0; i < n; i++) {
                 Py_XDECREF(slots[i]);
                 slots[i] = values.data[i].o;
             }
             values.n = 0;
-        } else if (typenum == NPY_BOOL) {
-            for (npy_intp i = 0; i < n; i++)
-                ((npy_bool *)PyArray_BYTES((PyArrayObject *)*out))[i] = ints.data[i].i != 0;
+        } else if (typenum == ND_BOOL) {
+            for (Py_ssize_t i = 0; i < n; i++)
+                ((unsigned char *)nd_data(*out))[i] = ints.data[i].i != 0;
         } else if (n > 0) {
-            char *bytes = PyArray_BYTES((PyArrayObject *)*out);
-            for (npy_intp i = 0; i < n; i++)
-                if (typenum == NPY_INT64)
+            char *bytes = nd_data(*out);
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (typenum == ND_INT64)
                     ((int64_t *)bytes)[i] = ints.data[i].i;
                 else
                     ((double *)bytes)[i] = values.data[i].d;
@@ -1485,6 +1483,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__ffjson(void) {
     for (int c = 0x20; c < 0x80; c++)
         PLAIN[c] = c != '"' && c != '\\';
-    import_array();
+    if (nd_init() < 0)
+        return NULL;
     return PyModule_Create(&module);
 }

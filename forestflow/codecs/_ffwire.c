@@ -5,8 +5,8 @@
  * PredictionEvent, where each record is a Datum holding one Tensor per typed group of columns,
  * each element a field of its own (unpacked repeated fields). Assembled in Python this costs a
  * few function calls per record and element, several times the cost of the request itself;
- * here one call writes every Datum of a frame, reading the numpy columns through the buffer
- * protocol (no numpy headers needed), with its schema (one entry per type group) and, for an
+ * here one call writes every Datum of a frame, reading the numpy columns' memory straight from the
+ * arrays (ndarray.h) and other columns through the buffer protocol, with its schema (one entry per type group) and, for an
  * InferenceRequest, its configs: one call per message, nothing cached between calls.
  *
  * Elements by the column's buffer format:
@@ -20,12 +20,10 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#define PY_ARRAY_UNIQUE_SYMBOL ffwire_ARRAY_API
-#include <numpy/arrayobject.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "ndarray.h"
 #include "varint.h"
 
 /* ForestFlow type codes of the columns, in the order of schema_datum.FF_DTYPES. */
@@ -331,24 +329,24 @@ static char *put_map(char *out, char tag, PyObject *mapping) { /* after map_size
     return out;
 }
 
-/* The buffer format of a numpy type (what its buffer would carry), or NULL for a type written otherwise. */
+/* The buffer format of a numpy type number (what its buffer would carry), or NULL for a type written otherwise. */
 static const char *numpy_format(int type_num) {
     switch (type_num) {
-    case NPY_DOUBLE: return "d";
-    case NPY_FLOAT: return "f";
-    case NPY_HALF: return "e";
-    case NPY_BYTE: return "b";
-    case NPY_SHORT: return "h";
-    case NPY_INT: return "i";
-    case NPY_LONG: return "l";
-    case NPY_LONGLONG: return "q";
-    case NPY_UBYTE: return "B";
-    case NPY_USHORT: return "H";
-    case NPY_UINT: return "I";
-    case NPY_ULONG: return "L";
-    case NPY_ULONGLONG: return "Q";
-    case NPY_BOOL: return "?";
-    case NPY_OBJECT: return "O";
+    case ND_DOUBLE: return "d";
+    case ND_FLOAT: return "f";
+    case ND_HALF: return "e";
+    case ND_BYTE: return "b";
+    case ND_SHORT: return "h";
+    case ND_INT: return "i";
+    case ND_LONG: return "l";
+    case ND_LONGLONG: return "q";
+    case ND_UBYTE: return "B";
+    case ND_USHORT: return "H";
+    case ND_UINT: return "I";
+    case ND_ULONG: return "L";
+    case ND_ULONGLONG: return "Q";
+    case ND_BOOL: return "?";
+    case ND_OBJECT: return "O";
     default: return NULL;
     }
 }
@@ -356,28 +354,31 @@ static const char *numpy_format(int type_num) {
 /* A numpy array's memory described as its buffer would be, read straight from the array: numpy
  * builds a buffer's format and shape for every new array, which costs more than writing a small
  * column. 0 when the array is of a type or byte order the buffer path would refuse too. */
-static int view_of_array(PyArrayObject *array, Py_buffer *view) {
-    PyArray_Descr *descr = PyArray_DESCR(array);
-    const char *format = numpy_format(descr->type_num);
-    if (format == NULL || !PyArray_ISNOTSWAPPED(array))
+static int view_of_array(const NdArray *array, Py_buffer *view) {
+    int type_num = array->descr->type_num;
+    const char *format = numpy_format(type_num);
+    Py_ssize_t count = 1;
+    if (format == NULL || array->descr->byteorder == '>') /* big-endian ('>'): the host is little-endian */
         return 0;
+    for (int d = 0; d < array->nd; d++)
+        count *= array->dimensions[d];
     memset(view, 0, sizeof(*view));
-    view->buf = PyArray_DATA(array);
-    view->itemsize = PyArray_ITEMSIZE(array);
-    view->len = PyArray_NBYTES(array);
+    view->buf = array->data;
+    view->itemsize = nd_itemsizes[type_num];
+    view->len = count * view->itemsize;
     view->readonly = 1;
-    view->ndim = PyArray_NDIM(array);
+    view->ndim = array->nd;
     view->format = (char *)format;
-    view->shape = (Py_ssize_t *)PyArray_DIMS(array);
-    view->strides = (Py_ssize_t *)PyArray_STRIDES(array);
+    view->shape = array->dimensions;
+    view->strides = array->strides;
     return 1;
 }
 
-/* Reads a column (a numpy array through numpy's C API, anything else through its buffer); 1 when
+/* Reads a column (a numpy array straight from its fields, anything else through its buffer); 1 when
  * it can be written as it is, 0 when it cannot (the caller converts it and calls again), -1 on error. */
 static int open_column(PyObject *array, Column *c, Py_ssize_t rows, int *code) {
-    if (PyArray_Check(array)) {
-        if (!view_of_array((PyArrayObject *)array, &c->view))
+    if (nd_check(array)) {
+        if (!view_of_array((const NdArray *)array, &c->view))
             return 0;
     } else if (PyObject_GetBuffer(array, &c->view, PyBUF_RECORDS_RO) < 0) {
         PyErr_Clear();
@@ -832,6 +833,7 @@ PyMODINIT_FUNC PyInit__ffwire(void) {
         PyErr_SetString(PyExc_ImportError, "forestflow.codecs._ffwire needs a little-endian host");
         return NULL;
     }
-    import_array();
+    if (nd_init() < 0)
+        return NULL;
     return PyModule_Create(&module);
 }
