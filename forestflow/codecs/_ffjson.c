@@ -1258,7 +1258,7 @@ static int plain_input(Reader *r, PyObject *columns, Py_ssize_t *rows) {
                 status = expect(r, ']');
         } else if (KEY_IS(key, key_len, "data") && data == NULL && fp >= 0 && r->p < r->end && *r->p == '[') {
             status = typed_data_of(r, fp ? "FP64" : "BYTES", fp ? 4 : 5, &data);
-            if (status == OK && fp && PyArray_TYPE((PyArrayObject *)data) != NPY_FLOAT64)
+            if (status == OK && fp && nd_type_num(data) != ND_FLOAT64)
                 status = NO; /* integers only, or booleans: converted (or refused) in Python */
         } else {
             status = NO; /* another member, one twice, or data before its datatype */
@@ -1270,7 +1270,7 @@ static int plain_input(Reader *r, PyObject *columns, Py_ssize_t *rows) {
             status = more == MORE ? OK : more;
         }
     }
-    if (status == OK && (name == NULL || data == NULL || !have_shape || PyArray_SIZE((PyArrayObject *)data) != n))
+    if (status == OK && (name == NULL || data == NULL || !have_shape || nd_size(data) != n))
         status = NO;
     if (status == OK && *rows >= 0 && n != *rows)
         status = NO; /* inputs of different row counts: the Python path says which */

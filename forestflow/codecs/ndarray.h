@@ -79,6 +79,15 @@ static const char ND_CODES[ND_NTYPES] = {
 
 static inline int nd_check(PyObject *o) { return Py_IS_TYPE(o, nd_type) || PyType_IsSubtype(Py_TYPE(o), nd_type); }
 static inline char *nd_data(PyObject *array) { return ((NdArray *)array)->data; }
+static inline int nd_type_num(PyObject *array) { return ((NdArray *)array)->descr->type_num; }
+/* The number of elements of an array. */
+static inline Py_ssize_t nd_size(PyObject *array) {
+    const NdArray *a = (const NdArray *)array;
+    Py_ssize_t n = 1;
+    for (int k = 0; k < a->nd; k++)
+        n *= a->dimensions[k];
+    return n;
+}
 
 /* A new 1-D C-contiguous array of ``n`` elements of a type number above (object arrays hold NULLs, which
  * numpy reads as None). */
