@@ -934,16 +934,21 @@ static PyObject *finish(Reader *r, int status, PyObject *result) {
     return result;
 }
 
-static PyObject *score_request(PyObject *self, PyObject *arg) {
-    (void)self;
+/* A body read from any bytes-like object by one of the readers above, as finish() answers it. */
+static PyObject *parsed(PyObject *arg, int (*read_body)(Reader *, PyObject **)) {
     Py_buffer view;
     PyObject *result = NULL;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     Reader r = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len, NULL, 0};
-    int status = score_body(&r, &result);
+    int status = read_body(&r, &result);
     PyBuffer_Release(&view);
     return finish(&r, status, result);
+}
+
+static PyObject *score_request(PyObject *self, PyObject *arg) {
+    (void)self;
+    return parsed(arg, score_body);
 }
 
 /* ---- V2 inference request -------------------------------------------------------------------------- */
@@ -1198,14 +1203,7 @@ PyDoc_STRVAR(v2_request_doc,
 
 static PyObject *v2_request(PyObject *self, PyObject *arg) {
     (void)self;
-    Py_buffer view;
-    PyObject *result = NULL;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    Reader r = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len, NULL, 0};
-    int status = v2_body(&r, &result);
-    PyBuffer_Release(&view);
-    return finish(&r, status, result);
+    return parsed(arg, v2_body);
 }
 
 /* ---- V2 inference request, the plain tabular case: straight to columns ------------------------------ */
@@ -1352,14 +1350,7 @@ PyDoc_STRVAR(v2_columns_doc,
 
 static PyObject *v2_columns(PyObject *self, PyObject *arg) {
     (void)self;
-    Py_buffer view;
-    PyObject *result = NULL;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    Reader r = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len, NULL, 0};
-    int status = v2_columns_body(&r, &result);
-    PyBuffer_Release(&view);
-    return finish(&r, status, result);
+    return parsed(arg, v2_columns_body);
 }
 
 /* ---- answers: a BASIC datum from each typed group's rows -------------------------------------------- */
