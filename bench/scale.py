@@ -241,13 +241,15 @@ def main() -> int:
             f"{evictions(budgeted)} evictions); model files {args.cold * size / 2**20:.1f} MiB"
         )
         started = time.perf_counter()
-        small = start_gateway(work / "small", {"FORESTFLOW_ACCESS_LOG": "0"}, work, "small", pin=False)
+        # The same settings as the big gateway: only the number of releases differs between the two.
+        small = start_gateway(work / "small", lazy, work, "small", pin=False)
         servers.append(small)
         print(
             f"start to ready of an empty gateway (the process alone, same run): {time.perf_counter() - started:.2f} s; "
             f"with {args.contracts} releases {ready_s:.2f} s"
         )
         small_deploy = deploy_ms(small, model, 0, 10)
+        score_ms(small, 0)  # warm, as release 0 of the big gateway is
         path = "/bench/scale/0/score"
         many, few = side_by_side(big, small, path, BODY, "application/json", 4, args.seconds)
         print(
