@@ -820,6 +820,14 @@ static PyObject *field_column(const Group *g, Py_ssize_t j, Py_ssize_t rows) {
     return column;
 }
 
+/* An object member's name, read up to and through its ':' (the caller has read past the '{' or ','). */
+static int member_name(Reader *r, const char **name, Py_ssize_t *len) {
+    int ascii;
+    ws(r);
+    int status = string_text(r, name, len, &ascii);
+    return status == OK ? expect(r, ':') : status;
+}
+
 static int score_body(Reader *r, PyObject **result) {
     PyObject *schema = NULL, *fields = NULL, *configs = NULL, *columns = NULL;
     Group *groups = NULL;
@@ -827,13 +835,9 @@ static int score_body(Reader *r, PyObject **result) {
     int status, datum_seen = 0;
     const char *text;
     Py_ssize_t len;
-    int ascii;
     status = expect(r, '{');
     while (status == OK) {
-        ws(r);
-        status = string_text(r, &text, &len, &ascii);
-        if (status == OK)
-            status = expect(r, ':');
+        status = member_name(r, &text, &len);
         if (status != OK)
             break;
         if (KEY_IS(text, len, "schema")) {
@@ -1221,11 +1225,7 @@ static int plain_input(Reader *r, PyObject *columns, Py_ssize_t *rows) {
     while (status == OK) {
         const char *key;
         Py_ssize_t key_len;
-        int ascii;
-        ws(r);
-        status = string_text(r, &key, &key_len, &ascii);
-        if (status == OK)
-            status = expect(r, ':');
+        status = member_name(r, &key, &key_len);
         if (status != OK)
             break;
         ws(r);
@@ -1236,6 +1236,7 @@ static int plain_input(Reader *r, PyObject *columns, Py_ssize_t *rows) {
         } else if (KEY_IS(key, key_len, "datatype") && fp < 0) {
             const char *dt;
             Py_ssize_t dt_len;
+            int ascii;
             status = string_text(r, &dt, &dt_len, &ascii);
             if (status == OK)
                 fp = KEY_IS(dt, dt_len, "FP64") ? 1 : KEY_IS(dt, dt_len, "BYTES") ? 0 : -1;
@@ -1290,11 +1291,7 @@ static int v2_columns_body(Reader *r, PyObject **result) {
     while (status == OK) {
         const char *key;
         Py_ssize_t key_len;
-        int ascii;
-        ws(r);
-        status = string_text(r, &key, &key_len, &ascii);
-        if (status == OK)
-            status = expect(r, ':');
+        status = member_name(r, &key, &key_len);
         if (status != OK)
             break;
         ws(r);
