@@ -275,10 +275,7 @@ class ServableScheduler:
         ):
             return self.offer(frame, Priority.LIVE, timeout_s)
         if self.coalesce_rows > 1 and rows <= _GATHER_MAX_ROWS:
-            self._turn_offers += 1  # as _inline counts it: several in one turn start gathering
-            if not self._turn_armed:
-                self._turn_armed = True
-                asyncio.get_running_loop().call_soon(self._end_turn)
+            self._count_turn_offer(asyncio.get_running_loop())  # as _inline: several in one turn start gathering
         self.stats.inline_calls += 1
         try:
             return self._predict(frame)
@@ -361,10 +358,7 @@ class ServableScheduler:
         """
         future = loop.create_future()
         if self.coalesce_rows > 1 and frame.num_rows <= _GATHER_MAX_ROWS:
-            self._turn_offers += 1
-            if not self._turn_armed:
-                self._turn_armed = True
-                loop.call_soon(self._end_turn)
+            self._count_turn_offer(loop)
             if self._coalescing or self._gather_timer is not None:
                 self._gathered.append((frame, future))
                 self._gathered_rows += frame.num_rows
@@ -376,6 +370,13 @@ class ServableScheduler:
                         self._gather_timer = loop.call_at(due, self._flush_gathered)
                 return future
         return self._run_inline(frame, future)
+
+    def _count_turn_offer(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One more tiny live request in this turn of the loop (:meth:`_end_turn` reads the count)."""
+        self._turn_offers += 1
+        if not self._turn_armed:
+            self._turn_armed = True
+            loop.call_soon(self._end_turn)
 
     def _end_turn(self) -> None:
         """After every handler of one loop turn ran: score what they gathered, choose the next mode."""
