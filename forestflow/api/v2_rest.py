@@ -296,10 +296,8 @@ async def _infer_plain(
         return None
     if client_id is not None and not isinstance(client_id, (str, int)):
         return None  # the general path says what is wrong with it
-    for column in columns.values():
-        if len(column) > gateway.settings.max_rows:
-            return None
-        break
+    if len(next(iter(columns.values()))) > gateway.settings.max_rows:  # every input has the same rows
+        return None
     await gateway.load_routed(route)  # a cold release: loaded before its inputs lay out the columns
     layout = v2_common.plain_layout(gateway.decoding_metadata(route), columns)
     if layout is None:
