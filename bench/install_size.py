@@ -6,6 +6,7 @@ extra's, measured in new venvs outside the checkout and printed as the tables of
     python bench/install_size.py --extras onnx,s3 --cache warm
     python bench/install_size.py --core-only --cases wheel --no-compile --quickstart   # bytecode of what runs only
     python bench/install_size.py --core-only --cases source --pip 'pip==25.3'   # another pip does the install
+    python bench/install_size.py --core-only --cases readme --runs 3 --quickstart   # the README's command, all of it
 
 The checkout's files (tracked and untracked, not ignored: what a clone has, plus uncommitted edits) are copied
 to a temporary directory, so no build left in the worktree is reused. Each core case gets a new
@@ -14,7 +15,9 @@ to a temporary directory, so no build left in the worktree is reused. Each core 
 - ``source``: ``pip install <checkout>`` (pip builds a wheel in an isolated build environment, then installs it);
 - ``editable``: ``pip install -e <checkout>`` (the README's first command);
 - ``wheel``: ``pip install <forestflow wheel>``, the wheel built once beforehand (what an index serving a binary
-  wheel gives ``pip install forestflow``).
+  wheel gives ``pip install forestflow``);
+- ``readme``: the README's first command as written, less its final ``forestflow serve``, run by ``bash -c`` in
+  the copy: the venv's creation and the pip upgrade are timed with the install.
 
 pip runs with no configuration file and without this machine's local indexes and find-links (PIP_CONFIG_FILE is
 the null device; PIP_FIND_LINKS, PIP_EXTRA_INDEX_URL and PIP_CONSTRAINT are dropped), so every package comes
@@ -145,6 +148,13 @@ def timed(label: str, argv: Sequence[str], env: dict[str, str], cwd: Path, log: 
     return Install(label, " ".join(argv), wall, cpu, load, phases)
 
 
+def readme_install_command() -> str:
+    """The README's first command up to (not including) ``forestflow serve``."""
+    readme = (ROOT / "README.md").read_text()
+    line = next(text for text in readme.splitlines() if text.startswith("python3 -m venv .venv"))
+    return line.split(" && .venv/bin/forestflow serve")[0]
+
+
 def new_venv(python: str, path: Path) -> Path:
     """A new ``python -m venv`` (pip and setuptools as the interpreter's ensurepip ships them)."""
     subprocess.run([python, "-m", "venv", str(path)], check=True)
@@ -235,7 +245,9 @@ def main() -> None:
     parser.add_argument("--python", default="python3", help="the interpreter whose venvs are measured (default python3)")
     parser.add_argument("--cache", choices=("cold", "warm"), default="cold", help="pip cache per command (default cold)")
     parser.add_argument("--runs", type=int, default=1, help="repeat the core cases (default 1)")
-    parser.add_argument("--cases", default="source,wheel,editable", help="core cases (default source,wheel,editable)")
+    parser.add_argument(
+        "--cases", default="source,wheel,editable", help="source, wheel, editable, readme (default source,wheel,editable)"
+    )
     parser.add_argument("--core-only", action="store_true", help="no extras")
     parser.add_argument("--extras", default=",".join(EXTRAS), help="extras to measure (default every one)")
     parser.add_argument("--quickstart", action="store_true", help="serve the quick start from the wheel-installed core")
@@ -306,6 +318,15 @@ def measure(args: argparse.Namespace, work: Path) -> None:
     sizes: dict[str, int] = {}
     for run in range(args.runs):
         for case in cases:
+            tree = fresh_copy(f"{case}-{run}")  # pip builds in the tree (editable: in place, and it stays in use)
+            if case == "readme":
+                command = readme_install_command().replace("python3 ", f"{python} ", 1)
+                install = timed(case, ["bash", "-c", command], env(), tree, work / f"{case}-{run}.log")
+                row, case_sizes = core_row(f"`{command}`", install, tree / ".venv")
+                print(row, flush=True)
+                if core_venv is None:
+                    core_venv, core_tree, sizes = tree / ".venv", tree, case_sizes
+                continue
             venv = new_venv(python, work / f"core-{case}-{run}")
             label = case
             if args.pip:
@@ -313,7 +334,6 @@ def measure(args: argparse.Namespace, work: Path) -> None:
                 subprocess.run(upgrade, env=pip_env(work / "cache-pip"), cwd=work, check=True)
                 pip_version = subprocess.run([str(venv / "bin" / "pip"), "--version"], capture_output=True, text=True)
                 label = f"{case} (pip {pip_version.stdout.split()[1]})"
-            tree = fresh_copy(f"{case}-{run}")  # pip builds in the tree (editable: in place, and it stays in use)
             target = {"source": [str(tree)], "editable": ["-e", str(tree)], "wheel": [str(wheel)]}[case]
             pip = [str(venv / "bin" / "pip"), "install", *(["--no-compile"] if args.no_compile else []), *target]
             install = timed(case, pip, env(), work, work / f"{case}-{run}.log")
