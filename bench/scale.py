@@ -7,7 +7,8 @@ measures:
 the time from a restart (after a first run persisted the releases' counters and routing) to ready
 and to the first answer of a cold release; cold-request
 latency (first requests to distinct releases); RSS after that traffic with and without a memory
-budget; warm p50/p99 against a gateway with 10 contracts, side by side (both loaded at once); and
+budget; warm p50/p99 against a gateway with 10 contracts, side by side (both loaded at once, both
+pinned to core 0, ``--rounds`` runs, medians); and
 the time of a deploy through the admin API into the gateway holding N releases and into the small
 one. Nothing is asserted; the machine may be loaded by other work, so compare the side-by-side
 ratios rather than absolute figures.
@@ -42,7 +43,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import payloads  # noqa: E402
-from bench.servers import Server, side_by_side, start_gateway  # noqa: E402
+from bench.driver import Result  # noqa: E402
+from bench.servers import Server, pin_process, side_by_side, start_gateway  # noqa: E402
 from forestflow.codecs.ff_settings import parse_serve_request, serve_request_to_json  # noqa: E402
 from forestflow.registry.file_store import FileStore  # noqa: E402
 
@@ -121,6 +123,32 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
 
 
+def warm_side_by_side(many: Server, few: Server, rounds: int, seconds: float) -> tuple[list[Result], list[Result]]:
+    """``rounds`` warm c4 runs of release 0 on both gateways at once, both pinned to core 0 (wrk runs
+    on core 1), so each gets half of one core. Unpinned, the kernel's placement decided the ratio:
+    two identical 10-contract gateways side by side differed by 2-5x in req/s (load average ~10)."""
+    for server in (many, few):
+        pin_process(server.proc.pid, 0)
+    runs = [side_by_side(many, few, "/bench/scale/0/score", BODY, "application/json", 4, seconds) for _ in range(rounds)]
+    return [r[0] for r in runs], [r[1] for r in runs]
+
+
+def ratios(many: list[Result], few: list[Result]) -> str:
+    """Median p50, p99 and req/s of each side and the medians of the runs' ratios."""
+    med = statistics.median
+
+    def side(runs: list[Result]) -> str:
+        p50, p99, rps = (med(getattr(r, name) for r in runs) for name in ("p50_ms", "p99_ms", "rps"))
+        return f"p50 {p50:.2f} ms p99 {p99:.2f} ms ({rps:.0f} req/s)"
+
+    pairs = list(zip(many, few, strict=True))
+    return (
+        f"{side(many)} against {side(few)}; ratios (median of {len(pairs)}): p50 "
+        f"{med(a.p50_ms / b.p50_ms for a, b in pairs):.2f}, p99 {med(a.p99_ms / b.p99_ms for a, b in pairs):.2f}, "
+        f"req/s {med(a.rps / b.rps for a, b in pairs):.2f}; errors {sum(r.errors for r in many)} / {sum(r.errors for r in few)}"
+    )
+
+
 def deploy_ms(server: Server, model_dir: Path, first: int, count: int) -> float:
     """Mean milliseconds of ``count`` deploys of new contracts through the admin API."""
     started = time.perf_counter()
@@ -175,8 +203,9 @@ def main() -> int:
         "--budget-mb", type=int, help="model_memory_budget_mb of the budget gateway (gbm: 4; trees100: a tenth of all releases)"
     )
     parser.add_argument("--deploys", type=int, default=50, help="deploys timed on each gateway")
-    parser.add_argument("--seconds", type=float, default=5.0, help="duration of the warm side-by-side run")
-    parser.add_argument("--smoke", action="store_true", help="40 contracts, 10 cold, 5 deploys, 1 s")
+    parser.add_argument("--seconds", type=float, default=5.0, help="duration of each warm side-by-side run")
+    parser.add_argument("--rounds", type=int, default=3, help="warm side-by-side runs per cell (medians printed)")
+    parser.add_argument("--smoke", action="store_true", help="40 contracts, 10 cold, 5 deploys, 1 round of 1 s")
     parser.add_argument("--keep", action="store_true", help="keep the data dirs and gateway logs")
     args = parser.parse_args()
     global FLAVOR
@@ -184,7 +213,7 @@ def main() -> int:
     if args.contracts is None:
         args.contracts = 1_000 if args.model == "trees100" else 10_000
     if args.smoke:
-        args.contracts, args.cold, args.deploys, args.seconds = 40, 10, 5, 1.0
+        args.contracts, args.cold, args.deploys, args.seconds, args.rounds = 40, 10, 5, 1.0, 1
     work = Path(tempfile.mkdtemp(prefix="ff-scale-"))
     model = work / "model"
     model.mkdir()
@@ -250,24 +279,18 @@ def main() -> int:
         )
         small_deploy = deploy_ms(small, model, 0, 10)
         score_ms(small, 0)  # warm, as release 0 of the big gateway is
-        path = "/bench/scale/0/score"
-        many, few = side_by_side(big, small, path, BODY, "application/json", 4, args.seconds)
-        print(
-            f"warm c4 {args.seconds:g} s side by side: {args.contracts} contracts p50 {many.p50_ms:.2f} ms p99 "
-            f"{many.p99_ms:.2f} ms ({many.rps:.0f} req/s, {many.errors} errors); 10 contracts p50 {few.p50_ms:.2f} ms "
-            f"p99 {few.p99_ms:.2f} ms ({few.rps:.0f} req/s, {few.errors} errors); p50 ratio "
-            f"{many.p50_ms / few.p50_ms:.2f}, p99 ratio {many.p99_ms / few.p99_ms:.2f}"
-        )
+        many, few = warm_side_by_side(big, small, args.rounds, args.seconds)
+        print(f"warm c4 {args.rounds} x {args.seconds:g} s side by side, {args.contracts} contracts vs 10: {ratios(many, few)}")
         # The background warm-up (warm_concurrency 2) loading releases while the warm release is driven.
         warming, _ = restart(work / "warming", {**lazy, "FORESTFLOW_WARM_CONCURRENCY": "2"}, work, "warming")
         servers.append(warming)
         score_ms(warming, 0)
-        during, few = side_by_side(warming, small, path, BODY, "application/json", 4, args.seconds)
+        loads_before = loads_done(warming)
+        during, few = warm_side_by_side(warming, small, args.rounds, args.seconds)
         print(
-            f"warm c4 {args.seconds:g} s during the background warm-up: {args.contracts} contracts p50 {during.p50_ms:.2f} ms "
-            f"p99 {during.p99_ms:.2f} ms ({during.errors} errors, {loads_done(warming)} loads done); 10 contracts p50 "
-            f"{few.p50_ms:.2f} ms p99 {few.p99_ms:.2f} ms; p50 ratio {during.p50_ms / few.p50_ms:.2f}, "
-            f"p99 ratio {during.p99_ms / few.p99_ms:.2f}"
+            f"warm c4 {args.rounds} x {args.seconds:g} s during the background warm-up ({loads_before} loads done before, "
+            f"{loads_done(warming)} after), "
+            f"{args.contracts} contracts vs 10: {ratios(during, few)}"
         )
         warming.stop()
         servers.remove(warming)

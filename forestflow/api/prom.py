@@ -12,6 +12,7 @@ new contract/fqrv pairs are counted under ``"other"``. Refused requests (4xx) ca
 
 from __future__ import annotations
 
+import gc
 import platform
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -372,4 +373,12 @@ class BuildInfoCollector:
 
 def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
     """The text exposition of ``registry`` and its content type."""
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    # With 10,000 releases a scrape holds some 100,000 samples at once (5.8 MB of text): the
+    # collector's full passes walked them, 9 in 5 scrapes (up to 70 ms each). They hold no cycles.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    finally:
+        if collecting:
+            gc.enable()
