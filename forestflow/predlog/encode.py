@@ -294,9 +294,9 @@ def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_
     if kafka_key is _KEY_OF_RECORD:
         kafka_key = record.key
     if not graphpipe:
-        line = _usual_line(record, fields, wire, kafka_key)
-        if line is not None:
-            return line
+        usual = _usual_line(record, fields, wire, kafka_key)
+        if usual is not None:
+            return usual
     if record.feedback is not None:
         return orjson.dumps({"topic": "basic", "key": kafka_key, "event": _feedback_event_json(record, fields)})
     event: dict[str, Any] = {}

@@ -66,7 +66,7 @@ def check(args: tuple[Any, ...]) -> bytes | None:
     return line
 
 
-texts = st.text(max_size=40) | st.sampled_from(["u42", "7f3a", "ñandú", "a\"b", "a\\b", "tab\there", "\ud800", ""])
+texts = st.text(max_size=40) | st.sampled_from(["u42", "7f3a", "ñandú", 'a"b', "a\\b", "tab\there", "\ud800", ""])
 bodies = st.binary(max_size=300) | st.sampled_from([b'{"a": 1}', b'{\n  "a": [1,\r\n 2]\n}', b""])
 latencies = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.4, 12.0, 1e-4, 1e-5, 123456.789, 1e16])
 ints = st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.integers(min_value=2**63, max_value=2**70)
@@ -112,7 +112,7 @@ def test_usual_values_are_written_in_c(latency: float) -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        (False, "a\"b", b"{}", b"{}", True, LOGGING, 1, "r", FQRV, 0.5, 200, "basic"),  # needs escaping
+        (False, 'a"b', b"{}", b"{}", True, LOGGING, 1, "r", FQRV, 0.5, 200, "basic"),  # needs escaping
         (False, "k", b"{}", b"{}", True, LOGGING, 1, "r\n", FQRV, 0.5, 200, "basic"),
         (False, "k", b"{}", b"{}", True, LOGGING, 1, "r", FQRV, 1e-5, 200, "basic"),  # orjson: 0.00001
         (False, "k", b"{}", b"{}", True, LOGGING, 1, "r", FQRV, math.nan, 200, "basic"),  # orjson: null
