@@ -257,7 +257,10 @@ def _usual_line(record: PredictionRecord, fields: _ServableFields, wire: bool, k
     if record.error or record.pinned or record.trace_id or record.feedback is not None:
         return None
     response = record.response
-    if response is not None and response.parameters:
+    # Only what a pipeline adds to the line makes it unusual: an answer's parameters often hold the
+    # request's own (its configs), which the line does not carry.
+    parameters = response.parameters if response is not None else None
+    if parameters and (parameters.get("metadata") or parameters.get("intermediate")):
         return None
     request_json, response_json = record.request_json, record.response_json
     if request_json is None or response_json is None:

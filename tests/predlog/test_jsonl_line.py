@@ -8,6 +8,7 @@ answer is the oracle's bytes or None (the caller then builds the line with orjso
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -17,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench import predlog_encode
+from forestflow.core.frame import Frame
 from forestflow.predlog._jsonl import usual_line
-from forestflow.predlog.encode import _servable_fields, encode_event_json, one_line_json
+from forestflow.predlog.encode import _servable_fields, _usual_line, encode_event_json, one_line_json
 from forestflow.predlog.record import WireBody
 
 FUZZ = settings(max_examples=600, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -158,3 +160,18 @@ def test_the_bench_events_are_written_in_c(rows: int) -> None:
         line = check(args)
         assert line is not None
         assert encode_event_json(record) == line
+
+
+def test_an_answer_with_parameters_of_its_own_is_still_usual() -> None:
+    """A flavor's answer carries parameters of its own (H2O: unknown and missing inputs), which the
+    line does not hold: the C line is the one of the same answer without them. What a pipeline adds
+    (metadata, intermediate tensors) is written by the orjson path."""
+    record = predlog_encode.records(1)["score"]
+    assert record.response is not None
+    plain = encode_event_json(record)
+    with_own = dataclasses.replace(record, response=Frame(record.response.columns, {"unknown_inputs": [], "missing_inputs": []}))
+    fields = _servable_fields(record.logging, record.fqrv)
+    assert _usual_line(with_own, fields, False, record.key) == plain == encode_event_json(with_own)
+    piped = dataclasses.replace(record, response=Frame(record.response.columns, {"metadata": {"steps": ["a"]}}))
+    assert _usual_line(piped, fields, False, record.key) is None
+    assert b'"metadata":{"steps":["a"]}' in encode_event_json(piped)
