@@ -257,8 +257,8 @@ def _usual_line(record: PredictionRecord, fields: _ServableFields, wire: bool, k
     if record.error or record.pinned or record.trace_id or record.feedback is not None:
         return None
     response = record.response
-    # Only what a pipeline adds to the line makes it unusual: an answer's parameters often hold the
-    # request's own (its configs), which the line does not carry.
+    # Only what a pipeline adds to the line makes it unusual: an answer's parameters may hold a flavor's
+    # own (H2O: unknown and missing inputs, on every answer), which the line does not carry.
     parameters = response.parameters if response is not None else None
     if parameters and (parameters.get("metadata") or parameters.get("intermediate")):
         return None
