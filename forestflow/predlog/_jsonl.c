@@ -14,10 +14,10 @@
  *           "wireResponse":RESPONSE}}
  *
  * exactly the bytes orjson writes for the same dict (tests/predlog compares them). The bodies have CR
- * and LF turned into spaces (encode.one_line_json). None, so the caller builds the line with orjson,
- * whenever this writer could differ from orjson: a text that needs escaping (a quote, a backslash,
- * a control character) or is not valid UTF-8, or a latency that orjson would not write as repr()
- * does (exponents, non-finite).
+ * and LF turned into spaces (encode.one_line_json); the latency comes written by orjson (its shortest
+ * float form: Python's repr() costs 5-7k instructions for a 17-digit latency). None, so the caller
+ * builds the line with orjson, whenever this writer could differ from orjson: a text that needs
+ * escaping (a quote, a backslash, a control character) or is not valid UTF-8.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -85,41 +85,21 @@ static Py_ssize_t decimal(char *buf, long long value) {
 
 #define PUT_LITERAL(out, literal) put((out), (literal), (Py_ssize_t)(sizeof(literal) - 1))
 
-/* A latency as orjson writes it, when that is repr()'s plain decimal form; 0 otherwise. */
-static int latency_text(PyObject *latency, char *buf, size_t size, Py_ssize_t *len) {
-    char *text;
-    size_t n;
-    if (!PyFloat_CheckExact(latency))
-        return 0;
-    text = PyOS_double_to_string(PyFloat_AS_DOUBLE(latency), 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-    if (text == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    n = strlen(text);
-    if (n >= size || strpbrk(text, "eEni") != NULL) { /* 1e-05, inf, nan: orjson writes these otherwise */
-        PyMem_Free(text);
-        return 0;
-    }
-    memcpy(buf, text, n);
-    PyMem_Free(text);
-    *len = (Py_ssize_t)n;
-    return 1;
-}
-
 PyDoc_STRVAR(usual_line_doc,
 "usual_line(wire, key, request, response, served, logging_json, event_time_ms, request_id, fqrv_json,\n"
 "           latency_ms, status, protocol) -> bytes or None\n\n"
 "The JSON line (no newline) of a /score event (``wire`` false: ``request`` and ``response`` are the\n"
 "request body and the Prediction JSON) or of a V2 REST event (``wire`` true: the wire bodies, and\n"
 "``protocol`` is written as \"v2\"). ``key`` is a str or None; ``logging_json`` and ``fqrv_json`` are\n"
-"JSON bytes written as they are. None when orjson could write the line otherwise (see the module).");
+"JSON bytes written as they are, and so is ``latency_ms``, the latency as orjson.dumps() writes it.\n"
+"None when orjson could write the line otherwise (see the module).");
 
 static PyObject *usual_line(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     const char *key = NULL, *request, *response, *logging, *request_id, *fqrv, *protocol;
     Py_ssize_t key_len = 0, request_len, response_len, logging_len, request_id_len, fqrv_len, protocol_len;
+    const char *latency;
     Py_ssize_t latency_len, time_len, status_len, total;
-    char latency[64], time_text[32], status_text[32];
+    char time_text[32], status_text[32];
     long long event_time, status;
     int wire, served;
     PyObject *result;
@@ -134,10 +114,12 @@ static PyObject *usual_line(PyObject *Py_UNUSED(self), PyObject *const *args, Py
     if (!PyBool_Check(args[4])) /* orjson writes other objects otherwise */
         Py_RETURN_NONE;
     served = args[4] == Py_True;
-    if (!PyBytes_Check(args[5]) || !PyBytes_Check(args[8])) {
-        PyErr_SetString(PyExc_TypeError, "usual_line(): logging_json and fqrv_json must be bytes");
+    if (!PyBytes_Check(args[5]) || !PyBytes_Check(args[8]) || !PyBytes_Check(args[9])) {
+        PyErr_SetString(PyExc_TypeError, "usual_line(): logging_json, fqrv_json and latency_ms must be bytes");
         return NULL;
     }
+    latency = PyBytes_AS_STRING(args[9]);
+    latency_len = PyBytes_GET_SIZE(args[9]);
     logging = PyBytes_AS_STRING(args[5]);
     logging_len = PyBytes_GET_SIZE(args[5]);
     fqrv = PyBytes_AS_STRING(args[8]);
@@ -145,8 +127,7 @@ static PyObject *usual_line(PyObject *Py_UNUSED(self), PyObject *const *args, Py
     if ((args[1] != Py_None && (key = plain_text(args[1], &key_len)) == NULL) ||
         (request = body_of(args[2], &request_len)) == NULL || (response = body_of(args[3], &response_len)) == NULL ||
         (request_id = plain_text(args[7], &request_id_len)) == NULL || (protocol = plain_text(args[11], &protocol_len)) == NULL ||
-        !PyLong_CheckExact(args[6]) || !PyLong_CheckExact(args[10]) ||
-        !latency_text(args[9], latency, sizeof(latency), &latency_len))
+        !PyLong_CheckExact(args[6]) || !PyLong_CheckExact(args[10]))
         Py_RETURN_NONE;
     event_time = PyLong_AsLongLong(args[6]);
     status = PyLong_AsLongLong(args[10]);

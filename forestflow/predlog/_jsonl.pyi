@@ -10,7 +10,7 @@ def usual_line(
     event_time_ms: int,
     request_id: str,
     fqrv_json: bytes,
-    latency_ms: float,
+    latency_ms: bytes,
     status: int,
     protocol: str,
     /,

@@ -281,7 +281,7 @@ def _usual_line(record: PredictionRecord, fields: _ServableFields, wire: bool, k
         record.event_time_ms,
         record.request_id,
         fields.fqrv_json_bytes,
-        record.latency_ms,
+        orjson.dumps(record.latency_ms),  # orjson's shortest float form, several times cheaper than repr()
         record.status,
         record.protocol,
     )
