@@ -56,6 +56,12 @@ setup(
             depends=[VARINT_H],
             extra_compile_args=WARNINGS + ["-O2"],
         ),
+        # The file log's JSON line of the usual /score and V2 REST event (predlog/encode.py).
+        Extension(
+            "forestflow.predlog._jsonl",
+            ["forestflow/predlog/_jsonl.c"],
+            extra_compile_args=WARNINGS + ["-O2"],
+        ),
         # The native H2O tree scorer (runtime/h2o_native.py): plain IEEE doubles (no fused multiply-add,
         # no -ffast-math), so the results equal genmodel's.
         Extension(

@@ -38,14 +38,14 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 import sys
 import forestflow.codecs._ffjson as a, forestflow.codecs._ffgp as b, forestflow.codecs._ffwire as c
 import forestflow.predlog._kafka_records as d, forestflow.runtime._h2o_trees as e
-import forestflow.runtime._forest as f, forestflow.runtime._treeshap as g
-bad = [m.__file__ for m in (a, b, c, d, e, f, g) if not m.__file__.startswith('$WORK/')]
+import forestflow.runtime._forest as f, forestflow.runtime._treeshap as g, forestflow.predlog._jsonl as h
+bad = [m.__file__ for m in (a, b, c, d, e, f, g, h) if not m.__file__.startswith('$WORK/')]
 sys.exit('not the sanitized build: ' + ', '.join(bad) if bad else 0)"
 
 if [ $# -eq 0 ]; then
   set -- -m "not slow" tests/test_c_fuzz.py tests/codecs tests/runtime/test_h2o_invalid.py \
     tests/api_gp/test_graphpipe_codec.py tests/api_gp/test_graphpipe_c_strings.py \
-    tests/predlog/test_kafka_batch.py tests/predlog/test_encode_protobuf.py \
+    tests/predlog/test_kafka_batch.py tests/predlog/test_encode_protobuf.py tests/predlog/test_jsonl_line.py \
     tests/runtime/test_h2o_native.py tests/runtime/test_tree_engine.py tests/runtime/test_treeshap.py -k "not genmodel and not jvm and not java and not auto and not calibrated"
 fi
 echo "running pytest $* under ASan/UBSan (log: $LOG)"

@@ -13,6 +13,7 @@ SOURCES = [
     "forestflow/codecs/_ffgp.c",
     "forestflow/codecs/_ffjson.c",
     "forestflow/codecs/_ffwire.c",
+    "forestflow/predlog/_jsonl.c",
     "forestflow/predlog/_kafka_records.c",
     "forestflow/runtime/_h2o_trees.c",
     "forestflow/runtime/_treeshap.c",

@@ -5,3 +5,13 @@ from typing import Any
 
 def records(entries: Sequence[Any], /) -> bytes: ...
 def ce_headers(fixed: bytes, request_id: str, event_time_ms: int, /) -> bytes | None: ...
+
+EVENT_OVERHEAD_BYTES: int
+
+class LogEntry:
+    graphpipe: bool
+    key: bytes | None
+    value: bytes
+    headers: bytes
+    size: int
+    def __init__(self, graphpipe: bool, key: bytes | None, value: bytes, headers: bytes = ...) -> None: ...

@@ -33,6 +33,7 @@ from forestflow.codecs.ff_settings import fqrv_to_json, logging_to_json
 from forestflow.codecs.schema_datum import prediction_json, request_json
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
+from forestflow.predlog._jsonl import usual_line
 from forestflow.predlog.record import PredictionRecord, WireBody
 
 _SERVED = {True: key(2, 0) + b"\x01", False: key(2, 0) + b"\x00"}
@@ -81,6 +82,9 @@ class _ServableFields:
     prediction_fqrv: bytes
     logging_json: orjson.Fragment
     fqrv_json: orjson.Fragment
+    #: The same two as JSON bytes (what the C line writer takes).
+    logging_json_bytes: bytes
+    fqrv_json_bytes: bytes
 
 
 #: A servable's fields by the identity of its fqrv object: the service hands the same fqrv and
@@ -96,6 +100,7 @@ def _servable_fields(logging: LoggingSettings, fqrv: FQRV) -> _ServableFields:
         if len(_SERVABLE_FIELDS) >= 1024:
             _SERVABLE_FIELDS.clear()
         logging_field = _logging_field(logging)
+        logging_json, fqrv_json = orjson.dumps(logging_to_json(logging)), orjson.dumps(fqrv_to_json(fqrv))
         hit = _SERVABLE_FIELDS[id(fqrv)] = _ServableFields(
             logging,
             fqrv,
@@ -103,8 +108,10 @@ def _servable_fields(logging: LoggingSettings, fqrv: FQRV) -> _ServableFields:
             _SERVED[False] + logging_field,
             embedded(12, fqrv_bytes(fqrv)),
             prediction_fqrv_field(fqrv),
-            orjson.Fragment(orjson.dumps(logging_to_json(logging))),
-            orjson.Fragment(orjson.dumps(fqrv_to_json(fqrv))),
+            orjson.Fragment(logging_json),
+            orjson.Fragment(fqrv_json),
+            logging_json,
+            fqrv_json,
         )
     return hit
 
@@ -242,49 +249,42 @@ def event_to_dict(payload: bytes, graphpipe: bool = False) -> dict[str, Any]:
 _KEY_OF_RECORD: Any = object()
 
 
-def _usual_event_json(record: PredictionRecord, fields: _ServableFields, wire: bool) -> dict[str, Any] | None:
-    """The event of a JSON line in one dict display, for the events nearly every request makes: a
-    /score answer with its JSON bodies, or a V2 REST one (no error, pin, trace or pipeline extras).
-    None for any other event (:func:`encode_event_json` builds those field by field, in the same order)."""
+def _usual_line(record: PredictionRecord, fields: _ServableFields, wire: bool, kafka_key: str | None) -> bytes | None:
+    """The JSON line of the events nearly every request makes, in one C call: a /score answer with its
+    JSON bodies, or a V2 REST one (no error, pin, trace or pipeline extras). None for any other event,
+    and when the C writer leaves the line to orjson (:func:`encode_event_json` builds those field by
+    field, in the same order, to the same bytes)."""
     if record.error or record.pinned or record.trace_id or record.feedback is not None:
         return None
     response = record.response
-    if response is not None and response.parameters:
+    # Only what a pipeline adds to the line makes it unusual: an answer's parameters may hold a flavor's
+    # own (H2O: unknown and missing inputs, on every answer), which the line does not carry.
+    parameters = response.parameters if response is not None else None
+    if parameters and (parameters.get("metadata") or parameters.get("intermediate")):
         return None
     request_json, response_json = record.request_json, record.response_json
     if request_json is None or response_json is None:
         return None
-    if not wire:
-        return {
-            "prediction": orjson.Fragment(one_line_json(response_json)),
-            "servedRequest": record.served,
-            "inferenceRequest": orjson.Fragment(one_line_json(request_json)),
-            "loggingSettings": fields.logging_json,
-            "eventTimeMS": str(record.event_time_ms),
-            "requestId": record.request_id,
-            "fqrv": fields.fqrv_json,
-            "latencyMs": record.latency_ms,
-            "status": record.status,
-            "protocol": record.protocol,
-        }
-    if (
+    if wire and (
         record.protocol != "v2"
         or request_json.json_length is not None  # type: ignore[attr-defined]  # a WireBody (``wire``)
         or (isinstance(response_json, WireBody) and response_json.json_length is not None)
     ):
         return None
-    return {
-        "servedRequest": record.served,
-        "loggingSettings": fields.logging_json,
-        "eventTimeMS": str(record.event_time_ms),
-        "requestId": record.request_id,
-        "fqrv": fields.fqrv_json,
-        "latencyMs": record.latency_ms,
-        "status": record.status,
-        "protocol": "v2",
-        "wireRequest": orjson.Fragment(one_line_json(bytes(request_json))),  # orjson takes exactly bytes
-        "wireResponse": orjson.Fragment(one_line_json(bytes(response_json))),
-    }
+    return usual_line(
+        wire,
+        kafka_key,
+        request_json,
+        response_json,
+        record.served,
+        fields.logging_json_bytes,
+        record.event_time_ms,
+        record.request_id,
+        fields.fqrv_json_bytes,
+        orjson.dumps(record.latency_ms),  # orjson's shortest float form, several times cheaper than repr()
+        record.status,
+        record.protocol,
+    )
 
 
 def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_RECORD) -> bytes:
@@ -296,9 +296,10 @@ def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_
     graphpipe, wire = record.raw_request is not None, isinstance(record.request_json, WireBody)
     if kafka_key is _KEY_OF_RECORD:
         kafka_key = record.key
-    fast = _usual_event_json(record, fields, wire) if not graphpipe else None
-    if fast is not None:
-        return orjson.dumps({"topic": "basic", "key": kafka_key, "event": fast})
+    if not graphpipe:
+        usual = _usual_line(record, fields, wire, kafka_key)
+        if usual is not None:
+            return usual
     if record.feedback is not None:
         return orjson.dumps({"topic": "basic", "key": kafka_key, "event": _feedback_event_json(record, fields)})
     event: dict[str, Any] = {}

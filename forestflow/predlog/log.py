@@ -13,10 +13,12 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Protocol
 
 import structlog
 
+from forestflow.predlog import _kafka_records
 from forestflow.predlog.cloudevents import record_headers
 from forestflow.predlog.encode import encode_event, encode_event_json
 from forestflow.predlog.record import PredictionRecord
@@ -24,29 +26,14 @@ from forestflow.predlog.record import PredictionRecord
 log = structlog.get_logger("forestflow.predlog")
 
 #: Fixed per-event overhead counted against the buffer besides key and value bytes.
-EVENT_OVERHEAD_BYTES = 64
+EVENT_OVERHEAD_BYTES = _kafka_records.EVENT_OVERHEAD_BYTES
 #: An encoded Kafka headers section holding no header (a zero count).
 NO_HEADERS = b"\x00"
-
-
-class LogEntry:
-    """An encoded event waiting for its sink."""
-
-    __slots__ = ("graphpipe", "key", "value", "headers", "size")
-
-    def __init__(self, graphpipe: bool, key: bytes | None, value: bytes, headers: bytes = NO_HEADERS) -> None:
-        # A plain __init__, not a dataclass's: one Python call per logged event instead of two
-        # (__init__ and __post_init__).
-        self.graphpipe = graphpipe
-        self.key = key
-        self.value = value
-        #: The Kafka record's headers section, encoded (predlog/cloudevents.py); NO_HEADERS for none.
-        self.headers = headers
-        #: Bytes this entry holds against the buffer budget (computed once: the drain sums it per batch).
-        self.size = len(value) + (len(key) if key else 0) + len(headers) - 1 + EVENT_OVERHEAD_BYTES
-
-    def __repr__(self) -> str:
-        return f"LogEntry(graphpipe={self.graphpipe}, key={self.key!r}, value=<{len(self.value)} bytes>, size={self.size})"
+_SIZE = attrgetter("size")
+#: An encoded event waiting for its sink: ``LogEntry(graphpipe, key, value, headers=NO_HEADERS)``, its
+#: fields read-only, ``size`` the bytes it holds against the buffer budget. Written in C: one is built
+#: per logged prediction, and a Python class's ``__init__`` cost ten times as much.
+LogEntry = _kafka_records.LogEntry
 
 
 class Sink(Protocol):
@@ -314,7 +301,12 @@ class PredictionLog:
                     continue
             if self.linger_s and len(self._queue) < self.batch_size and not self._closing:
                 await asyncio.sleep(self.linger_s)
-            batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
+            queue = self._queue
+            if len(queue) <= self.batch_size:  # the whole queue, copied in C (the usual batch after a linger)
+                batch = list(queue)
+                queue.clear()
+            else:
+                batch = [queue.popleft() for _ in range(self.batch_size)]
             self._inflight = batch
             send_error: str | None = None
             try:
@@ -336,7 +328,7 @@ class PredictionLog:
             delivered = len(batch) - len(failed) - rejected
             self.stats.delivered += delivered
             self.stats.buffered -= delivered + rejected
-            self.stats.buffered_bytes -= sum(e.size for e in batch) - sum(e.size for e in failed)
+            self.stats.buffered_bytes -= sum(map(_SIZE, batch)) - (sum(map(_SIZE, failed)) if failed else 0)
             reason = send_error or getattr(self.sink, "last_error", None) or "not confirmed"
             self.stats.failing_reason = f"delivery failed: {reason}" if failed else None
             if failed:

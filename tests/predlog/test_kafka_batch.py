@@ -58,3 +58,26 @@ def test_a_closed_batch_takes_nothing_more_and_bad_entries_are_refused() -> None
     assert batch.append(timestamp=None, key=b"k", value=b"v") is None and batch.record_count() == 4
     with pytest.raises(TypeError, match="key must be bytes or None"):
         RecordBatch([LogEntry(False, "text", b"v")], "none")
+
+
+def test_log_entries_count_their_bytes_and_stay_out_of_the_collector() -> None:
+    """LogEntry (C): size as the buffer budget counts it, keywords as positionals, read-only fields,
+    and untracked by the garbage collector unless it holds something that could form a cycle."""
+    import gc
+
+    from forestflow.predlog.log import EVENT_OVERHEAD_BYTES
+
+    entry = LogEntry(False, b"key", b"value", b"\x02ab")
+    assert entry.size == 5 + 3 + 2 + EVENT_OVERHEAD_BYTES  # headers past their count byte
+    assert LogEntry(graphpipe=True, key=None, value=b"v").size == 1 + EVENT_OVERHEAD_BYTES
+    assert (entry.graphpipe, entry.key, entry.value, entry.headers) == (False, b"key", b"value", b"\x02ab")
+    assert "value=<5 bytes>" in repr(entry)
+    with pytest.raises(AttributeError):
+        entry.size = 0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        LogEntry(False, None)  # type: ignore[call-arg]
+    assert not gc.is_tracked(entry)
+    held: list[object] = []
+    cyclic = LogEntry(False, None, held)  # type: ignore[arg-type]
+    held.append(cyclic)
+    assert gc.is_tracked(cyclic)
