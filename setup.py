@@ -15,6 +15,8 @@ VARINT_H = "forestflow/codecs/varint.h"
 NDARRAY_H = "forestflow/codecs/ndarray.h"
 #: The buffer-protocol array readers of the runtime's extensions.
 ARRAYS_H = "forestflow/runtime/arrays.h"
+#: The padded perfect-tree walk both tree kernels share.
+PADDED_H = "forestflow/runtime/padded.h"
 #: Compiler warnings every extension is built with (a new warning fails tests/test_c_warnings.py), and no
 #: debug information unless the builder's CFLAGS ask for it (scripts/asan.sh does): Python's own CFLAGS carry
 #: -g, which would make the installed extensions 2.6 times their size (503 kB instead of 190 kB).
@@ -67,7 +69,7 @@ setup(
         Extension(
             "forestflow.runtime._h2o_trees",
             ["forestflow/runtime/_h2o_trees.c"],
-            depends=[ARRAYS_H],
+            depends=[ARRAYS_H, PADDED_H],
             extra_compile_args=WARNINGS + ["-O2", "-ffp-contract=off"],
             libraries=["m"],
         ),
@@ -84,7 +86,7 @@ setup(
         Extension(
             "forestflow.runtime._forest",
             ["forestflow/runtime/_forest.c"],
-            depends=[ARRAYS_H],
+            depends=[ARRAYS_H, PADDED_H],
             extra_compile_args=WARNINGS + ["-O2", "-ffp-contract=off"],
             libraries=["m"],
         ),

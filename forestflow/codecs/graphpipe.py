@@ -274,6 +274,8 @@ def _tensor(
 
 
 def _resolve_shape(shape: list[int], count: int, where: str) -> tuple[int, ...]:
+    if len(shape) == 2 and shape[0] >= 0 and shape[1] >= 0 and shape[0] * shape[1] == count:
+        return (shape[0], shape[1])  # the usual [n, k], nothing to resolve: no generator per dimension
     if not shape:
         raise InvalidInput(f"{where}.shape: required, with the record count first (e.g. [n, k])")
     if any(d < -1 for d in shape) or shape.count(-1) > 1:

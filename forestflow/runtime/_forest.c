@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "arrays.h"
+#include "padded.h"
 
 /* Columns of the int32 node table. */
 enum { N_FEATURE, N_LEFT, N_RIGHT, N_FLAGS, N_CAT_START, N_CAT_WORDS, N_WIDTH };
@@ -168,9 +169,8 @@ typedef struct {
     Py_ssize_t n_groups;
 } ScoreJob;
 
-/* Rows are scored in blocks: every tree walked for the block's rows before the next tree, so a
- * tree's nodes stay in cache; each row still sums its trees in tree order (the libraries' order). */
-enum { BLOCK = 64 };
+/* Rows are scored in blocks of BLOCK (padded.h): every tree walked for the block's rows before the next
+ * tree, so a tree's nodes stay in cache; each row still sums its trees in tree order (the libraries' order). */
 
 typedef struct {
     int f32, weighted, link;
@@ -258,95 +258,6 @@ static void score_rows(const ScoreJob *job, Sums *s) {
     }
 }
 
-/* ---- The padded perfect trees (runtime/trees/perfect.py explains them) ----
- * A tree of depth d is 2^d - 1 nodes in heap order, each a row slot and a threshold T (go right when
- * the slot's value > T), then 2^d leaves naming nodes of the table. A row's slots are its features
- * with missing values made values, one family per missing rule. */
-enum { L_TREES, L_SLOTS, L_THRESHOLDS, L_LEAVES, L_SOURCES, L_FAMILIES, L_COUNT };
-enum { PT_DEPTH, PT_NODE, PT_LEAF, PT_WIDTH };
-enum { FAM_NAN_LEFT, FAM_NAN_RIGHT, FAM_NAN_ZERO, FAM_ZERO_LEFT, FAM_ZERO_RIGHT, N_FAMILIES };
-enum { MAX_DEPTH = 8, LANES = 16, CHUNK = 16 };
-
-typedef struct {
-    const int32_t *trees, *slots, *leaves, *sources, *families;
-    const void *thresholds; /* float for the float32 comparisons, double for CMP_LE */
-    Py_ssize_t n_trees, n_nodes, n_leaves, n_slots;
-} Layout;
-
-static const struct {
-    const char *name;
-    char code;
-    Py_ssize_t size;
-    int ndim;
-} layout_spec[L_COUNT] = {
-    {"layout trees", 'i', 4, 2}, {"layout slots", 'i', 4, 1},   {"layout thresholds", 'd', 8, 1},
-    {"layout leaves", 'i', 4, 1}, {"layout sources", 'i', 4, 1}, {"layout families", 'i', 4, 1},
-};
-
-/* The layout's arrays from a tuple (views to release in *got), their shapes checked against one another. */
-static int get_layout(PyObject *tuple, Py_buffer *views, int *got, int compare, Layout *L) {
-    *got = 0;
-    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != L_COUNT) {
-        PyErr_SetString(PyExc_TypeError, "the layout must be a tuple of 6 arrays");
-        return -1;
-    }
-    for (; *got < L_COUNT; (*got)++) {
-        int f32 = *got == L_THRESHOLDS && compare != CMP_LE;
-        if (get_array(PyTuple_GET_ITEM(tuple, *got), &views[*got], layout_spec[*got].name, f32 ? 'f' : layout_spec[*got].code,
-                      f32 ? 4 : layout_spec[*got].size, layout_spec[*got].ndim, 0) < 0)
-            return -1;
-    }
-    L->trees = views[L_TREES].buf;
-    L->slots = views[L_SLOTS].buf;
-    L->thresholds = views[L_THRESHOLDS].buf;
-    L->leaves = views[L_LEAVES].buf;
-    L->sources = views[L_SOURCES].buf;
-    L->families = views[L_FAMILIES].buf;
-    L->n_trees = dim(&views[L_TREES], 0);
-    L->n_nodes = dim(&views[L_SLOTS], 0);
-    L->n_leaves = dim(&views[L_LEAVES], 0);
-    L->n_slots = dim(&views[L_SOURCES], 0);
-    if (dim(&views[L_TREES], 1) != PT_WIDTH || dim(&views[L_THRESHOLDS], 0) != L->n_nodes ||
-        dim(&views[L_FAMILIES], 0) != N_FAMILIES + 1) {
-        PyErr_SetString(PyExc_ValueError, "the layout's arrays do not fit one another");
-        return -1;
-    }
-    return 0;
-}
-
-/* NULL when every index of the layout is in range for a forest of n_nodes nodes and n_features features. */
-static const char *check_layout_contents(const Layout *L, Py_ssize_t n_trees, Py_ssize_t n_nodes, Py_ssize_t n_features) {
-    Py_ssize_t k;
-    if (L->n_trees != n_trees)
-        return "the layout has another number of trees";
-    for (k = 0; k < n_trees; k++) {
-        const int32_t *tr = L->trees + k * PT_WIDTH;
-        Py_ssize_t size;
-        if (tr[PT_DEPTH] == -1)
-            continue;
-        if (tr[PT_DEPTH] < 0 || tr[PT_DEPTH] > MAX_DEPTH)
-            return "a padded tree's depth is out of range";
-        size = (Py_ssize_t)1 << tr[PT_DEPTH];
-        if (tr[PT_NODE] < 0 || tr[PT_NODE] + size - 1 > L->n_nodes || tr[PT_LEAF] < 0 || tr[PT_LEAF] + size > L->n_leaves)
-            return "a padded tree's nodes or leaves are out of range";
-    }
-    for (k = 0; k < L->n_nodes; k++)
-        if (L->slots[k] < 0 || L->slots[k] >= L->n_slots)
-            return "a padded node's slot is out of range";
-    for (k = 0; k < L->n_leaves; k++)
-        if (L->leaves[k] < 0 || L->leaves[k] >= n_nodes)
-            return "a padded leaf's node is out of range";
-    for (k = 0; k < L->n_slots; k++)
-        if (L->sources[k] < 0 || L->sources[k] >= n_features)
-            return "a slot's feature is out of range";
-    if (L->families[0] != 0 || L->families[N_FAMILIES] != L->n_slots)
-        return "the slot families do not cover the slots";
-    for (k = 0; k < N_FAMILIES; k++)
-        if (L->families[k + 1] < L->families[k])
-            return "the slot families are not in order";
-    return NULL;
-}
-
 /* One row's slots: its features with missing values made values, as each family's rule says. */
 #define DEFINE_EXPAND(NAME, T)                                                                                                  \
     static void NAME(const Layout *L, const double *x, T *out) {                                                                \
@@ -366,72 +277,8 @@ static const char *check_layout_contents(const Layout *L, Py_ssize_t n_trees, Py
         }                                                                                                                       \
     }
 
-/* LANES walks at once, each lane a tree (its first node off, its depth dep; 0 = an idle lane) and a row
- * (its slots at xs + xb): exactly dep steps, no branch on the data; at[k] gets the leaf's index in the tree.
- * Every lane reads at every step up to the deepest lane's depth (node 0 when past its own: there is one,
- * since some tree has depth >= 1), so that the step has no branch. */
-#define DEFINE_WALK(NAME, T)                                                                                                    \
-    static void NAME(const T *xs, const int32_t *slots, const T *thr, const int32_t *off, const int32_t *xb, const int32_t *dep, \
-                     int32_t *at) {                                                                                             \
-        uint32_t i[LANES];                                                                                                      \
-        int32_t dmax = 0, l, k;                                                                                                 \
-        for (k = 0; k < LANES; k++) {                                                                                           \
-            i[k] = 0;                                                                                                           \
-            dmax = dep[k] > dmax ? dep[k] : dmax;                                                                               \
-        }                                                                                                                       \
-        for (l = 0; l < dmax; l++) {                                                                                            \
-            _Pragma("GCC unroll 16") for (k = 0; k < LANES; k++) {                                                               \
-                int32_t on = -(int32_t)(l < dep[k]); /* a lane past its depth reads node 0 and stays */                   \
-                int32_t g = (off[k] + (int32_t)i[k]) & on;                                                                      \
-                uint32_t next = 2 * i[k] + 1 + (xs[xb[k] + slots[g]] > thr[g]);                                                 \
-                i[k] = on ? next : i[k];                                                                                        \
-            }                                                                                                                   \
-        }                                                                                                                       \
-        for (k = 0; k < LANES; k++)                                                                                             \
-            at[k] = (int32_t)i[k] - ((1 << dep[k]) - 1);                                                                        \
-    }
-
-/* The same for LANES consecutive rows of one tree (its nodes at slots and thr, depth d): fewer loads per step. */
-#define DEFINE_WALK_ROWS(NAME, T)                                                                                               \
-    static void NAME(const T *xs, Py_ssize_t ns, const int32_t *slots, const T *thr, int32_t d, int32_t *at) {                  \
-        uint32_t i[LANES];                                                                                                      \
-        int32_t l, k;                                                                                                           \
-        for (k = 0; k < LANES; k++)                                                                                             \
-            i[k] = 0;                                                                                                           \
-        for (l = 0; l < d; l++) {                                                                                               \
-            _Pragma("GCC unroll 16") for (k = 0; k < LANES; k++) i[k] = 2 * i[k] + 1 + (xs[k * ns + slots[i[k]]] > thr[i[k]]);  \
-        }                                                                                                                       \
-        for (k = 0; k < LANES; k++)                                                                                             \
-            at[k] = (int32_t)i[k] - ((1 << d) - 1);                                                                             \
-    }
-
 DEFINE_EXPAND(expand_f, float)
 DEFINE_EXPAND(expand_d, double)
-DEFINE_WALK(walk_f, float)
-DEFINE_WALK(walk_d, double)
-DEFINE_WALK_ROWS(walk_rows_f, float)
-DEFINE_WALK_ROWS(walk_rows_d, double)
-
-typedef struct {
-    int32_t off[LANES], xb[LANES], dep[LANES], at[LANES], tree[LANES], row[LANES];
-    int n;
-} Lanes;
-
-/* Walks the lanes gathered so far; each one's leaf goes to leafs[tree - t0][row]. */
-static void lanes_run(const Layout *L, Lanes *ln, const void *xs, int f32, int32_t (*leafs)[BLOCK], Py_ssize_t t0) {
-    int k;
-    if (ln->n == 0)
-        return;
-    for (k = ln->n; k < LANES; k++)
-        ln->off[k] = ln->xb[k] = ln->dep[k] = 0;
-    if (f32)
-        walk_f(xs, L->slots, L->thresholds, ln->off, ln->xb, ln->dep, ln->at);
-    else
-        walk_d(xs, L->slots, L->thresholds, ln->off, ln->xb, ln->dep, ln->at);
-    for (k = 0; k < ln->n; k++)
-        leafs[ln->tree[k] - t0][ln->row[k]] = L->leaves[L->trees[ln->tree[k] * PT_WIDTH + PT_LEAF] + ln->at[k]];
-    ln->n = 0;
-}
 
 /* Trees of depth >= 0 walked in the layout, the others in the node table; xs holds BLOCK rows of n_slots slots. */
 static void score_rows_padded(const ScoreJob *job, Sums *s, const Layout *L, void *xs) {
@@ -439,8 +286,6 @@ static void score_rows_padded(const ScoreJob *job, Sums *s, const Layout *L, voi
     int f32 = f->compare != CMP_LE;
     Py_ssize_t start, end, i, t, t0, t1, ns = L->n_slots;
     int32_t leafs[CHUNK][BLOCK];
-    Lanes ln;
-    ln.n = 0;
     for (start = 0; start < f->n_rows; start = end) {
         end = start + BLOCK < f->n_rows ? start + BLOCK : f->n_rows;
         for (i = start; i < end; i++) {
@@ -452,35 +297,11 @@ static void score_rows_padded(const ScoreJob *job, Sums *s, const Layout *L, voi
         sums_start(job, s, start, end);
         for (t0 = 0; t0 < f->n_trees; t0 = t1) {
             t1 = t0 + CHUNK < f->n_trees ? t0 + CHUNK : f->n_trees;
-            for (t = t0; t < t1; t++) {
-                const int32_t *tr = L->trees + t * PT_WIDTH;
-                if (tr[PT_DEPTH] < 0) {
+            padded_leaves(L, xs, f32, end - start, t0, t1, leafs);
+            for (t = t0; t < t1; t++)
+                if (L->trees[t * PT_WIDTH + PT_DEPTH] < 0)
                     for (i = start; i < end; i++)
                         leafs[t - t0][i - start] = (int32_t)leaf_of(f, f->roots[t], f->X + i * f->n_features);
-                    continue;
-                }
-                for (i = start; i + LANES <= end; i += LANES) { /* whole groups of rows: one tree for all lanes */
-                    int32_t at[LANES], k;
-                    if (f32)
-                        walk_rows_f((const float *)xs + (i - start) * ns, ns, L->slots + tr[PT_NODE],
-                                    (const float *)L->thresholds + tr[PT_NODE], tr[PT_DEPTH], at);
-                    else
-                        walk_rows_d((const double *)xs + (i - start) * ns, ns, L->slots + tr[PT_NODE],
-                                    (const double *)L->thresholds + tr[PT_NODE], tr[PT_DEPTH], at);
-                    for (k = 0; k < LANES; k++)
-                        leafs[t - t0][i - start + k] = L->leaves[tr[PT_LEAF] + at[k]];
-                }
-                for (; i < end; i++) { /* the rest, with other trees' rests or a small batch's trees */
-                    ln.off[ln.n] = tr[PT_NODE];
-                    ln.xb[ln.n] = (int32_t)((i - start) * ns);
-                    ln.dep[ln.n] = tr[PT_DEPTH];
-                    ln.tree[ln.n] = (int32_t)t;
-                    ln.row[ln.n] = (int32_t)(i - start);
-                    if (++ln.n == LANES)
-                        lanes_run(L, &ln, xs, f32, leafs, t0);
-                }
-            }
-            lanes_run(L, &ln, xs, f32, leafs, t0);
             for (t = t0; t < t1; t++)
                 for (i = start; i < end; i++)
                     sums_add(job, s, start, i, t, leafs[t - t0][i - start]);
@@ -673,7 +494,7 @@ static PyObject *score(PyObject *Py_UNUSED(self), PyObject *args) {
         goto release_tables;
     if (get_array(o_out, &out_v, "out", 'd', 8, 2, 1) < 0)
         goto release_base;
-    if (o_layout != NULL && get_layout(o_layout, layout_v, &layout_got, job.f.compare, &layout) < 0)
+    if (o_layout != NULL && get_layout(o_layout, layout_v, &layout_got, job.f.compare != CMP_LE, &layout) < 0)
         goto release_out;
     job.params = params_v.buf;
     job.base = base_v.buf;
@@ -744,7 +565,7 @@ static PyObject *check_layout(PyObject *Py_UNUSED(self), PyObject *args) {
         Py_INCREF(lobjs[k]);
         PyTuple_SET_ITEM(tuple, k, lobjs[k]);
     }
-    if (get_tables(objs, views, &got) == 0 && get_layout(tuple, lviews, &lgot, compare, &L) == 0) {
+    if (get_tables(objs, views, &got) == 0 && get_layout(tuple, lviews, &lgot, compare != CMP_LE, &L) == 0) {
         memset(&f, 0, sizeof f);
         fill_forest(&f, views);
         error = check_layout_contents(&L, f.n_trees, f.n_nodes, n_features);

@@ -8,6 +8,8 @@ rescaling, balance-classes correction, the label). The result is exactly ``score
 ``(n, preds_size)`` array: the trees are summed in genmodel's order, float32 leaves widened to
 double as Java does, so the sums match bit for bit; link functions use the C library's ``exp``
 where Java uses ``Math.exp`` (within an ulp). Multinomial ties are broken here, as genmodel does.
+Trees of depth <= 8 are walked in the padded layout of :mod:`h2o_padded` (branch-free, the same
+leaves), deeper ones in the node table.
 
 Why a C extension of our own rather than numba: numba and llvmlite cost ~100 MiB of memory in
 every gateway process that imports them (the issue's budget for five models was 100 MB in all)
@@ -23,7 +25,12 @@ import time
 import numpy as np
 
 from forestflow.runtime import _h2o_trees
+from forestflow.runtime.h2o_padded import h2o_layout
 from forestflow.runtime.h2o_tree_reader import LINKS, TreeModel, TreeTable
+
+#: Batches from this many rows walk the padded layout: below, its fixed cost per call (its arrays read
+#: and checked) is more than the node-table walk's mispredicted branches (callgrind, the prostate GBM).
+PADDED_FROM_ROWS = 16
 
 # Slots of the packed parameters (_h2o_trees.c reads them in this order).
 _GBM, _DRF = 0, 1
@@ -137,9 +144,12 @@ class NativeTreeScorer:
         self.preds_size = width
         self.n_features = model.n_features
         _h2o_trees.check_tables(self._nodes, self._values, self._bits, self._roots, self._target, self.n_features, width)
+        #: The padded trees (checked by every score() call, as the tables are).
+        self.layout = h2o_layout(t, self._dom_len, version)
 
-    def score(self, X: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray:
-        """``score0`` of every row of ``X`` (``n x n_features``, NaN = NA): ``(n, preds_size)``."""
+    def score(self, X: np.ndarray, offsets: np.ndarray | None = None, padded: bool = True) -> np.ndarray:
+        """``score0`` of every row of ``X`` (``n x n_features``, NaN = NA): ``(n, preds_size)``;
+        ``padded=False`` walks every tree in the node table (the same numbers, as below PADDED_FROM_ROWS)."""
         X = np.ascontiguousarray(X, dtype=np.float64)
         n = X.shape[0]
         if X.ndim != 2 or X.shape[1] != self.n_features:
@@ -161,6 +171,7 @@ class NativeTreeScorer:
             self._model_distrib,
             preds,
             ties,
+            *((self.layout.tables,) if padded and n >= PADDED_FROM_ROWS else ()),
         )
         if self.preds_size > 3 and ties.any():
             prior = self.model.prior_class_distrib
