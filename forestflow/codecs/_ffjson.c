@@ -315,9 +315,11 @@ static const double EXACT_POWERS[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  
 
 /* A JSON number: ``*is_int`` with its exact value in ``*iv`` (at most 18 digits), else a finite double in ``*dv``. */
 static int number(Reader *r, int *is_int, int64_t *iv, double *dv) {
-    const unsigned char *start = r->p, *p = r->p, *end = r->end;
-    int negative = 0, digits = 0, integral = 1, exponent = 0;
-    uint64_t mantissa = 0; /* every digit, up to 19 of them */
+    const unsigned char *start = r->p, *p = r->p, *end = r->end, *run;
+    int negative = 0, integral = 1;
+    Py_ssize_t digits = 0, exponent = 0;
+    /* Every digit, wrapping past 19 of them: it is read only when there are at most 18. */
+    uint64_t mantissa = 0;
     if (p < end && *p == '-') {
         negative = 1;
         p++;
@@ -326,28 +328,21 @@ static int number(Reader *r, int *is_int, int64_t *iv, double *dv) {
         p++;
         digits = 1;
     } else if (p < end && *p >= '1' && *p <= '9') {
-        while (p < end && *p >= '0' && *p <= '9') {
-            if (digits < 19)
-                mantissa = mantissa * 10 + (uint64_t)(*p - '0');
-            digits++;
-            p++;
-        }
+        for (run = p; p < end && (unsigned)(*p - '0') < 10; p++)
+            mantissa = mantissa * 10 + (uint64_t)(*p - '0');
+        digits = p - run;
     } else {
         return NO;
     }
     if (p < end && *p == '.') {
         integral = 0;
         p++;
-        if (p >= end || *p < '0' || *p > '9')
+        for (run = p; p < end && (unsigned)(*p - '0') < 10; p++)
+            mantissa = mantissa * 10 + (uint64_t)(*p - '0');
+        if (p == run)
             return NO;
-        while (p < end && *p >= '0' && *p <= '9') {
-            if (digits < 19) {
-                mantissa = mantissa * 10 + (uint64_t)(*p - '0');
-                exponent--;
-            }
-            digits++;
-            p++;
-        }
+        digits += p - run;
+        exponent -= p - run;
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
         int exp_negative = 0, written = 0;
@@ -1382,12 +1377,14 @@ static const NpType NP_TYPES[] = {
 };
 #define N_NP_TYPES (sizeof(NP_TYPES) / sizeof(NP_TYPES[0]))
 
-/* The values of a ``data`` array, row-major, and what kinds were seen (EL_*). */
+/* The values of a ``data`` array, row-major, as doubles (null as NaN, booleans as 0 and 1), and what
+ * kinds were seen (EL_*). Integers are exact in a double: one past 2^53 is declined. */
 typedef struct {
-    Vec values; /* the doubles numpy would hold (null as NaN), or the flags of booleans */
-    Vec ints;   /* the exact integers, while every number is one */
+    Vec values;
     int seen;
 } NpValues;
+
+#define EXACT_INT (INT64_C(1) << 53)
 
 /* One scalar of a ``data`` array: a number, null, true or false (NO for anything else). */
 static int np_scalar(Reader *r, NpValues *v) {
@@ -1395,25 +1392,27 @@ static int np_scalar(Reader *r, NpValues *v) {
     if (r->p >= r->end)
         return NO;
     unsigned char c = *r->p;
+    double d;
     if (c == 't' || c == 'f') {
-        int64_t flag = c == 't';
-        TRY(literal(r, flag ? "true" : "false", flag ? 4 : 5));
+        TRY(c == 't' ? literal(r, "true", 4) : literal(r, "false", 5));
         v->seen |= EL_BOOL;
-        return vec_push(&v->values, (Item){.i = flag});
-    }
-    if (c == 'n') {
+        d = c == 't';
+    } else if (c == 'n') {
         TRY(literal(r, "null", 4));
         v->seen |= EL_NULL;
-        return vec_push(&v->values, (Item){.d = NAN});
+        d = NAN;
+    } else {
+        int is_int;
+        int64_t iv;
+        TRY(number(r, &is_int, &iv, &d));
+        if (is_int && (iv > EXACT_INT || iv < -EXACT_INT))
+            return NO;
+        v->seen |= is_int ? EL_NUMBER : EL_NUMBER | EL_FLOAT;
     }
-    int is_int;
-    int64_t iv;
-    double dv;
-    TRY(number(r, &is_int, &iv, &dv));
-    v->seen |= is_int ? EL_NUMBER : EL_NUMBER | EL_FLOAT;
-    if (vec_push(&v->values, (Item){.d = dv}) != OK)
+    if (v->values.n == v->values.cap && vec_grow(&v->values) != OK)
         return ERR;
-    return is_int ? vec_push(&v->ints, (Item){.i = iv}) : OK;
+    v->values.data[v->values.n++].d = d;
+    return OK;
 }
 
 /*
@@ -1457,19 +1456,19 @@ static int np_data(Reader *r, NpValues *v) {
 
 /*
  * The F columns of a ``rows`` x F tensor of ``type`` from its values, converted as numpy converts the
- * array ``np.array(data)`` (int64 when every value is an integer, else float64) to the datatype; NO
- * when that conversion is refused or not this exact one (a fraction or a value out of range for an
- * integer type, a finite value past FP32's range, numbers for BOOL, booleans for numbers).
+ * array ``np.array(data)`` (int64 when every value is an integer, else float64: the same doubles
+ * here, integers being exact in them) to the datatype; NO when that conversion is refused or not
+ * this exact one (a fraction, null or a value out of range for an integer type, a finite value past
+ * FP32's range, numbers for BOOL, booleans for numbers).
  */
 static int np_columns(const NpType *type, NpValues *v, Py_ssize_t rows, Py_ssize_t width, PyObject **out) {
-    int floats = (v->seen & (EL_FLOAT | EL_NULL)) != 0;
     if (type->read == NP_BOOL ? v->seen != EL_BOOL : (v->seen & EL_BOOL) != 0)
         return NO;
     if (type->read == NP_INT) {
-        if (floats)
+        if (v->seen & (EL_FLOAT | EL_NULL))
             return NO;
-        for (Py_ssize_t i = 0; i < v->ints.n; i++)
-            if (v->ints.data[i].i < type->low || v->ints.data[i].i > type->high)
+        for (Py_ssize_t k = 0; k < v->values.n; k++)
+            if (v->values.data[k].d < (double)type->low || v->values.data[k].d > (double)type->high)
                 return NO;
     }
     PyObject *columns = PyTuple_New(width);
@@ -1483,13 +1482,14 @@ static int np_columns(const NpType *type, NpValues *v, Py_ssize_t rows, Py_ssize
         }
         PyTuple_SET_ITEM(columns, j, column);
         char *to = nd_data(column);
-        const Item *d = v->values.data + j, *i = v->ints.data + j;
-#define FILL(ctype, expr)                                         \
-    for (Py_ssize_t k = 0; k < rows; k++, d += width, i += width) \
-        ((ctype *)to)[k] = (ctype)(expr);                         \
+        const Item *d = v->values.data + j;
+#define FILL(ctype, expr)                                 \
+    for (Py_ssize_t k = 0; k < rows; k++, d += width)     \
+        ((ctype *)to)[k] = (ctype)(expr);                 \
     break
-        switch (type->typenum + (floats ? 0 : 1000)) {
+        switch (type->typenum) {
         case ND_FLOAT32:
+            /* float64 to float32 as numpy casts it (an integer is exact in the double: rounded once) */
             for (Py_ssize_t k = 0; k < rows; k++, d += width) {
                 float f = (float)d->d;
                 if (isinf(f)) { /* numbers_as refuses a finite value past FP32's range (NaN stays NaN) */
@@ -1500,18 +1500,15 @@ static int np_columns(const NpType *type, NpValues *v, Py_ssize_t rows, Py_ssize
             }
             break;
         case ND_FLOAT64: FILL(double, d->d);
-        /* every value an integer: numpy converts the int64 array, each straight to the type */
-        case 1000 + ND_FLOAT32: FILL(float, i->i);
-        case 1000 + ND_FLOAT64: FILL(double, i->i);
-        case 1000 + ND_INT64: FILL(int64_t, i->i);
-        case 1000 + ND_INT32: FILL(int32_t, i->i);
-        case 1000 + ND_INT16: FILL(int16_t, i->i);
-        case 1000 + ND_INT8: FILL(int8_t, i->i);
-        case 1000 + ND_UINT64: FILL(uint64_t, i->i);
-        case 1000 + ND_UINT: FILL(uint32_t, i->i);
-        case 1000 + ND_USHORT: FILL(uint16_t, i->i);
-        case 1000 + ND_UBYTE: FILL(uint8_t, i->i);
-        default: FILL(unsigned char, d->i != 0); /* BOOL: the flags, in values */
+        case ND_INT64: FILL(int64_t, d->d);
+        case ND_INT32: FILL(int32_t, d->d);
+        case ND_INT16: FILL(int16_t, d->d);
+        case ND_INT8: FILL(int8_t, d->d);
+        case ND_UINT64: FILL(uint64_t, d->d);
+        case ND_UINT: FILL(uint32_t, d->d);
+        case ND_USHORT: FILL(uint16_t, d->d);
+        case ND_UBYTE: FILL(uint8_t, d->d);
+        default: FILL(unsigned char, d->d != 0); /* BOOL */
         }
 #undef FILL
     }
@@ -1591,7 +1588,7 @@ static int v2_np_body(Reader *r, PyObject **result) {
     PyObject *name = NULL, *parameters = NULL, *id = NULL, *columns = NULL;
     const NpType *type = NULL;
     int64_t rows = 0, width = 0;
-    NpValues v = {{NULL, 0, 0}, {NULL, 0, 0}, 0};
+    NpValues v = {{NULL, 0, 0}, 0};
     int status = expect(r, '{'), inputs = 0, step;
     while (status == OK) {
         const char *key;
@@ -1633,7 +1630,6 @@ static int v2_np_body(Reader *r, PyObject **result) {
         status = *result == NULL ? ERR : OK;
     }
     PyMem_Free(v.values.data);
-    PyMem_Free(v.ints.data);
     Py_XDECREF(name);
     Py_XDECREF(parameters);
     Py_XDECREF(id);
@@ -1648,8 +1644,8 @@ PyDoc_STRVAR(v2_np_doc,
              "datatype) holds; ``parameters`` the request's parameters object and ``id`` its id (None when absent).\n"
              "Members: ``inputs`` holding one input of exactly ``name``, ``datatype``, ``shape`` and ``data`` (flat, or\n"
              "rows of one length; members nobody reads are skipped), optionally ``parameters`` (an object) and\n"
-             "``id``, each once; other members are skipped but ``outputs``. None for anything else, and for data the\n"
-             "general decoding refuses or converts otherwise (no exception).");
+             "``id``, each once; other members are skipped but ``outputs``. None for anything else, for data the\n"
+             "general decoding refuses or converts otherwise, and for an integer past 2^53 (no exception).");
 
 static PyObject *v2_np(PyObject *self, PyObject *arg) {
     (void)self;
