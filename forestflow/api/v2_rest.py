@@ -287,23 +287,21 @@ async def _plain_frame(gateway: Gateway, body: bytes, route: Route) -> tuple[Fra
     (np); no requested outputs, no parameter that changes the decoding or the answer. None for
     any other, which the general path then decodes (it answers the same for these, in more steps)."""
     plain = _ffjson.v2_columns(body)
-    loose: frozenset[str] = frozenset()
     if plain is not None:
         columns, parameters, client_id = plain
         rows = len(next(iter(columns.values())))  # every input has the same rows
-        explicit = False
     else:
         tensor = _ffjson.v2_np(body)
         if tensor is None:
             return None
         name, rows, values, parameters, client_id = tensor
-        explicit = parameters is not None and "content_type" in parameters
-        if parameters is not None and explicit and (parameters["content_type"] != NP or not _NOT_PLAIN_NP.isdisjoint(parameters)):
-            return None
+    explicit = False  # the layout named by parameters.content_type (np requests only)
     if parameters is None:
         parameters = {}
-    elif not explicit and not _NOT_PLAIN.isdisjoint(parameters):
-        return None
+    elif not _NOT_PLAIN.isdisjoint(parameters):
+        explicit = plain is None and parameters.get("content_type") == NP and _NOT_PLAIN_NP.isdisjoint(parameters)
+        if not explicit:
+            return None
     if client_id is not None and not isinstance(client_id, (str, int)):
         return None  # the general path says what is wrong with it
     if rows > gateway.settings.max_rows:
@@ -311,6 +309,7 @@ async def _plain_frame(gateway: Gateway, body: bytes, route: Route) -> tuple[Fra
     await gateway.load_routed(route)  # a cold release: loaded before its inputs lay out the columns
     meta = gateway.decoding_metadata(route)
     layout: Layout | None
+    loose: frozenset[str] = frozenset()
     if plain is not None:
         layout = v2_common.plain_layout(meta, columns)
     else:
