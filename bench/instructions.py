@@ -15,6 +15,7 @@ once and ``--rounds`` alternates them, cell by cell, and keeps each one's median
 
     python bench/instructions.py                                       # this checkout, NONE, 6 cells
     python bench/instructions.py --roots /work/wt/base . --endpoints score --rows 1
+    python bench/instructions.py --roots /work/wt/base . --endpoints np   # same_model.py's LightGBM, np body
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import requests as http
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import payloads  # noqa: E402
+from bench import payloads, same_model  # noqa: E402
 from bench.logging_instructions import CountedGateway  # noqa: E402
 from bench.servers import endpoints  # noqa: E402
 
@@ -41,7 +42,13 @@ CONTRACT = ("bench", "instr", 1)
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--roots", nargs="+", type=Path, default=[ROOT], help="checkouts to count (at most two)")
-    parser.add_argument("--endpoints", nargs="+", default=["score", "v2", "gp"], choices=["score", "v2", "gp"])
+    parser.add_argument(
+        "--endpoints",
+        nargs="+",
+        default=["score", "v2", "gp"],
+        choices=["score", "v2", "gp", "np"],
+        help="np: bench/same_model.py's LightGBM model and V2 np body (one FP32 [N, 8] tensor)",
+    )
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
     parser.add_argument(
         "--logging", default="NONE", choices=["NONE", "FULL"], help="the contract's log level (FULL: to the file)"
@@ -64,10 +71,21 @@ def main() -> int:
             gateways.append(gateway)
             r = http.post(gateway.url + "/servable", json=payloads.definition(CONTRACT, args.logging), timeout=600)
             r.raise_for_status()
+            if "np" in args.endpoints:
+                if not (work / "models").exists():
+                    same_model.train(work / "models", 100, 6)
+                r = http.post(gateway.url + "/servable", json=same_model.definition(work / "models", "lightgbm"), timeout=600)
+                r.raise_for_status()
         for _ in range(args.rounds):
             for rows in args.rows:
                 n = args.requests if rows < 100 else max(50, args.requests // 2)
-                for name, entry in endpoints(rows, ".".join(map(str, CONTRACT))).items():
+                cells = endpoints(rows, ".".join(map(str, CONTRACT)))
+                cells["np"] = (
+                    same_model.paths("lightgbm")[0],
+                    same_model.body("np", same_model.rows_matrix(rows)),
+                    "application/json",
+                )
+                for name, entry in cells.items():
                     if name not in args.endpoints:
                         continue
                     for root, gateway, counted in zip(args.roots, gateways, counts, strict=True):

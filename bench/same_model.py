@@ -231,23 +231,26 @@ def start_mlserver(mlserver: Path, models: Path, log: Path, timeout_s: float = 1
         time.sleep(0.1)
 
 
+def definition(models: Path, name: str) -> dict[str, Any]:
+    """forestflow's servable definition of the model ``name`` (trained by :func:`train` under ``models``)."""
+    _, file, flavor, (org, project, n) = MODELS[name]
+    return {
+        "path": (models / name).as_uri(),
+        "fqrv": {"contract": {"organization": org, "project": project, "contract_number": n}, "release_version": "r1"},
+        "flavor": {flavor: {"modelPath": file}},
+        "servableSettings": {
+            "policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
+            "loggingSettings": {"logLevel": "NONE", "keyFeatures": []},
+        },
+    }
+
+
 def start_forestflow(work: Path, models: Path) -> TreeServer:
     """A gateway pinned to core 0 with both models deployed through the admin API."""
     gw = start_gateway(work / "data-forestflow", THREADS_ENV, work, "forestflow", cpu=CORE)
     server = TreeServer(gw.proc, gw.url)
-    for name, (_, file, flavor, (org, project, n)) in MODELS.items():
-        deploy_body(
-            server,
-            {
-                "path": (models / name).as_uri(),
-                "fqrv": {"contract": {"organization": org, "project": project, "contract_number": n}, "release_version": "r1"},
-                "flavor": {flavor: {"modelPath": file}},
-                "servableSettings": {
-                    "policySettings": {"validityPolicy": [{"ImmediatelyValid": {}}], "phaseInPolicy": {"ImmediatePhaseIn": {}}},
-                    "loggingSettings": {"logLevel": "NONE", "keyFeatures": []},
-                },
-            },
-        )
+    for name in MODELS:
+        deploy_body(server, definition(models, name))
     return server
 
 

@@ -54,6 +54,7 @@ from tests.codecs.test_json_columns import (
     _v2_front_end,
     _v2_python,
 )
+from tests.codecs.test_np_columns import check_v2_np, np_body
 from tests.runtime.test_h2o_mojo import FIXTURES
 
 FAST = settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -169,13 +170,27 @@ def test_ffjson_v2_columns_take_the_plain_request() -> None:
     assert taken > 40
 
 
+@st.composite
+def np_bodies(draw: Any) -> bytes:
+    return draw(mutated(np_body(draw(st.randoms(use_true_random=False)))))
+
+
+@FAST
+@given(np_bodies())
+def test_ffjson_v2_np_takes_only_what_the_general_path_reads_alike(head: bytes) -> None:
+    check_v2_np(head)
+    _check_v2_columns(head)
+
+
 @pytest.mark.slow
 @MANY
-@given(score_bodies(), v2_bodies())
-def test_ffjson_many_more_bodies(body: bytes, head: bytes) -> None:
+@given(score_bodies(), v2_bodies(), np_bodies())
+def test_ffjson_many_more_bodies(body: bytes, head: bytes, np_head: bytes) -> None:
     _check_score_body(body)
     _check_v2_body(head)
     _check_v2_columns(head)
+    check_v2_np(head)
+    check_v2_np(np_head)
 
 
 @FAST

@@ -17,7 +17,7 @@ import orjson
 
 import forestflow
 from forestflow.api.common import MAX_CACHED_CONTRACTS
-from forestflow.codecs.v2 import PD, Layout, decode_inputs, spec_json
+from forestflow.codecs.v2 import NP, PD, Layout, decode_inputs, spec_json
 from forestflow.codecs.v2_request import TRANSPORT_PARAMETERS, configs_from
 from forestflow.codecs.v2_tensor import BASE64, Tensor
 from forestflow.core.frame import DATATYPES, IMAGE, Frame, TensorSpec
@@ -234,6 +234,10 @@ class _PlainInputs:
     reshaped: frozenset[str]
     #: The layout of a plain request (pd, one axis), with the declared outputs the answer follows.
     layout: Layout
+    #: The inputs in metadata order: the columns of an np tensor (empty when one input takes a vector).
+    order: tuple[str, ...] = ()
+    #: The layouts of an np request, without and with ``parameters.content_type`` naming it.
+    np_layouts: tuple[Layout, Layout] = (Layout(NP, 2), Layout(NP, 2, True))
 
 
 #: The plain inputs of the releases seen, by the id of their metadata (checked to be it).
@@ -241,30 +245,55 @@ _PLAIN: dict[int, _PlainInputs] = {}
 _NO_METADATA = _PlainInputs(None, frozenset(), frozenset(), Layout(PD, 1))
 
 
+def _plain_inputs(meta: ServableMetadata | None) -> _PlainInputs:
+    """What the plain paths need of ``meta``, worked out on its first request."""
+    if meta is None:
+        return _NO_METADATA
+    plain = _PLAIN.get(id(meta), _NO_METADATA)
+    if plain.metadata is meta:
+        return plain
+    specs = meta.inputs
+    declared = tuple((s.name, tuple(s.shape)) for s in meta.outputs)
+    vector = len(specs) == 1 and len(specs[0].shape) > 1  # decode_inputs' "the one input takes a vector"
+    plain = _PlainInputs(
+        meta,
+        frozenset(s.name for s in specs),
+        frozenset(s.name for s in specs if len(s.shape) > 1 and tuple(s.shape[1:]) != (1,)),
+        Layout(PD, 1, False, declared),
+        () if vector else tuple(s.name for s in specs),
+        (Layout(NP, 2, False, declared), Layout(NP, 2, True, declared)),
+    )
+    if len(_PLAIN) >= MAX_CACHED_CONTRACTS:
+        _PLAIN.clear()
+    _PLAIN[id(meta)] = plain
+    return plain
+
+
 def plain_layout(meta: ServableMetadata | None, columns: dict[str, np.ndarray]) -> Layout | None:
     """The layout :func:`~forestflow.codecs.v2.decode_inputs` gives 1-D pd tensors ``columns`` for a
     release of this metadata when it takes them as they are (each a one-value-per-row input, or no
     input), else None (a vector input; or one tensor named after no input, which is np)."""
-    if meta is None:
-        plain = _NO_METADATA
-    else:
-        plain = _PLAIN.get(id(meta), _NO_METADATA)
-        if plain.metadata is not meta:
-            specs = meta.inputs
-            plain = _PlainInputs(
-                meta,
-                frozenset(s.name for s in specs),
-                frozenset(s.name for s in specs if len(s.shape) > 1 and tuple(s.shape[1:]) != (1,)),
-                Layout(PD, 1, False, tuple((s.name, tuple(s.shape)) for s in meta.outputs)),
-            )
-            if len(_PLAIN) >= MAX_CACHED_CONTRACTS:
-                _PLAIN.clear()
-            _PLAIN[id(meta)] = plain
+    plain = _plain_inputs(meta)
     if plain.reshaped and not plain.reshaped.isdisjoint(columns):
         return None
     if len(columns) == 1 and plain.names and next(iter(columns)) not in plain.names:
         return None
     return plain.layout
+
+
+def np_plain(
+    meta: ServableMetadata | None, name: str, values: tuple[np.ndarray, ...], explicit: bool
+) -> tuple[dict[str, np.ndarray], Layout] | None:
+    """The columns and layout :func:`~forestflow.codecs.v2.decode_inputs` gives one ``[N, F]`` tensor
+    ``name`` whose F columns are ``values``, for a release of this metadata, when it reads it as np
+    (``explicit``: the request said so; else the tensor is named after no input), one column per
+    input in metadata order; None for any other case (no inputs declared, one vector input, a
+    width that is not the input count, a tensor named after an input), which the general path decodes."""
+    plain = _plain_inputs(meta)
+    order = plain.order
+    if len(values) != len(order) or not order or (not explicit and name in plain.names):
+        return None
+    return dict(zip(order, values)), plain.np_layouts[explicit]
 
 
 def plain_answer(name: str, request_id: str, fqrv: FQRV, frame: Frame, layout: Layout) -> bytes | None:

@@ -34,7 +34,7 @@ from forestflow.api.common import (
 from forestflow.api.pinning import PIN_HEADER, headers_pinned_route
 from forestflow.api.responses import JSON, dumps, json_response, v2_error_response
 from forestflow.codecs import _ffjson
-from forestflow.codecs.v2 import Layout, encode_outputs
+from forestflow.codecs.v2 import NP, Layout, encode_outputs
 from forestflow.codecs.v2_request import TRANSPORT_PARAMETERS, configs_from, loads, object_of, parse_inputs, tensor_name
 from forestflow.codecs.v2_tensor import Tensor, json_entry
 from forestflow.core.frame import Frame
@@ -275,39 +275,68 @@ def answer_body(
 
 #: Request parameters that change how a request is decoded or answered: left to the general path.
 _NOT_PLAIN = TRANSPORT_PARAMETERS | {"content_type", "explain"}
+#: Those an np request leaves to the general path (it takes ``content_type: "np"``).
+_NOT_PLAIN_NP = _NOT_PLAIN - {"content_type"}
 _NO_OUTPUTS: list[tuple[str, dict[str, Any]]] = []
 _NO_CLASSES: dict[str, int] = {}
+
+
+async def _plain_frame(gateway: Gateway, body: bytes, route: Route) -> tuple[Frame, Layout, str | int | None] | None:
+    """The Frame, layout and client id of a plain request, read straight into the columns of its
+    Frame: every input a named ``[n]`` FP64 or BYTES tensor (pd), or one numeric ``[n, F]`` tensor
+    (np); no requested outputs, no parameter that changes the decoding or the answer. None for
+    any other, which the general path then decodes (it answers the same for these, in more steps)."""
+    plain = _ffjson.v2_columns(body)
+    if plain is not None:
+        columns, parameters, client_id = plain
+        rows = len(next(iter(columns.values())))  # every input has the same rows
+    else:
+        tensor = _ffjson.v2_np(body)
+        if tensor is None:
+            return None
+        name, rows, values, parameters, client_id = tensor
+    explicit = False  # the layout named by parameters.content_type (np requests only)
+    if parameters is None:
+        parameters = {}
+    elif not _NOT_PLAIN.isdisjoint(parameters):
+        explicit = plain is None and parameters.get("content_type") == NP and _NOT_PLAIN_NP.isdisjoint(parameters)
+        if not explicit:
+            return None
+    if client_id is not None and not isinstance(client_id, (str, int)):
+        return None  # the general path says what is wrong with it
+    if rows > gateway.settings.max_rows:
+        return None
+    await gateway.load_routed(route)  # a cold release: loaded before its inputs lay out the columns
+    meta = gateway.decoding_metadata(route)
+    layout: Layout | None
+    loose: frozenset[str] = frozenset()
+    if plain is not None:
+        layout = v2_common.plain_layout(meta, columns)
+    else:
+        laid = v2_common.np_plain(meta, name, values, explicit)
+        if laid is None:
+            return None
+        columns, layout = laid
+        loose = frozenset(columns)  # one tensor's datatype for every feature, as decode_inputs says
+    if layout is None:
+        return None  # a vector input, or one tensor that is no input (the np layout)
+    return Frame(columns, dict(parameters), loose), layout, client_id
 
 
 async def _infer_plain(
     gateway: Gateway, name: str, body: bytes, request_id: str, protocol: str, timeout_s: float | None, route: Route
 ) -> V2Answer | None:
-    """The usual request (every input a named ``[n]`` FP64 or BYTES tensor with its JSON data, no
-    requested outputs, no parameter that changes the decoding or the answer) read straight into the
-    columns of its Frame and scored; None for any other, which the general path then decodes
-    (it answers the same for these, through more steps)."""
-    plain = _ffjson.v2_columns(body)
+    """A plain request (:func:`_plain_frame`) scored and answered; None for any other."""
+    plain = await _plain_frame(gateway, body, route)
     if plain is None:
         return None
-    columns, parameters, client_id = plain
-    if parameters is None:
-        parameters = {}
-    elif not _NOT_PLAIN.isdisjoint(parameters):
-        return None
-    if client_id is not None and not isinstance(client_id, (str, int)):
-        return None  # the general path says what is wrong with it
-    if len(next(iter(columns.values()))) > gateway.settings.max_rows:  # every input has the same rows
-        return None
-    await gateway.load_routed(route)  # a cold release: loaded before its inputs lay out the columns
-    layout = v2_common.plain_layout(gateway.decoding_metadata(route), columns)
-    if layout is None:
-        return None  # a vector input, or one tensor that is no input (the np layout)
+    frame, layout, client_id = plain
     if client_id not in (None, ""):
         request_id = str(client_id)
     result = await gateway.infer(
         route.state.contract,
-        Frame(columns, dict(parameters)),
-        configs=configs_from(parameters),
+        frame,
+        configs=configs_from(frame.parameters),
         request_id=request_id,
         protocol=protocol,
         timeout_s=timeout_s,

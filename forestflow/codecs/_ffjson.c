@@ -315,9 +315,11 @@ static const double EXACT_POWERS[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  
 
 /* A JSON number: ``*is_int`` with its exact value in ``*iv`` (at most 18 digits), else a finite double in ``*dv``. */
 static int number(Reader *r, int *is_int, int64_t *iv, double *dv) {
-    const unsigned char *start = r->p, *p = r->p, *end = r->end;
-    int negative = 0, digits = 0, integral = 1, exponent = 0;
-    uint64_t mantissa = 0; /* every digit, up to 19 of them */
+    const unsigned char *start = r->p, *p = r->p, *end = r->end, *run;
+    int negative = 0, integral = 1;
+    Py_ssize_t digits = 0, exponent = 0;
+    /* Every digit, wrapping past 19 of them: it is read only when there are at most 18. */
+    uint64_t mantissa = 0;
     if (p < end && *p == '-') {
         negative = 1;
         p++;
@@ -326,28 +328,21 @@ static int number(Reader *r, int *is_int, int64_t *iv, double *dv) {
         p++;
         digits = 1;
     } else if (p < end && *p >= '1' && *p <= '9') {
-        while (p < end && *p >= '0' && *p <= '9') {
-            if (digits < 19)
-                mantissa = mantissa * 10 + (uint64_t)(*p - '0');
-            digits++;
-            p++;
-        }
+        for (run = p; p < end && (unsigned)(*p - '0') < 10; p++)
+            mantissa = mantissa * 10 + (uint64_t)(*p - '0');
+        digits = p - run;
     } else {
         return NO;
     }
     if (p < end && *p == '.') {
         integral = 0;
         p++;
-        if (p >= end || *p < '0' || *p > '9')
+        for (run = p; p < end && (unsigned)(*p - '0') < 10; p++)
+            mantissa = mantissa * 10 + (uint64_t)(*p - '0');
+        if (p == run)
             return NO;
-        while (p < end && *p >= '0' && *p <= '9') {
-            if (digits < 19) {
-                mantissa = mantissa * 10 + (uint64_t)(*p - '0');
-                exponent--;
-            }
-            digits++;
-            p++;
-        }
+        digits += p - run;
+        exponent -= p - run;
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
         int exp_negative = 0, written = 0;
@@ -1350,6 +1345,313 @@ static PyObject *v2_columns(PyObject *self, PyObject *arg) {
     return parsed(arg, v2_columns_body);
 }
 
+/* ---- V2 inference request, one numeric [N, F] tensor (the np layout): straight to its F columns ---- */
+
+#if LONG_MAX == INT64_MAX
+#define ND_UINT64 ND_ULONG
+#else
+#define ND_UINT64 ND_ULONGLONG
+#endif
+
+/* The datatypes the np reader takes: name, numpy type, how values are read, integer range. */
+enum { NP_FLOAT, NP_INT, NP_BOOL };
+typedef struct {
+    const char *name;
+    Py_ssize_t length;
+    int typenum, read;
+    int64_t low, high;
+} NpType;
+
+static const NpType NP_TYPES[] = {
+    {"FP32", 4, ND_FLOAT32, NP_FLOAT, 0, 0},
+    {"FP64", 4, ND_FLOAT64, NP_FLOAT, 0, 0},
+    {"INT64", 5, ND_INT64, NP_INT, INT64_MIN, INT64_MAX},
+    {"INT32", 5, ND_INT32, NP_INT, INT32_MIN, INT32_MAX},
+    {"INT16", 5, ND_INT16, NP_INT, INT16_MIN, INT16_MAX},
+    {"INT8", 4, ND_INT8, NP_INT, INT8_MIN, INT8_MAX},
+    {"UINT64", 6, ND_UINT64, NP_INT, 0, INT64_MAX},
+    {"UINT32", 6, ND_UINT, NP_INT, 0, UINT32_MAX},
+    {"UINT16", 6, ND_USHORT, NP_INT, 0, UINT16_MAX},
+    {"UINT8", 5, ND_UBYTE, NP_INT, 0, UINT8_MAX},
+    {"BOOL", 4, ND_BOOL, NP_BOOL, 0, 0},
+};
+#define N_NP_TYPES (sizeof(NP_TYPES) / sizeof(NP_TYPES[0]))
+
+/* The values of a ``data`` array, row-major, as doubles (null as NaN, booleans as 0 and 1), and what
+ * kinds were seen (EL_*). Integers are exact in a double: one past 2^53 is declined. */
+typedef struct {
+    Vec values;
+    int seen;
+} NpValues;
+
+#define EXACT_INT (INT64_C(1) << 53)
+
+/* One scalar of a ``data`` array: a number, null, true or false (NO for anything else). */
+static int np_scalar(Reader *r, NpValues *v) {
+    ws(r);
+    if (r->p >= r->end)
+        return NO;
+    unsigned char c = *r->p;
+    double d;
+    if (c == 't' || c == 'f') {
+        TRY(c == 't' ? literal(r, "true", 4) : literal(r, "false", 5));
+        v->seen |= EL_BOOL;
+        d = c == 't';
+    } else if (c == 'n') {
+        TRY(literal(r, "null", 4));
+        v->seen |= EL_NULL;
+        d = NAN;
+    } else {
+        int is_int;
+        int64_t iv;
+        TRY(number(r, &is_int, &iv, &d));
+        if (is_int && (iv > EXACT_INT || iv < -EXACT_INT))
+            return NO;
+        v->seen |= is_int ? EL_NUMBER : EL_NUMBER | EL_FLOAT;
+    }
+    if (v->values.n == v->values.cap && vec_grow(&v->values) != OK)
+        return ERR;
+    v->values.data[v->values.n++].d = d;
+    return OK;
+}
+
+/*
+ * ``data`` (the reader at its '['): flat scalars, or rows of scalars all of one non-zero length (what
+ * np.array makes a 2-D array of). Anything else (deeper nesting, ragged or empty rows, booleans among
+ * other values) is NO: numpy's rules for those are the general path's.
+ */
+static int np_data(Reader *r, NpValues *v) {
+    r->p++;
+    ws(r);
+    if (r->p >= r->end || *r->p == ']')
+        return NO;
+    int nested = *r->p == '[';
+    Py_ssize_t width = -1;
+    for (;;) {
+        if (nested) {
+            TRY(expect(r, '['));
+            Py_ssize_t before = v->values.n;
+            for (;;) {
+                TRY(np_scalar(r, v));
+                int step = next_or_close(r, ']');
+                if (step == OK)
+                    break;
+                if (step != MORE)
+                    return step;
+            }
+            if (width >= 0 && v->values.n - before != width)
+                return NO;
+            width = v->values.n - before;
+        } else {
+            TRY(np_scalar(r, v));
+        }
+        int step = next_or_close(r, ']');
+        if (step == OK)
+            break;
+        if (step != MORE)
+            return step;
+    }
+    return (v->seen & EL_BOOL) && v->seen != EL_BOOL ? NO : OK;
+}
+
+/*
+ * The F columns of a ``rows`` x F tensor of ``type`` from its values, converted as numpy converts the
+ * array ``np.array(data)`` (int64 when every value is an integer, else float64: the same doubles
+ * here, integers being exact in them) to the datatype; NO when that conversion is refused or not
+ * this exact one (a fraction, null or a value out of range for an integer type, a finite value past
+ * FP32's range, numbers for BOOL, booleans for numbers).
+ */
+static int np_columns(const NpType *type, NpValues *v, Py_ssize_t rows, Py_ssize_t width, PyObject **out) {
+    if (type->read == NP_BOOL ? v->seen != EL_BOOL : (v->seen & EL_BOOL) != 0)
+        return NO;
+    if (type->read == NP_INT) {
+        if (v->seen & (EL_FLOAT | EL_NULL))
+            return NO;
+        for (Py_ssize_t k = 0; k < v->values.n; k++)
+            if (v->values.data[k].d < (double)type->low || v->values.data[k].d > (double)type->high)
+                return NO;
+    }
+    PyObject *columns = PyTuple_New(width);
+    if (columns == NULL)
+        return ERR;
+    for (Py_ssize_t j = 0; j < width; j++) {
+        PyObject *column = nd_new(type->typenum, rows);
+        if (column == NULL) {
+            Py_DECREF(columns);
+            return ERR;
+        }
+        PyTuple_SET_ITEM(columns, j, column);
+        char *to = nd_data(column);
+        const Item *d = v->values.data + j;
+#define FILL(ctype, expr)                                 \
+    for (Py_ssize_t k = 0; k < rows; k++, d += width)     \
+        ((ctype *)to)[k] = (ctype)(expr);                 \
+    break
+        switch (type->typenum) {
+        case ND_FLOAT32:
+            /* float64 to float32 as numpy casts it (an integer is exact in the double: rounded once) */
+            for (Py_ssize_t k = 0; k < rows; k++, d += width) {
+                float f = (float)d->d;
+                if (isinf(f)) { /* numbers_as refuses a finite value past FP32's range (NaN stays NaN) */
+                    Py_DECREF(columns);
+                    return NO;
+                }
+                ((float *)to)[k] = f;
+            }
+            break;
+        case ND_FLOAT64: FILL(double, d->d);
+        case ND_INT64: FILL(int64_t, d->d);
+        case ND_INT32: FILL(int32_t, d->d);
+        case ND_INT16: FILL(int16_t, d->d);
+        case ND_INT8: FILL(int8_t, d->d);
+        case ND_UINT64: FILL(uint64_t, d->d);
+        case ND_UINT: FILL(uint32_t, d->d);
+        case ND_USHORT: FILL(uint16_t, d->d);
+        case ND_UBYTE: FILL(uint8_t, d->d);
+        default: FILL(unsigned char, d->d != 0); /* BOOL */
+        }
+#undef FILL
+    }
+    *out = columns;
+    return OK;
+}
+
+/* ``[rows, width]``: two integers (the reader at the '['). */
+static int np_shape(Reader *r, int64_t *rows, int64_t *width) {
+    int is_int;
+    double ignored;
+    TRY(expect(r, '['));
+    ws(r);
+    TRY(number(r, &is_int, rows, &ignored));
+    if (!is_int)
+        return NO;
+    TRY(expect(r, ','));
+    ws(r);
+    TRY(number(r, &is_int, width, &ignored));
+    if (!is_int)
+        return NO;
+    return expect(r, ']');
+}
+
+/*
+ * The one input of an np request: an object of ``name`` (a non-empty string), ``datatype`` (one of
+ * NP_TYPES), ``shape`` ``[rows, F]`` (rows, F > 0) and ``data`` of rows x F values (flat or in rows),
+ * each once, in any order, and members nobody reads (skipped, as the general path ignores them).
+ */
+static int np_input(Reader *r, PyObject **name, const NpType **type, int64_t *rows, int64_t *width, NpValues *v) {
+    int status = expect(r, '{'), have_shape = 0, have_data = 0, step;
+    while (status == OK) {
+        const char *key;
+        Py_ssize_t key_len;
+        status = member_name(r, &key, &key_len);
+        if (status != OK)
+            break;
+        ws(r);
+        if (KEY_IS(key, key_len, "name")) {
+            status = *name == NULL ? string_object(r, name) : NO;
+            if (status == OK && PyUnicode_GET_LENGTH(*name) == 0)
+                status = NO;
+        } else if (KEY_IS(key, key_len, "datatype")) {
+            const char *dt;
+            Py_ssize_t dt_len;
+            int ascii;
+            status = *type == NULL ? string_text(r, &dt, &dt_len, &ascii) : NO;
+            for (size_t t = 0; status == OK && t < N_NP_TYPES && *type == NULL; t++)
+                if (dt_len == NP_TYPES[t].length && memcmp(dt, NP_TYPES[t].name, (size_t)dt_len) == 0)
+                    *type = &NP_TYPES[t];
+            if (status == OK && *type == NULL)
+                status = NO;
+        } else if (KEY_IS(key, key_len, "shape")) {
+            status = have_shape++ ? NO : np_shape(r, rows, width);
+        } else if (KEY_IS(key, key_len, "data")) {
+            status = !have_data++ && r->p < r->end && *r->p == '[' ? np_data(r, v) : NO;
+        } else if (KEY_IS(key, key_len, "parameters")) {
+            status = NO; /* binary data or an input codec: the general path */
+        } else {
+            status = skip(r);
+        }
+        if (status == OK) {
+            step = next_or_close(r, '}');
+            if (step == OK)
+                break;
+            status = step == MORE ? OK : step;
+        }
+    }
+    if (status == OK && (*name == NULL || *type == NULL || !have_shape || !have_data))
+        status = NO;
+    if (status == OK && (*rows <= 0 || *width <= 0 || v->values.n % *width != 0 || v->values.n / *width != *rows))
+        status = NO; /* the general path says what is wrong with the shape or the count */
+    return status;
+}
+
+static int v2_np_body(Reader *r, PyObject **result) {
+    PyObject *name = NULL, *parameters = NULL, *id = NULL, *columns = NULL;
+    const NpType *type = NULL;
+    int64_t rows = 0, width = 0;
+    NpValues v = {{NULL, 0, 0}, 0};
+    int status = expect(r, '{'), inputs = 0, step;
+    while (status == OK) {
+        const char *key;
+        Py_ssize_t key_len;
+        status = member_name(r, &key, &key_len);
+        if (status != OK)
+            break;
+        ws(r);
+        if (KEY_IS(key, key_len, "inputs")) {
+            status = inputs++ ? NO : expect(r, '[');
+            if (status == OK)
+                status = np_input(r, &name, &type, &rows, &width, &v);
+            if (status == OK)
+                status = expect(r, ']'); /* one input only */
+        } else if (KEY_IS(key, key_len, "parameters")) {
+            status = parameters == NULL && r->p < r->end && *r->p == '{' ? value(r, 1, &parameters) : NO;
+        } else if (KEY_IS(key, key_len, "id")) {
+            status = id == NULL ? value(r, 1, &id) : NO;
+        } else if (KEY_IS(key, key_len, "outputs")) {
+            status = NO;
+        } else {
+            status = skip(r); /* model_name (kserve sends it) and others the general path ignores */
+        }
+        if (status == OK) {
+            step = next_or_close(r, '}');
+            if (step == OK)
+                break;
+            status = step == MORE ? OK : step;
+        }
+    }
+    if (status == OK)
+        status = at_end(r);
+    if (status == OK && !inputs)
+        status = NO;
+    if (status == OK)
+        status = np_columns(type, &v, (Py_ssize_t)rows, (Py_ssize_t)width, &columns);
+    if (status == OK) {
+        *result = Py_BuildValue("(OnNOO)", name, (Py_ssize_t)rows, columns, parameters ? parameters : Py_None, id ? id : Py_None);
+        status = *result == NULL ? ERR : OK;
+    }
+    PyMem_Free(v.values.data);
+    Py_XDECREF(name);
+    Py_XDECREF(parameters);
+    Py_XDECREF(id);
+    return status;
+}
+
+PyDoc_STRVAR(v2_np_doc,
+             "v2_np(body, /)\n--\n\n"
+             "A V2 inference request JSON of one numeric ``[rows, F]`` tensor (the np layout) as ``(name, rows, columns,\n"
+             "parameters, id)``: ``columns`` the tensor's F columns, each a 1-D array of its datatype (FP32, FP64,\n"
+             "INT8-64, UINT8-64 or BOOL) holding what the general decoding (``np.array(data)`` converted to the\n"
+             "datatype) holds; ``parameters`` the request's parameters object and ``id`` its id (None when absent).\n"
+             "Members: ``inputs`` holding one input of exactly ``name``, ``datatype``, ``shape`` and ``data`` (flat, or\n"
+             "rows of one length; members nobody reads are skipped), optionally ``parameters`` (an object) and\n"
+             "``id``, each once; other members are skipped but ``outputs``. None for anything else, for data the\n"
+             "general decoding refuses or converts otherwise, and for an integer past 2^53 (no exception).");
+
+static PyObject *v2_np(PyObject *self, PyObject *arg) {
+    (void)self;
+    return parsed(arg, v2_np_body);
+}
+
 /* ---- answers: a BASIC datum from each typed group's rows -------------------------------------------- */
 
 /* End of the JSON array (flat, of scalars, as orjson writes it) that starts at p; NULL if there is none. */
@@ -1460,6 +1762,7 @@ static PyMethodDef methods[] = {
     {"score_request", score_request, METH_O, score_request_doc},
     {"v2_request", v2_request, METH_O, v2_request_doc},
     {"v2_columns", v2_columns, METH_O, v2_columns_doc},
+    {"v2_np", v2_np, METH_O, v2_np_doc},
     {"datum", (PyCFunction)(void (*)(void))datum, METH_FASTCALL, datum_doc},
     {NULL, NULL, 0, NULL},
 };
