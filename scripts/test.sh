@@ -16,6 +16,9 @@ fi
 .venv/bin/python -m pip install --quiet --no-deps graphpipe==1.0.4
 # MLServer (the RemoteV2 tests' upstream V2 server) in a venv of its own: its pins clash with ours.
 PYTHON="$PYTHON" bash scripts/mlserver_venv.sh
+# The V2/V1 client libraries (tritonclient, kserve) in their cached venv (tests/api/v2_support.py), built here so
+# that no test spends its time (and its timeout) on pip; it returns at once when the venv is complete.
+.venv/bin/python -m tests.api.v2_support >/dev/null
 
 if ! command -v redis-server >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

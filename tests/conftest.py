@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import tiers
 from tests.remote_backends import MLServerProcess, train_iris
 from tests.support import SESSION_MARK, GatewayProcess, InProcessGateway, leftover_gateways, serve_in_process
 
@@ -71,8 +72,10 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> d
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Mark this session's processes (xdist workers and every gateway started inherit the mark)."""
+    """Mark this session's processes (xdist workers and every gateway started inherit the mark), and tell the
+    fuzz tests the tier: under ``-m "not slow"`` they run fewer examples (tests/tiers.py)."""
     os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
+    tiers.QUICK = "not slow" in (config.getoption("markexpr", "") or "")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -7,7 +7,7 @@ turns a model file into those tables. Each test feeds them what hypothesis makes
 against an oracle: the Python decoder, the protobuf library, graphpipe's and aiokafka's readers.
 A crash would take the test process down; ``scripts/asan.sh`` runs this module under
 AddressSanitizer, where a read one byte out of bounds fails too. Example counts are bounded (the
-``slow`` mark runs many more of the cheap ones).
+``slow`` mark runs many more of the cheap ones; the quick tier runs a fifth, tests/tiers.py).
 """
 
 from __future__ import annotations
@@ -56,8 +56,11 @@ from tests.codecs.test_json_columns import (
 )
 from tests.codecs.test_np_columns import check_v2_np, np_body
 from tests.runtime.test_h2o_mojo import FIXTURES
+from tests.tiers import examples
 
-FAST = settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(
+    max_examples=examples(150), deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 MANY = settings(max_examples=3000, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 FQ = FQRV(Contract("acme", "fuzz", 1), "r1")
 

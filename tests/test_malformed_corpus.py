@@ -31,6 +31,7 @@ from tests.api.test_h2o_score import definition as h2o_definition
 from tests.api.test_h2o_score import golden
 from tests.api_gp.helpers import raw_tensor_request
 from tests.support import GatewayProcess, free_port, python_servable, score_body
+from tests.tiers import examples
 
 pytestmark = pytest.mark.filterwarnings("ignore:numElems is deprecated:DeprecationWarning")
 
@@ -41,9 +42,9 @@ V2 = "/v2/models/acme.demo.1/infer"
 H2O_V2 = "/v2/models/h2o.prostate-gbm-binomial.1/infer"
 GP = "/acme/demo/1/gp"
 M = messages()
-#: Each generated test runs this many cases (a few ms each): the whole module stays well under a minute.
+#: Each generated test runs this many cases (a few ms each; a fifth in the quick tier, tests/tiers.py).
 CASES = settings(
-    max_examples=120,
+    max_examples=examples(120),
     deadline=None,
     derandomize=True,
     database=None,

@@ -4,7 +4,8 @@ tritonclient 2.73 and kserve 0.21 pin ``protobuf<7`` while the gateway's generat
 ``protobuf>=7.35.1``, so the clients cannot live in the project venv. They are installed (once,
 with pip from the usual index) into a cached venv, ``~/.cache/forestflow/v2-clients-<hash>``
 (``FORESTFLOW_CLIENT_VENV`` overrides the location), and run as child processes
-(tests/api/v2_client_calls.py) while the gateway serves from the test's event loop.
+(tests/api/v2_client_calls.py) while the gateway serves from the test's event loop. scripts/test.sh builds the
+venv before the tests start (``python -m tests.api.v2_support``), so no test waits on pip.
 """
 
 from __future__ import annotations
@@ -132,3 +133,7 @@ async def v2_gateway(data_dir: Path, **overrides: Any) -> AsyncIterator[V2Gatewa
         port = server.app[GRPC_PORT]
         assert isinstance(port, int) and port > 0
         yield V2Gateway(server, port)
+
+
+if __name__ == "__main__":  # scripts/test.sh: build the client venv before the suite starts
+    print(ensure_client_python())

@@ -141,6 +141,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from forestflow.codecs import _ffwire  # noqa: E402
+from tests.tiers import examples  # noqa: E402
 
 _NUMERIC = ["<f8", "<f4", "<f2", "i1", "<i2", "<i4", "<i8", "u1", "<u2", "<u4", "<u8", "?", ">f8", ">i4", ">u2"]
 
@@ -201,7 +202,7 @@ def _same(fast: bytes, oracle: Any) -> None:
     assert parsed.SerializeToString(deterministic=True) == oracle.SerializeToString(deterministic=True)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(any_frame(), st.dictionaries(st.text(max_size=5), st.text(max_size=200), max_size=3))
 def test_c_writer_matches_protobuf_api_on_any_layout(frame: Frame, configs: dict[str, str]) -> None:
     _same(inference_request_bytes(frame, configs), request_to_proto(frame, configs))
