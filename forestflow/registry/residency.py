@@ -5,9 +5,11 @@ With lazy loading a release can be part of its contract's routing without being 
 loads it; concurrent first requests share that one load and wait for it within their deadline. A
 load that fails answers 503 with the reason and is retried with backoff by
 :class:`~forestflow.registry.release_loads.ReleaseLoads`. In the background, routed releases are
-loaded too (most used first, ``warm_concurrency`` at a time) while the budget has room, and only
-while no request is being served (:data:`BUSY_WINDOW_S`): a load's thread holds the GIL the event
-loop needs, so the warm-up waits for a quiet moment instead of slowing the requests down.
+loaded too (most used first, ``warm_concurrency`` at a time) while the budget has room, while no
+request is being served (:data:`BUSY_WINDOW_S`): a load's thread holds the GIL the event loop
+needs, so the warm-up waits for a quiet moment instead of slowing the requests down. Traffic that
+never pauses still lets one load through now and then (:data:`WARM_BUSY_INTERVAL_S`,
+:data:`WARM_BUSY_SHARE`), so the warm-up progresses without touching the requests' tail.
 
 With ``model_memory_budget_mb`` every loaded release is counted by what it took: the growth of
 the process's RSS over its load, measured one load at a time, the largest seen for the same model
@@ -41,6 +43,12 @@ log = structlog.get_logger("forestflow.service")
 
 #: The warm-up counts the gateway as serving when a request was routed within this many seconds.
 BUSY_WINDOW_S = 0.5
+#: While requests keep coming, one background load may start this many seconds after the traffic began
+#: or after the last one ended, whichever is later ...
+WARM_BUSY_INTERVAL_S = 10.0
+#: ... and loads take at most this share of the time (the wait after a load is its duration over it), so
+#: they stall fewer than 1% of the requests and the p99 stays the one of a gateway with nothing to warm.
+WARM_BUSY_SHARE = 0.005
 
 
 class Residency:
@@ -66,6 +74,8 @@ class Residency:
         self.warm_paused = asyncio.Event()
         #: When a request was last routed to a loaded release (the warm-up waits for a quiet moment).
         self.last_request = 0.0
+        #: The earliest moment a background load may start while requests keep coming.
+        self._next_busy_load = 0.0
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
         # Counters since start (``/metrics``).
@@ -249,17 +259,35 @@ class Residency:
                 # was 1.7-3.3x with loads paced at a fifth of the time while serving). Cold requests
                 # load what they need on demand meanwhile.
                 await self._until_idle()
+                started = time.monotonic()
                 task = self.load(fqrv)
                 if task is None:
                     gate.release()
                 else:
-                    task.add_done_callback(lambda _t: gate.release())
+                    task.add_done_callback(lambda _t, started=started: self._background_load_done(gate, started))
+
+    def _background_load_done(self, gate: asyncio.Semaphore, started: float) -> None:
+        gate.release()
+        ended = time.monotonic()
+        pause = max(WARM_BUSY_INTERVAL_S, (ended - started) / WARM_BUSY_SHARE)
+        self._next_busy_load = max(self._next_busy_load, ended + pause)
 
     async def _until_idle(self) -> None:
-        """Return once no request was routed for :data:`BUSY_WINDOW_S` (or at close)."""
-        while not self.closed and (wait := self.last_request + BUSY_WINDOW_S - time.monotonic()) > 0:
+        """Return once no request was routed for :data:`BUSY_WINDOW_S`, or once requests have kept
+        coming for :data:`WARM_BUSY_INTERVAL_S` since they began or since the last background load
+        (longer after a long load: :data:`WARM_BUSY_SHARE`), or at close."""
+        due: float | None = None
+        while not self.closed:
+            now = time.monotonic()
+            idle_in = self.last_request + BUSY_WINDOW_S - now
+            if idle_in <= 0:
+                break
+            if due is None:
+                due = max(self._next_busy_load, now + WARM_BUSY_INTERVAL_S)
+            if now >= due:
+                break
             self.warm_paused.set()
-            await asyncio.sleep(wait)
+            await asyncio.sleep(min(idle_in, due - now))
         self.warm_paused.clear()
 
     def _warm_order(self) -> list[FQRV]:

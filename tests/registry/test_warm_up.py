@@ -3,12 +3,14 @@
 A load's thread holds the GIL the event loop needs, so loading in the background while requests
 are answered made their tail several times longer. An in-process gateway with lazy loading warms
 every routed release while idle; releases learnt from the store while requests keep coming stay
-cold (cold requests would load them on demand) until the requests stop, then they load.
+cold (cold requests would load them on demand) until the requests stop, then they load; traffic
+that never stops still lets a load through every WARM_BUSY_INTERVAL_S.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ from tests.support import serve_in_process, wait_for
 async def test_the_background_warm_up_waits_for_the_requests_to_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Requests come every few ms; a window of 5 s keeps a loaded machine's stalls from looking like a pause.
     monkeypatch.setattr(residency_module, "BUSY_WINDOW_S", 5.0)
+    monkeypatch.setattr(residency_module, "WARM_BUSY_INTERVAL_S", 600.0)
     model = gbm_dir(tmp_path / "model")
     data = tmp_path / "data"
     await asyncio.to_thread(seed_file_store, data, [release(model, n) for n in range(4)])
@@ -63,3 +66,44 @@ async def test_the_background_warm_up_waits_for_the_requests_to_stop(tmp_path: P
         await wait_for(lambda: len(gateway.loaded) == 8, 30, "the warm-up to load the 4 releases once requests stopped")
         assert residency.loads_done == 8 and not gateway.registry.cold
         assert not residency.warm_paused.is_set()
+
+
+async def test_requests_that_never_stop_still_let_the_warm_up_through_now_and_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(residency_module, "BUSY_WINDOW_S", 5.0)
+    monkeypatch.setattr(residency_module, "WARM_BUSY_INTERVAL_S", 0.2)
+    model = gbm_dir(tmp_path / "model")
+    data = tmp_path / "data"
+    await asyncio.to_thread(seed_file_store, data, [release(model, 0)])
+    async with serve_in_process(data, lazy_loading=True, warm_concurrency=1) as gw:
+        gateway, residency = gw.gateway, gw.gateway.residency
+        await wait_for(lambda: len(gateway.loaded) == 1, 30, "the idle gateway to warm its release")
+        stop = asyncio.Event()
+        answered = asyncio.Event()
+
+        async def traffic() -> None:
+            while not stop.is_set():
+                async with gw.session.post(f"{gw.url}/acme/scale/0/score", data=BODY, headers=HEADERS) as r:
+                    assert r.status == 200, await r.text()
+                answered.set()
+
+        driving = asyncio.create_task(traffic())
+        try:
+            await asyncio.wait_for(answered.wait(), 30)
+            docs = {}
+            for n in range(1, 4):
+                defn = parse_serve_request(release(model, n))
+                docs[f"servable/{defn.fqrv}"] = serve_request_to_json(defn)
+            await FileStore(data / "state" / "registry.json").apply(docs)
+            await wait_for(lambda: len(gateway.registry.cold) == 3, 30, "the gateway to learn the 3 new releases")
+            await wait_for(lambda: len(gateway.loaded) == 4, 60, "the warm-up to load the 3 releases under traffic")
+            assert residency.loads_done == 4 and not driving.done(), "the releases loaded while requests kept coming"
+            assert time_since(residency.last_request) < 5.0
+        finally:
+            stop.set()
+            await driving
+
+
+def time_since(moment: float) -> float:
+    return time.monotonic() - moment
