@@ -24,6 +24,7 @@ go, so the peak is the budget plus one release. Warming in the background never 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import OrderedDict
 from typing import Any
@@ -264,9 +265,9 @@ class Residency:
                 if task is None:
                     gate.release()
                 else:
-                    task.add_done_callback(lambda _t, started=started: self._background_load_done(gate, started))
+                    task.add_done_callback(functools.partial(self._background_load_done, gate, started))
 
-    def _background_load_done(self, gate: asyncio.Semaphore, started: float) -> None:
+    def _background_load_done(self, gate: asyncio.Semaphore, started: float, _task: object) -> None:
         gate.release()
         ended = time.monotonic()
         pause = max(WARM_BUSY_INTERVAL_S, (ended - started) / WARM_BUSY_SHARE)
