@@ -780,6 +780,12 @@ static void free_groups(Group *groups, Py_ssize_t n) {
     PyMem_Free(groups);
 }
 
+#if LONG_MAX == INT64_MAX
+#define ND_UINT64 ND_ULONG
+#else
+#define ND_UINT64 ND_ULONGLONG
+#endif
+
 /* Field ``j`` of a group as a 1-D array of ``rows`` values (String columns take new references). */
 static PyObject *field_column(const Group *g, Py_ssize_t j, Py_ssize_t rows) {
     PyObject *column = nd_new(g->type->typenum, rows);
@@ -809,6 +815,10 @@ static PyObject *field_column(const Group *g, Py_ssize_t j, Py_ssize_t rows) {
     case ND_INT32: FILL(int32_t, v->i);
     case ND_INT16: FILL(int16_t, v->i);
     case ND_INT8: FILL(int8_t, v->i);
+    case ND_UINT64: FILL(uint64_t, v->i);
+    case ND_UINT: FILL(uint32_t, v->i);
+    case ND_USHORT: FILL(uint16_t, v->i);
+    case ND_UBYTE: FILL(uint8_t, v->i);
     default: FILL(unsigned char, v->i != 0);
     }
 #undef FILL
@@ -1347,33 +1357,19 @@ static PyObject *v2_columns(PyObject *self, PyObject *arg) {
 
 /* ---- V2 inference request, one numeric [N, F] tensor (the np layout): straight to its F columns ---- */
 
-#if LONG_MAX == INT64_MAX
-#define ND_UINT64 ND_ULONG
-#else
-#define ND_UINT64 ND_ULONGLONG
-#endif
-
 /* The datatypes the np reader takes: name, numpy type, how values are read, integer range. */
-enum { NP_FLOAT, NP_INT, NP_BOOL };
-typedef struct {
-    const char *name;
-    Py_ssize_t length;
-    int typenum, read;
-    int64_t low, high;
-} NpType;
-
-static const NpType NP_TYPES[] = {
-    {"FP32", 4, ND_FLOAT32, NP_FLOAT, 0, 0},
-    {"FP64", 4, ND_FLOAT64, NP_FLOAT, 0, 0},
-    {"INT64", 5, ND_INT64, NP_INT, INT64_MIN, INT64_MAX},
-    {"INT32", 5, ND_INT32, NP_INT, INT32_MIN, INT32_MAX},
-    {"INT16", 5, ND_INT16, NP_INT, INT16_MIN, INT16_MAX},
-    {"INT8", 4, ND_INT8, NP_INT, INT8_MIN, INT8_MAX},
-    {"UINT64", 6, ND_UINT64, NP_INT, 0, INT64_MAX},
-    {"UINT32", 6, ND_UINT, NP_INT, 0, UINT32_MAX},
-    {"UINT16", 6, ND_USHORT, NP_INT, 0, UINT16_MAX},
-    {"UINT8", 5, ND_UBYTE, NP_INT, 0, UINT8_MAX},
-    {"BOOL", 4, ND_BOOL, NP_BOOL, 0, 0},
+static const FFType NP_TYPES[] = {
+    {"FP32", 4, ND_FLOAT32, READ_FLOAT, 0, 0},
+    {"FP64", 4, ND_FLOAT64, READ_FLOAT, 0, 0},
+    {"INT64", 5, ND_INT64, READ_INT, INT64_MIN, INT64_MAX},
+    {"INT32", 5, ND_INT32, READ_INT, INT32_MIN, INT32_MAX},
+    {"INT16", 5, ND_INT16, READ_INT, INT16_MIN, INT16_MAX},
+    {"INT8", 4, ND_INT8, READ_INT, INT8_MIN, INT8_MAX},
+    {"UINT64", 6, ND_UINT64, READ_INT, 0, INT64_MAX},
+    {"UINT32", 6, ND_UINT, READ_INT, 0, UINT32_MAX},
+    {"UINT16", 6, ND_USHORT, READ_INT, 0, UINT16_MAX},
+    {"UINT8", 5, ND_UBYTE, READ_INT, 0, UINT8_MAX},
+    {"BOOL", 4, ND_BOOL, READ_BOOL, 0, 0},
 };
 #define N_NP_TYPES (sizeof(NP_TYPES) / sizeof(NP_TYPES[0]))
 
@@ -1461,56 +1457,34 @@ static int np_data(Reader *r, NpValues *v) {
  * this exact one (a fraction, null or a value out of range for an integer type, a finite value past
  * FP32's range, numbers for BOOL, booleans for numbers).
  */
-static int np_columns(const NpType *type, NpValues *v, Py_ssize_t rows, Py_ssize_t width, PyObject **out) {
-    if (type->read == NP_BOOL ? v->seen != EL_BOOL : (v->seen & EL_BOOL) != 0)
+static int np_columns(const FFType *type, NpValues *v, Py_ssize_t rows, Py_ssize_t width, PyObject **out) {
+    if (type->read == READ_BOOL ? v->seen != EL_BOOL : (v->seen & EL_BOOL) != 0)
         return NO;
-    if (type->read == NP_INT) {
-        if (v->seen & (EL_FLOAT | EL_NULL))
-            return NO;
-        for (Py_ssize_t k = 0; k < v->values.n; k++)
-            if (v->values.data[k].d < (double)type->low || v->values.data[k].d > (double)type->high)
+    if (type->read == READ_INT && (v->seen & (EL_FLOAT | EL_NULL)))
+        return NO;
+    for (Py_ssize_t k = 0; k < v->values.n; k++) { /* each value as field_column reads it */
+        Item *item = &v->values.data[k];
+        if (type->read == READ_INT) {
+            if (item->d < (double)type->low || item->d > (double)type->high)
                 return NO;
+            item->i = (int64_t)item->d;
+        } else if (type->read == READ_BOOL) {
+            item->i = item->d != 0;
+        } else if (type->typenum == ND_FLOAT32 && fabs(item->d) >= 0x1.ffffffp127) {
+            return NO; /* rounds to infinity in FP32, which numbers_as refuses for a finite value */
+        }
     }
+    Group values = {type, width, v->values};
     PyObject *columns = PyTuple_New(width);
     if (columns == NULL)
         return ERR;
     for (Py_ssize_t j = 0; j < width; j++) {
-        PyObject *column = nd_new(type->typenum, rows);
+        PyObject *column = field_column(&values, j, rows);
         if (column == NULL) {
             Py_DECREF(columns);
             return ERR;
         }
         PyTuple_SET_ITEM(columns, j, column);
-        char *to = nd_data(column);
-        const Item *d = v->values.data + j;
-#define FILL(ctype, expr)                                 \
-    for (Py_ssize_t k = 0; k < rows; k++, d += width)     \
-        ((ctype *)to)[k] = (ctype)(expr);                 \
-    break
-        switch (type->typenum) {
-        case ND_FLOAT32:
-            /* float64 to float32 as numpy casts it (an integer is exact in the double: rounded once) */
-            for (Py_ssize_t k = 0; k < rows; k++, d += width) {
-                float f = (float)d->d;
-                if (isinf(f)) { /* numbers_as refuses a finite value past FP32's range (NaN stays NaN) */
-                    Py_DECREF(columns);
-                    return NO;
-                }
-                ((float *)to)[k] = f;
-            }
-            break;
-        case ND_FLOAT64: FILL(double, d->d);
-        case ND_INT64: FILL(int64_t, d->d);
-        case ND_INT32: FILL(int32_t, d->d);
-        case ND_INT16: FILL(int16_t, d->d);
-        case ND_INT8: FILL(int8_t, d->d);
-        case ND_UINT64: FILL(uint64_t, d->d);
-        case ND_UINT: FILL(uint32_t, d->d);
-        case ND_USHORT: FILL(uint16_t, d->d);
-        case ND_UBYTE: FILL(uint8_t, d->d);
-        default: FILL(unsigned char, d->d != 0); /* BOOL */
-        }
-#undef FILL
     }
     *out = columns;
     return OK;
@@ -1538,7 +1512,7 @@ static int np_shape(Reader *r, int64_t *rows, int64_t *width) {
  * NP_TYPES), ``shape`` ``[rows, F]`` (rows, F > 0) and ``data`` of rows x F values (flat or in rows),
  * each once, in any order, and members nobody reads (skipped, as the general path ignores them).
  */
-static int np_input(Reader *r, PyObject **name, const NpType **type, int64_t *rows, int64_t *width, NpValues *v) {
+static int np_input(Reader *r, PyObject **name, const FFType **type, int64_t *rows, int64_t *width, NpValues *v) {
     int status = expect(r, '{'), have_shape = 0, have_data = 0, step;
     while (status == OK) {
         const char *key;
@@ -1557,7 +1531,7 @@ static int np_input(Reader *r, PyObject **name, const NpType **type, int64_t *ro
             int ascii;
             status = *type == NULL ? string_text(r, &dt, &dt_len, &ascii) : NO;
             for (size_t t = 0; status == OK && t < N_NP_TYPES && *type == NULL; t++)
-                if (dt_len == NP_TYPES[t].length && memcmp(dt, NP_TYPES[t].name, (size_t)dt_len) == 0)
+                if ((size_t)dt_len == NP_TYPES[t].length && memcmp(dt, NP_TYPES[t].name, (size_t)dt_len) == 0)
                     *type = &NP_TYPES[t];
             if (status == OK && *type == NULL)
                 status = NO;
@@ -1586,7 +1560,7 @@ static int np_input(Reader *r, PyObject **name, const NpType **type, int64_t *ro
 
 static int v2_np_body(Reader *r, PyObject **result) {
     PyObject *name = NULL, *parameters = NULL, *id = NULL, *columns = NULL;
-    const NpType *type = NULL;
+    const FFType *type = NULL;
     int64_t rows = 0, width = 0;
     NpValues v = {{NULL, 0, 0}, 0};
     int status = expect(r, '{'), inputs = 0, step;
