@@ -73,6 +73,7 @@ async def test_requests_that_never_stop_still_let_the_warm_up_through_now_and_th
 ) -> None:
     monkeypatch.setattr(residency_module, "BUSY_WINDOW_S", 5.0)
     monkeypatch.setattr(residency_module, "WARM_BUSY_INTERVAL_S", 0.2)
+    monkeypatch.setattr(residency_module, "WARM_BUSY_SHARE", 0.5)  # the wait after a load: twice its duration
     model = gbm_dir(tmp_path / "model")
     data = tmp_path / "data"
     await asyncio.to_thread(seed_file_store, data, [release(model, 0)])
