@@ -19,7 +19,7 @@ from forestflow.codecs.ff_settings import parse_serve_request, serve_request_to_
 from forestflow.registry import residency as residency_module
 from forestflow.registry.file_store import FileStore
 from tests.registry.test_lazy_loading import BODY, HEADERS, gbm_dir, release, seed_file_store
-from tests.support import serve_in_process, wait_for
+from tests.support import InProcessGateway, serve_in_process, wait_for
 
 
 async def test_the_background_warm_up_waits_for_the_requests_to_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,23 +37,10 @@ async def test_the_background_warm_up_waits_for_the_requests_to_stop(tmp_path: P
         answered = asyncio.Event()
         stop = asyncio.Event()
 
-        async def traffic() -> int:
-            count = 0
-            while not stop.is_set():
-                async with gw.session.post(f"{gw.url}/acme/scale/0/score", data=BODY, headers=HEADERS) as r:
-                    assert r.status == 200, await r.text()
-                count += 1
-                answered.set()
-            return count
-
-        driving = asyncio.create_task(traffic())
+        driving = asyncio.create_task(traffic(gw, stop, answered))
         await asyncio.wait_for(answered.wait(), 30)
         # Four more releases written to the store by someone else: learnt as cold, to be warmed.
-        docs = {}
-        for n in range(4, 8):
-            defn = parse_serve_request(release(model, n))
-            docs[f"servable/{defn.fqrv}"] = serve_request_to_json(defn)
-        await FileStore(data / "state" / "registry.json").apply(docs)
+        await add_releases(data, model, range(4, 8))
         await wait_for(lambda: len(gateway.registry.cold) == 4, 30, "the gateway to learn the 4 new releases")
         await asyncio.wait_for(residency.warm_paused.wait(), 30)
         served_before = residency.last_request
@@ -83,20 +70,10 @@ async def test_requests_that_never_stop_still_let_the_warm_up_through_now_and_th
         stop = asyncio.Event()
         answered = asyncio.Event()
 
-        async def traffic() -> None:
-            while not stop.is_set():
-                async with gw.session.post(f"{gw.url}/acme/scale/0/score", data=BODY, headers=HEADERS) as r:
-                    assert r.status == 200, await r.text()
-                answered.set()
-
-        driving = asyncio.create_task(traffic())
+        driving = asyncio.create_task(traffic(gw, stop, answered))
         try:
             await asyncio.wait_for(answered.wait(), 30)
-            docs = {}
-            for n in range(1, 4):
-                defn = parse_serve_request(release(model, n))
-                docs[f"servable/{defn.fqrv}"] = serve_request_to_json(defn)
-            await FileStore(data / "state" / "registry.json").apply(docs)
+            await add_releases(data, model, range(1, 4))
             await wait_for(lambda: len(gateway.registry.cold) == 3, 30, "the gateway to learn the 3 new releases")
             await wait_for(lambda: len(gateway.loaded) == 4, 60, "the warm-up to load the 3 releases under traffic")
             assert residency.loads_done == 4 and not driving.done(), "the releases loaded while requests kept coming"
@@ -108,3 +85,23 @@ async def test_requests_that_never_stop_still_let_the_warm_up_through_now_and_th
 
 def time_since(moment: float) -> float:
     return time.monotonic() - moment
+
+
+async def traffic(gw: InProcessGateway, stop: asyncio.Event, answered: asyncio.Event) -> int:
+    """Score requests one after the other until ``stop``; each must answer 200. Returns their count."""
+    count = 0
+    while not stop.is_set():
+        async with gw.session.post(f"{gw.url}/acme/scale/0/score", data=BODY, headers=HEADERS) as r:
+            assert r.status == 200, await r.text()
+        count += 1
+        answered.set()
+    return count
+
+
+async def add_releases(data: Path, model: Path, numbers: range) -> None:
+    """Releases written to the gateway's file store by someone else (it learns them as cold)."""
+    docs = {}
+    for n in numbers:
+        defn = parse_serve_request(release(model, n))
+        docs[f"servable/{defn.fqrv}"] = serve_request_to_json(defn)
+    await FileStore(data / "state" / "registry.json").apply(docs)
