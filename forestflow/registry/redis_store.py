@@ -104,6 +104,8 @@ class RedisStore:
         self._on_change: Callable[[], Awaitable[None]] | None = None
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        #: Set by :meth:`close`: the follow loops end at their next turn even if a cancel was lost.
+        self._closing = False
         self.available = True
 
     # ---- Store ----------------------------------------------------------------------------------
@@ -193,8 +195,16 @@ class RedisStore:
 
     async def close(self) -> None:
         """Stop following and release every connection."""
-        for task in self._tasks:
-            task.cancel()
+        self._closing = True
+        pending = set(self._tasks)
+        # A cancel can be lost: Python 3.11's wait_for drops one that coincides with its inner wait
+        # ending, and a timeout raised by the client while cancelled is an OSError the loops catch (the
+        # subscription loop then went on reconnecting and shutdown never ended). So cancel again until
+        # each task is done; the loops also check _closing at every turn.
+        while pending:
+            for task in pending:
+                task.cancel()
+            _done, pending = await asyncio.wait(pending, timeout=1.0)
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -326,7 +336,7 @@ class RedisStore:
             await self._on_change()
 
     async def _sync_loop(self) -> None:
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.sync_interval_s)
             self._wake.clear()
@@ -341,7 +351,7 @@ class RedisStore:
     async def _listen(self) -> None:
         """Wake the sync loop on every published change; after each (re)subscribe, check anyway."""
         backoff = 0.05
-        while True:
+        while not self._closing:
             # Its own connection, without redis-py's silent reconnect: a reconnect must be seen,
             # because messages published while it was away are gone.
             client = Redis.from_url(self.url, retry=Retry(ExponentialBackoff(), 0), **self._conn_kwargs)
@@ -350,7 +360,7 @@ class RedisStore:
                 await pubsub.subscribe(self.channel)
                 self._wake.set()
                 backoff = 0.05
-                while True:
+                while not self._closing:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(self.sync_interval_s, 1.0))
                     if message is not None:
                         self._wake.set()

@@ -293,3 +293,33 @@ async def test_pool_exhaustion_is_a_503_after_the_timeout_not_a_crash(redis_serv
     finally:
         await s.close()
         await proxy.close()
+
+
+async def test_close_ends_the_follow_loops_even_when_a_cancel_is_lost(redis_server: RedisServer) -> None:
+    # Python 3.11's wait_for can drop a cancel, and the client can turn one into a timeout the loops
+    # catch: shutdown then waited for the subscription loop forever (seen in CI). close() cancels again.
+    s = RedisStore(redis_server.url, 0.2)
+
+    async def on_change() -> None:
+        return None
+
+    s.watch(on_change)
+    swallowed = asyncio.Event()
+
+    async def loses_its_first_cancel() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            swallowed.set()
+        await asyncio.sleep(3600)
+
+    stubborn = asyncio.create_task(loses_its_first_cancel())
+    s._tasks.append(stubborn)
+    await asyncio.sleep(0.05)
+    closing = asyncio.create_task(s.close())
+    await asyncio.wait([closing], timeout=10)
+    finished = closing.done()
+    stubborn.cancel()  # lets a close() that waits forever end, so a failure does not hang the suite
+    await closing
+    assert swallowed.is_set() and finished, "close() waited for a task that lost its cancel"
+    assert not s._tasks
