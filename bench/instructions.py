@@ -47,8 +47,9 @@ def main() -> int:
         nargs="+",
         default=["score", "v2", "gp"],
         choices=["score", "v2", "gp", "np"],
-        help="np: bench/same_model.py's LightGBM model and V2 np body (one FP32 [N, 8] tensor)",
+        help="np: bench/same_model.py's model (--np-model) and V2 np body (one FP32 [N, 8] tensor)",
     )
+    parser.add_argument("--np-model", default="lightgbm", choices=["lightgbm", "xgboost"], help="the np cell's model")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
     parser.add_argument(
         "--logging", default="NONE", choices=["NONE", "FULL"], help="the contract's log level (FULL: to the file)"
@@ -74,14 +75,14 @@ def main() -> int:
             if "np" in args.endpoints:
                 if not (work / "models").exists():
                     same_model.train(work / "models", 100, 6)
-                r = http.post(gateway.url + "/servable", json=same_model.definition(work / "models", "lightgbm"), timeout=600)
+                r = http.post(gateway.url + "/servable", json=same_model.definition(work / "models", args.np_model), timeout=600)
                 r.raise_for_status()
         for _ in range(args.rounds):
             for rows in args.rows:
                 n = args.requests if rows < 100 else max(50, args.requests // 2)
                 cells = endpoints(rows, ".".join(map(str, CONTRACT)))
                 cells["np"] = (
-                    same_model.paths("lightgbm")[0],
+                    same_model.paths(args.np_model)[0],
                     same_model.body("np", same_model.rows_matrix(rows)),
                     "application/json",
                 )

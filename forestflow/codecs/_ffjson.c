@@ -1289,9 +1289,12 @@ static int plain_input(Reader *r, PyObject *columns, Py_ssize_t *rows) {
     return status;
 }
 
-static int v2_columns_body(Reader *r, PyObject **result) {
-    PyObject *columns = NULL, *parameters = NULL, *id = NULL;
-    Py_ssize_t rows = -1;
+/* The members of a plain request's top object: `parameters` (an object) and `id`, each at most once, into
+ * *parameters and *id; every other member's name to `member`, which reads its value (OK, NO or ERR). OK when the
+ * object closed and nothing but whitespace follows it. */
+typedef int (*RequestMember)(Reader *r, const char *key, Py_ssize_t key_len, void *state);
+
+static int request_object(Reader *r, RequestMember member, void *state, PyObject **parameters, PyObject **id) {
     int status = expect(r, '{'), step;
     while (status == OK) {
         const char *key;
@@ -1300,25 +1303,12 @@ static int v2_columns_body(Reader *r, PyObject **result) {
         if (status != OK)
             break;
         ws(r);
-        if (KEY_IS(key, key_len, "inputs") && columns == NULL) {
-            columns = PyDict_New();
-            status = columns == NULL ? ERR : expect(r, '[');
-            while (status == OK) {
-                status = plain_input(r, columns, &rows);
-                if (status == OK) {
-                    step = next_or_close(r, ']');
-                    if (step == OK)
-                        break;
-                    status = step == MORE ? OK : step;
-                }
-            }
-        } else if (KEY_IS(key, key_len, "parameters") && parameters == NULL) {
-            status = r->p < r->end && *r->p == '{' ? value(r, 1, &parameters) : NO;
-        } else if (KEY_IS(key, key_len, "id") && id == NULL) {
-            status = value(r, 1, &id);
-        } else {
-            status = NO; /* outputs, anything else, or a member twice: the general reader */
-        }
+        if (KEY_IS(key, key_len, "parameters"))
+            status = *parameters == NULL && r->p < r->end && *r->p == '{' ? value(r, 1, parameters) : NO;
+        else if (KEY_IS(key, key_len, "id"))
+            status = *id == NULL ? value(r, 1, id) : NO;
+        else
+            status = member(r, key, key_len, state);
         if (status == OK) {
             step = next_or_close(r, '}');
             if (step == OK)
@@ -1326,15 +1316,45 @@ static int v2_columns_body(Reader *r, PyObject **result) {
             status = step == MORE ? OK : step;
         }
     }
-    if (status == OK)
-        status = at_end(r);
-    if (status == OK && columns == NULL)
+    return status == OK ? at_end(r) : status;
+}
+
+typedef struct {
+    PyObject *columns; /* name -> 1-D array, once `inputs` was read */
+    Py_ssize_t rows;
+} ColumnsRequest;
+
+/* `inputs` of a plain pd request, once; any other member (outputs, ...) leaves the request to the general reader. */
+static int columns_member(Reader *r, const char *key, Py_ssize_t key_len, void *state) {
+    ColumnsRequest *q = state;
+    int status, step;
+    if (!KEY_IS(key, key_len, "inputs") || q->columns != NULL)
+        return NO;
+    q->columns = PyDict_New();
+    status = q->columns == NULL ? ERR : expect(r, '[');
+    while (status == OK) {
+        status = plain_input(r, q->columns, &q->rows);
+        if (status == OK) {
+            step = next_or_close(r, ']');
+            if (step == OK)
+                break;
+            status = step == MORE ? OK : step;
+        }
+    }
+    return status;
+}
+
+static int v2_columns_body(Reader *r, PyObject **result) {
+    PyObject *parameters = NULL, *id = NULL;
+    ColumnsRequest q = {NULL, -1};
+    int status = request_object(r, columns_member, &q, &parameters, &id);
+    if (status == OK && q.columns == NULL)
         status = NO;
     if (status == OK) {
-        *result = PyTuple_Pack(3, columns, parameters ? parameters : Py_None, id ? id : Py_None);
+        *result = PyTuple_Pack(3, q.columns, parameters ? parameters : Py_None, id ? id : Py_None);
         status = *result == NULL ? ERR : OK;
     }
-    Py_XDECREF(columns);
+    Py_XDECREF(q.columns);
     Py_XDECREF(parameters);
     Py_XDECREF(id);
     return status;
@@ -1558,53 +1578,43 @@ static int np_input(Reader *r, PyObject **name, const FFType **type, int64_t *ro
     return status;
 }
 
-static int v2_np_body(Reader *r, PyObject **result) {
-    PyObject *name = NULL, *parameters = NULL, *id = NULL, *columns = NULL;
-    const FFType *type = NULL;
-    int64_t rows = 0, width = 0;
-    NpValues v = {{NULL, 0, 0}, 0};
-    int status = expect(r, '{'), inputs = 0, step;
-    while (status == OK) {
-        const char *key;
-        Py_ssize_t key_len;
-        status = member_name(r, &key, &key_len);
-        if (status != OK)
-            break;
-        ws(r);
-        if (KEY_IS(key, key_len, "inputs")) {
-            status = inputs++ ? NO : expect(r, '[');
-            if (status == OK)
-                status = np_input(r, &name, &type, &rows, &width, &v);
-            if (status == OK)
-                status = expect(r, ']'); /* one input only */
-        } else if (KEY_IS(key, key_len, "parameters")) {
-            status = parameters == NULL && r->p < r->end && *r->p == '{' ? value(r, 1, &parameters) : NO;
-        } else if (KEY_IS(key, key_len, "id")) {
-            status = id == NULL ? value(r, 1, &id) : NO;
-        } else if (KEY_IS(key, key_len, "outputs")) {
-            status = NO;
-        } else {
-            status = skip(r); /* model_name (kserve sends it) and others the general path ignores */
-        }
-        if (status == OK) {
-            step = next_or_close(r, '}');
-            if (step == OK)
-                break;
-            status = step == MORE ? OK : step;
-        }
-    }
+typedef struct {
+    PyObject *name;
+    const FFType *type;
+    int64_t rows, width;
+    NpValues values;
+    int inputs; /* `inputs` members read */
+} NpRequest;
+
+/* `inputs` of an np request (one input), once; `outputs` leaves it to the general reader; other members
+ * (model_name, which kserve sends, and others the general path ignores) are skipped. */
+static int np_member(Reader *r, const char *key, Py_ssize_t key_len, void *state) {
+    NpRequest *q = state;
+    int status;
+    if (KEY_IS(key, key_len, "outputs"))
+        return NO;
+    if (!KEY_IS(key, key_len, "inputs"))
+        return skip(r);
+    status = q->inputs++ ? NO : expect(r, '[');
     if (status == OK)
-        status = at_end(r);
-    if (status == OK && !inputs)
+        status = np_input(r, &q->name, &q->type, &q->rows, &q->width, &q->values);
+    return status == OK ? expect(r, ']') : status; /* one input only */
+}
+
+static int v2_np_body(Reader *r, PyObject **result) {
+    PyObject *parameters = NULL, *id = NULL, *columns = NULL;
+    NpRequest q = {NULL, NULL, 0, 0, {{NULL, 0, 0}, 0}, 0};
+    int status = request_object(r, np_member, &q, &parameters, &id);
+    if (status == OK && !q.inputs)
         status = NO;
     if (status == OK)
-        status = np_columns(type, &v, (Py_ssize_t)rows, (Py_ssize_t)width, &columns);
+        status = np_columns(q.type, &q.values, (Py_ssize_t)q.rows, (Py_ssize_t)q.width, &columns);
     if (status == OK) {
-        *result = Py_BuildValue("(OnNOO)", name, (Py_ssize_t)rows, columns, parameters ? parameters : Py_None, id ? id : Py_None);
+        *result = Py_BuildValue("(OnNOO)", q.name, (Py_ssize_t)q.rows, columns, parameters ? parameters : Py_None, id ? id : Py_None);
         status = *result == NULL ? ERR : OK;
     }
-    PyMem_Free(v.values.data);
-    Py_XDECREF(name);
+    PyMem_Free(q.values.values.data);
+    Py_XDECREF(q.name);
     Py_XDECREF(parameters);
     Py_XDECREF(id);
     return status;
