@@ -300,19 +300,22 @@ def measure(args: argparse.Namespace, work: Path) -> None:
         flush=True,
     )
 
-    # The wheel every `wheel` case and every extra installs, built once (its build is the `source` case's).
-    wheels = work / "wheels"
-    subprocess.run(
-        [str(empty_venv / "bin" / "pip"), "wheel", "--no-deps", "-q", "-w", str(wheels), str(fresh_copy("wheel"))],
-        env=pip_env(work / "cache-wheel"),
-        cwd=work,
-        check=True,
-    )
-    (wheel,) = wheels.glob("forestflow-*.whl")
+    cases = [c for c in args.cases.split(",") if c]
+    # The wheel every `wheel` case and every extra installs, built once (its build is the `source` case's);
+    # not built when nothing installs it (e.g. `--core-only --cases readme`).
+    wheel = Path()
+    if "wheel" in cases or not args.core_only:
+        wheels = work / "wheels"
+        subprocess.run(
+            [str(empty_venv / "bin" / "pip"), "wheel", "--no-deps", "-q", "-w", str(wheels), str(fresh_copy("wheel"))],
+            env=pip_env(work / "cache-wheel"),
+            cwd=work,
+            check=True,
+        )
+        (wheel,) = wheels.glob("forestflow-*.whl")
 
     print("\n| core, installed from | venv MB | without pip, setuptools | bytecode MB | wall time | CPU time | load |")
     print("|---|---|---|---|---|---|---|")
-    cases = [c for c in args.cases.split(",") if c]
     core_venv: Path | None = None
     core_tree = src
     sizes: dict[str, int] = {}
