@@ -32,7 +32,7 @@ from forestflow.codecs import _ffgp, _ffjson, _ffwire
 from forestflow.codecs import graphpipe as gp_codec
 from forestflow.codecs.graphpipe import encode_infer_response
 from forestflow.codecs.v2_request import parse_inputs
-from forestflow.core.frame import Frame
+from forestflow.core.frame import Frame, TensorSpec
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput
 from forestflow.predlog import _kafka_records
@@ -400,6 +400,101 @@ def test_ffgp_infer_request_many_more_bodies(body: bytes) -> None:
 @given(st.binary(max_size=96))
 def test_ffgp_infer_request_of_any_bytes_declines_or_agrees(body: bytes) -> None:
     assert _gp_outcome(body, walk_in_c=True) == _gp_outcome(body, walk_in_c=False)
+
+
+#: Inputs of a scalar-column model: text (BYTES) and FP64 ones interleaved (prostate's order among them).
+_LAYOUTS = [
+    [("AGE", "FP64"), ("RACE", "BYTES"), ("DPROS", "BYTES"), ("DCAPS", "BYTES"), ("PSA", "FP64"), ("VOL", "FP64")],
+    [("a", "BYTES")],
+    [("x", "FP64"), ("y", "FP64")],
+    [("t", "BYTES"), ("n", "FP32")],  # not FP64: the general path lays it out
+]
+
+
+@st.composite
+def gp_grouped_requests(draw: Any) -> tuple[bytes, list[TensorSpec]]:
+    """An InferRequest of unnamed grouped tensors (mostly as wide as the model's groups) for one of
+    ``_LAYOUTS``, as the official client writes it, half of them with up to four edits anywhere (``mutated``)."""
+    inputs = [TensorSpec(name, datatype) for name, datatype in draw(st.sampled_from(_LAYOUTS))]
+    rows = draw(st.sampled_from([0, 1, 1, 2, 3, 4]))
+    texts = sum(spec.datatype == "BYTES" for spec in inputs)
+    tensors: list[np.ndarray] = []
+    for text, width in ((True, texts), (False, len(inputs) - texts)):
+        width = draw(st.sampled_from([width, width, width, 1, 2]))
+        if not width or not draw(st.integers(0, 5)):
+            continue
+        if text != (not draw(st.integers(0, 5))):  # now and then the other kind
+            values = draw(st.lists(_LEVELS | st.just(b"\xff"), min_size=rows * width, max_size=rows * width))
+            tensors.append(np.array(values, dtype=object).reshape(rows, width))
+        else:
+            dtype = draw(st.sampled_from([np.float64, np.float32, np.float16, np.int64, np.uint64, np.int8, np.uint16, np.int32]))
+            scale = draw(st.sampled_from([1, -1, 2**40, 0.5]))
+            with np.errstate(all="ignore"):  # wrapped around in the narrow types: any values will do
+                tensors.append((np.arange(rows * width) * scale).astype(dtype).reshape(rows, width))
+    tensors = draw(st.permutations(tensors))
+    names = [] if draw(st.integers(0, 7)) else ["a"]
+    config, outputs = draw(st.sampled_from(["", "reqid:1", "é"])), draw(st.lists(_LEVELS, max_size=2))
+    body = bytes(convert.serialize_infer_request(convert.InferReq(config, tensors, names, outputs)))
+    return (draw(mutated(body)) if draw(st.booleans()) else body), inputs
+
+
+def _frame_outcome(make: Any) -> Any:
+    try:
+        frame = make()
+    except InvalidInput as error:
+        return error.message
+    return [(name, column.dtype.str, column.shape, column.tolist()) for name, column in frame.columns.items()]
+
+
+def _check_plain(body: bytes, inputs: list[TensorSpec]) -> None:
+    plain = gp_codec.plain_request(body)
+    if plain is None:
+        return  # the general path reads it
+    parsed = gp_codec.parse_request(body)  # no error for a body the plain path takes
+    assert isinstance(parsed, gp_codec.GPInferRequest) and not parsed.input_names, body
+    assert (plain[0], plain[1]) == (parsed.config, parsed.output_names), body
+    expected = _frame_outcome(lambda: gp_codec.frame_from_request(parsed, inputs))
+    got = _frame_outcome(lambda: gp_codec.plain_frame(body, plain, inputs))
+    assert repr(got) == repr(expected), body  # repr: NaN equals NaN, and -0.0 differs from 0.0
+
+
+@FAST
+@given(gp_grouped_requests())
+def test_ffgp_plain_path_reads_what_the_general_path_reads(case: tuple[bytes, list[TensorSpec]]) -> None:
+    _check_plain(*case)
+
+
+@pytest.mark.slow
+@MANY
+@given(gp_grouped_requests())
+def test_ffgp_plain_path_many_more_bodies(case: tuple[bytes, list[TensorSpec]]) -> None:
+    _check_plain(*case)
+
+
+def test_ffgp_plain_path_takes_the_usual_request() -> None:
+    body = payloads.graphpipe_body(3)
+    assert body is not None
+    plain = gp_codec.plain_request(body)
+    assert plain is not None and plain[:3] == ("reqid:bench", [], 3)
+    inputs = [TensorSpec(n, d) for n, d in _LAYOUTS[0]] + [TensorSpec("GLEASON", "FP64")]
+    assert _ffgp.grouped_columns(body, plain[2], plain[3], tuple((s.name, s.datatype == "BYTES") for s in inputs)) is not None
+    _check_plain(body, inputs)
+
+
+@FAST
+@given(
+    st.binary(max_size=96),
+    st.integers(-2, 6),
+    st.lists(st.tuples(st.sampled_from([0, 1, 8, 9, 10, 11, 12, 13]), st.integers(-1, 4), st.integers(-8, 100)), max_size=3),
+    st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.booleans()), max_size=4),
+)
+def test_ffgp_grouped_columns_of_any_arguments_stays_in_the_body(
+    body: bytes, rows: int, tensors: list[tuple[int, int, int]], layout: list[tuple[str, bool]]
+) -> None:
+    """Offsets that point anywhere (the C call checks every bound again): None or columns, never a read outside."""
+    columns = _ffgp.grouped_columns(body, rows, tuple(tensors), tuple(layout))
+    if columns is not None:
+        assert all(len(column) == rows for column in columns.values())
 
 
 # ---- _ffwire: varints and event heads ----------------------------------------------------------------------

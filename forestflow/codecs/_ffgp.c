@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "ndarray.h"
+
 static uint32_t get_u32(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
@@ -436,7 +438,22 @@ static PyObject *walk_bytes_list(const Walk *w, int64_t start, int64_t count) {
     return out;
 }
 
-enum { REQ_INFER = 1, TYPE_FIRST_NUMERIC = 1, TYPE_LAST_NUMERIC = 11, TYPE_STRING = 12 };
+enum { REQ_INFER = 1, TYPE_FIRST_NUMERIC = 1, TYPE_FLOAT16 = 9, TYPE_FLOAT32 = 10, TYPE_LAST_NUMERIC = 11, TYPE_STRING = 12 };
+
+/* The InferRequest table of a Request body (its position, vtable and vtable size); -1 for anything else. */
+static int walk_infer(const Walk *w, int64_t *infer, int64_t *vt, int64_t *vs) {
+    int64_t root, rvt, rvs, kind_at, req, rel;
+    if (w->size < 8 || at_u32(w, 0, &root) < 0 || walk_table(w, root, &rvt, &rvs) < 0)
+        return -1;
+    kind_at = walk_field(w, root, rvt, rvs, 4);
+    if (kind_at <= 0 || w->b[kind_at] != REQ_INFER)
+        return -1;
+    req = walk_field(w, root, rvt, rvs, 6);
+    if (req <= 0 || at_u32(w, req, &rel) < 0)
+        return -1;
+    *infer = req + rel;
+    return walk_table(w, *infer, vt, vs);
+}
 
 PyDoc_STRVAR(infer_request_doc,
 "infer_request(body) -> tuple | None\n\n"
@@ -449,7 +466,7 @@ PyDoc_STRVAR(infer_request_doc,
 
 static PyObject *infer_request(PyObject *Py_UNUSED(self), PyObject *arg) {
     Walk w;
-    int64_t root, rvt, rvs, kind_at, req, rel, infer, vt, vs, start, count, cfg, tstart, ntensors;
+    int64_t rel, infer, vt, vs, start, count, cfg, tstart, ntensors;
     PyObject *names = NULL, *outputs = NULL, *tensors = NULL, *config = NULL, *result = NULL;
     if (!PyBytes_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "infer_request() takes bytes");
@@ -457,16 +474,7 @@ static PyObject *infer_request(PyObject *Py_UNUSED(self), PyObject *arg) {
     }
     w.b = (const unsigned char *)PyBytes_AS_STRING(arg);
     w.size = PyBytes_GET_SIZE(arg);
-    if (w.size < 8 || at_u32(&w, 0, &root) < 0 || walk_table(&w, root, &rvt, &rvs) < 0)
-        Py_RETURN_NONE;
-    kind_at = walk_field(&w, root, rvt, rvs, 4);
-    if (kind_at <= 0 || w.b[kind_at] != REQ_INFER)
-        Py_RETURN_NONE;
-    req = walk_field(&w, root, rvt, rvs, 6);
-    if (req <= 0 || at_u32(&w, req, &rel) < 0)
-        Py_RETURN_NONE;
-    infer = req + rel;
-    if (walk_table(&w, infer, &vt, &vs) < 0)
+    if (walk_infer(&w, &infer, &vt, &vs) < 0)
         Py_RETURN_NONE;
     /* names (6) and output names (10): every string inside */
     if (walk_vector(&w, infer, vt, vs, 6, 4, &start, &count) < 0 || !strings_inside(&w, start, count))
@@ -553,11 +561,304 @@ done:
     return result;
 }
 
+/* ---- the plain path: a request of grouped tensors read straight into its Frame's columns ---- */
+
+/* Bytes per value of a numeric wire type the plain path reads (0: not one: Float16 and the rest). */
+static int64_t plain_itemsize(int64_t type) {
+    static const int64_t sizes[TYPE_LAST_NUMERIC + 1] = {0, 1, 1, 2, 2, 4, 4, 8, 8, 0, 4, 8};
+    return type >= TYPE_FIRST_NUMERIC && type <= TYPE_LAST_NUMERIC ? sizes[type] : 0;
+}
+
+/* A UTF-8 text as str; NULL with no exception when it is not UTF-8 (the general path then reads it). */
+static PyObject *utf8_or_null(const unsigned char *p, int64_t len) {
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)p, (Py_ssize_t)len, NULL);
+    if (text == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+        PyErr_Clear();
+    return text;
+}
+
+PyDoc_STRVAR(plain_request_doc,
+"plain_request(body) -> tuple | None\n\n"
+"A GraphPipe Request body holding the usual InferRequest, checked whole: ``(config, output_names, rows,\n"
+"tensors)``, the texts as str (config \"\" when absent) and ``tensors`` one or two ``(type, width,\n"
+"start)``, at most one String and one numeric tensor (not Float16), each of shape ``[rows, width]``\n"
+"(rows, width > 0) with exactly that many values, ``start`` its first uoffset (String) or data byte.\n"
+"None for anything else (input_names, other shapes or counts, texts that are not UTF-8, any bound\n"
+"outside the body), which codecs/graphpipe.py's general reader then reads (or says what is wrong).\n"
+"A body taken here is one that reader reads without an error.");
+
+static PyObject *plain_request(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Walk w;
+    int64_t infer, vt, vs, start, count, rel, tstart, ntensors, rows = 0, cfg;
+    int kinds = 0; /* 1: a String tensor seen, 2: a numeric one */
+    PyObject *outputs = NULL, *tensors = NULL, *config = NULL, *result = NULL;
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "plain_request() takes bytes");
+        return NULL;
+    }
+    w.b = (const unsigned char *)PyBytes_AS_STRING(arg);
+    w.size = PyBytes_GET_SIZE(arg);
+    if (walk_infer(&w, &infer, &vt, &vs) < 0)
+        Py_RETURN_NONE;
+    /* input_names (6): none (named tensors are laid out by the general path) */
+    if (walk_vector(&w, infer, vt, vs, 6, 4, &start, &count) < 0 || count != 0)
+        Py_RETURN_NONE;
+    if (walk_vector(&w, infer, vt, vs, 10, 4, &start, &count) < 0 || !strings_inside(&w, start, count))
+        Py_RETURN_NONE;
+    outputs = PyList_New((Py_ssize_t)count);
+    if (outputs == NULL)
+        return NULL;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t slot = start + 4 * i, at = slot + (int64_t)get_u32(w.b + slot);
+        PyObject *name = utf8_or_null(w.b + at + 4, (int64_t)get_u32(w.b + at));
+        if (name == NULL)
+            goto fail;
+        PyList_SET_ITEM(outputs, (Py_ssize_t)i, name);
+    }
+    if (walk_vector(&w, infer, vt, vs, 8, 4, &tstart, &ntensors) < 0 || ntensors < 1 || ntensors > 2)
+        goto decline;
+    tensors = PyTuple_New((Py_ssize_t)ntensors);
+    if (tensors == NULL)
+        goto fail;
+    for (int64_t i = 0; i < ntensors; i++) {
+        int64_t pos, tvt, tvs, type_at, type, sstart, dims, dstart, dcount, values, shape[2], itemsize = 0;
+        int kind;
+        PyObject *item;
+        if (at_u32(&w, tstart + 4 * i, &rel) < 0)
+            goto decline;
+        pos = tstart + 4 * i + rel;
+        if (walk_table(&w, pos, &tvt, &tvs) < 0 || (type_at = walk_field(&w, pos, tvt, tvs, 4)) < 0)
+            goto decline;
+        type = type_at ? w.b[type_at] : 0;
+        if (walk_vector(&w, pos, tvt, tvs, 6, 8, &sstart, &dims) < 0 || dims != 2)
+            goto decline;
+        if (type == TYPE_STRING) {
+            kind = 1;
+            if (walk_vector(&w, pos, tvt, tvs, 10, 4, &dstart, &dcount) < 0 || !strings_inside(&w, dstart, dcount))
+                goto decline;
+            values = dcount;
+        } else {
+            kind = 2;
+            itemsize = plain_itemsize(type);
+            if (itemsize == 0 || walk_vector(&w, pos, tvt, tvs, 8, 1, &dstart, &dcount) < 0 || dcount % itemsize != 0)
+                goto decline;
+            values = dcount / itemsize;
+        }
+        for (int d = 0; d < 2; d++) { /* as "<q": two's complement */
+            uint64_t v = (uint64_t)get_u32(w.b + sstart + 8 * d) | ((uint64_t)get_u32(w.b + sstart + 8 * d + 4) << 32);
+            shape[d] = v <= (uint64_t)INT64_MAX ? (int64_t)v : -1;
+        }
+        /* [rows, width] holding exactly its values (both at most `values`, so the product cannot overflow) */
+        if (shape[0] < 1 || shape[1] < 1 || shape[0] > values || shape[1] > values || shape[0] * shape[1] != values)
+            goto decline;
+        if ((kinds & kind) || (rows && shape[0] != rows))
+            goto decline; /* two tensors of one kind, or of different record counts: the general path says so */
+        kinds |= kind;
+        rows = shape[0];
+        item = Py_BuildValue("(LLL)", (long long)type, (long long)shape[1], (long long)dstart);
+        if (item == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(tensors, (Py_ssize_t)i, item);
+    }
+    cfg = walk_field(&w, infer, vt, vs, 4);
+    if (cfg < 0)
+        goto decline;
+    if (cfg) {
+        int64_t len;
+        if (at_u32(&w, cfg, &rel) < 0 || at_u32(&w, cfg + rel, &len) < 0 || cfg + rel + 4 + len > w.size)
+            goto decline;
+        config = utf8_or_null(w.b + cfg + rel + 4, len);
+    } else {
+        config = PyUnicode_FromStringAndSize("", 0);
+    }
+    if (config == NULL)
+        goto fail;
+    result = Py_BuildValue("(OOLO)", config, outputs, (long long)rows, tensors);
+    goto done;
+fail:
+    if (!PyErr_Occurred()) /* a text that is not UTF-8 */
+        goto decline;
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(outputs);
+    Py_XDECREF(tensors);
+    Py_XDECREF(config);
+    return result;
+}
+
+/* One numeric wire value (little-endian) as a double, as numpy's astype(float64) converts it. */
+static double wire_double(const unsigned char *p, int64_t type) {
+    uint64_t lo = get_u32(p), v;
+    switch (type) {
+    case 1: return (double)p[0];
+    case 2: return (double)(int8_t)p[0];
+    case 3: return (double)(uint16_t)(p[0] | (p[1] << 8));
+    case 4: return (double)(int16_t)(uint16_t)(p[0] | (p[1] << 8));
+    case 5: return (double)(uint32_t)lo;
+    case 6: return (double)(int32_t)(uint32_t)lo;
+    case TYPE_FLOAT32: {
+        uint32_t bits = (uint32_t)lo;
+        float f;
+        memcpy(&f, &bits, 4);
+        return (double)f;
+    }
+    default: break;
+    }
+    v = lo | ((uint64_t)get_u32(p + 4) << 32);
+    if (type == 7)
+        return (double)v;
+    if (type == 8)
+        return (double)(int64_t)v;
+    {
+        double d;
+        memcpy(&d, &v, 8);
+        return d;
+    }
+}
+
+/* The `width` String columns of a [rows, width] tensor whose uoffsets start at `start`, as object arrays
+ * in `cols`; 0 when done, 1 when a bound is outside or a value is not UTF-8 (the general path reads it), -1 on error. */
+static int string_columns(const Walk *w, int64_t start, int64_t rows, int64_t width, PyObject **cols) {
+    PyObject *cache[TEXT_CACHE] = {NULL};
+    if (start < 0 || rows * width > (w->size - start) / 4)
+        return 1;
+    for (int64_t j = 0; j < width; j++)
+        if ((cols[j] = nd_new(ND_OBJECT, (Py_ssize_t)rows)) == NULL)
+            return -1;
+    for (int64_t k = 0; k < rows * width; k++) {
+        int64_t slot = start + 4 * k, at = slot + (int64_t)get_u32(w->b + slot), len;
+        const unsigned char *p;
+        PyObject *value = NULL, **cached = NULL;
+        if (at + 4 > w->size || at + 4 + (len = (int64_t)get_u32(w->b + at)) > w->size)
+            return 1;
+        p = w->b + at + 4;
+        if (len <= TEXT_CACHE_MAX_LEN) { /* a level seen lately: the same str object again (as read_strings) */
+            uint32_t h = (uint32_t)len;
+            for (int64_t c = 0; c < len; c++)
+                h = h * 31u + p[c];
+            cached = &cache[(h ^ (h >> 7)) % TEXT_CACHE];
+            if (*cached != NULL && PyUnicode_GET_LENGTH(*cached) == len && memcmp(PyUnicode_DATA(*cached), p, (size_t)len) == 0)
+                value = Py_NewRef(*cached);
+        }
+        if (value == NULL) {
+            value = utf8_or_null(p, len);
+            if (value == NULL)
+                return PyErr_Occurred() ? -1 : 1;
+            if (cached != NULL && PyUnicode_IS_COMPACT_ASCII(value))
+                *cached = value; /* borrowed: a column holds it */
+        }
+        ((PyObject **)nd_data(cols[k % width]))[k / width] = value;
+    }
+    return 0;
+}
+
+/* The `width` FP64 columns of a numeric [rows, width] tensor of `type` whose data starts at `start`. */
+static int number_columns(const Walk *w, int64_t type, int64_t start, int64_t rows, int64_t width, PyObject **cols) {
+    int64_t itemsize = plain_itemsize(type);
+    if (itemsize == 0 || start < 0 || rows * width > (w->size - start) / itemsize)
+        return 1;
+    for (int64_t j = 0; j < width; j++) {
+        double *out;
+        const unsigned char *p = w->b + start + itemsize * j;
+        if ((cols[j] = nd_new(ND_DOUBLE, (Py_ssize_t)rows)) == NULL)
+            return -1;
+        out = (double *)nd_data(cols[j]);
+        for (int64_t i = 0; i < rows; i++, p += itemsize * width)
+            out[i] = wire_double(p, type);
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(grouped_columns_doc,
+"grouped_columns(body, rows, tensors, layout) -> dict | None\n\n"
+"The Frame columns of a plain request (``plain_request(body)``'s ``rows`` and ``tensors``) for a model\n"
+"whose inputs, in metadata order, are ``layout``: ``(name, is_text)`` each, every numeric one FP64.\n"
+"As codecs/graphpipe.py's grouping lays unnamed tensors out: the String tensor's columns are the text\n"
+"inputs, the numeric tensor's the others (as FP64), in order; here only when each tensor has exactly\n"
+"one column per input of its group. None for anything else (a tensor for a group the model lacks, a\n"
+"width that is not the group's size, a String value that is not UTF-8, a bound outside the body).");
+
+static PyObject *grouped_columns(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    Walk w;
+    PyObject *tensors, *layout, *out = NULL, **cols = NULL;
+    Py_ssize_t inputs, n_text = 0, n_tensors;
+    int64_t rows, text_start = -1, number_start = -1, number_type = 0;
+    int status = 0;
+    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[2]) || !PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "grouped_columns() takes (bytes, int, tuple, tuple)");
+        return NULL;
+    }
+    w.b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    w.size = PyBytes_GET_SIZE(args[0]);
+    rows = PyLong_AsLongLong(args[1]);
+    if (rows == -1 && PyErr_Occurred())
+        return NULL;
+    tensors = args[2];
+    layout = args[3];
+    inputs = PyTuple_GET_SIZE(layout);
+    n_tensors = PyTuple_GET_SIZE(tensors);
+    for (Py_ssize_t k = 0; k < inputs; k++) {
+        PyObject *spec = PyTuple_GET_ITEM(layout, k);
+        int is_text;
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(spec, 0))) {
+            PyErr_SetString(PyExc_TypeError, "grouped_columns(): each input is (name, is_text)");
+            return NULL;
+        }
+        if ((is_text = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 1))) < 0)
+            return NULL;
+        n_text += is_text;
+    }
+    if (rows < 1 || rows > w.size || inputs == 0 || n_tensors != (n_text > 0) + (inputs - n_text > 0))
+        Py_RETURN_NONE;
+    for (Py_ssize_t t = 0; t < n_tensors; t++) {
+        long long type, width, start;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(tensors, t), "LLL;grouped_columns(): each tensor is (type, width, start)", &type, &width, &start))
+            return NULL;
+        if (type == TYPE_STRING ? (width != n_text || text_start >= 0) : (width != inputs - n_text || number_start >= 0))
+            Py_RETURN_NONE;
+        if (type == TYPE_STRING) {
+            text_start = start;
+        } else {
+            number_start = start;
+            number_type = type;
+        }
+    }
+    cols = PyMem_Calloc((size_t)inputs, sizeof(PyObject *));
+    if (cols == NULL)
+        return PyErr_NoMemory();
+    /* text columns first in cols, then the numeric ones */
+    if (n_text)
+        status = string_columns(&w, text_start, rows, (int64_t)n_text, cols);
+    if (status == 0 && n_text < inputs)
+        status = number_columns(&w, number_type, number_start, rows, (int64_t)(inputs - n_text), cols + n_text);
+    if (status == 0 && (out = PyDict_New()) != NULL) {
+        Py_ssize_t text = 0, number = n_text;
+        for (Py_ssize_t k = 0; k < inputs; k++) {
+            PyObject *spec = PyTuple_GET_ITEM(layout, k);
+            PyObject *column = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 1)) ? cols[text++] : cols[number++];
+            if (PyDict_SetItem(out, PyTuple_GET_ITEM(spec, 0), column) < 0) {
+                Py_CLEAR(out);
+                break;
+            }
+        }
+    }
+    for (Py_ssize_t k = 0; k < inputs; k++)
+        Py_XDECREF(cols[k]);
+    PyMem_Free(cols);
+    if (status > 0)
+        Py_RETURN_NONE;
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"read_strings", (PyCFunction)(void (*)(void))read_strings, METH_FASTCALL, read_strings_doc},
     {"write_strings", write_strings, METH_O, write_strings_doc},
     {"infer_response", infer_response, METH_O, infer_response_doc},
     {"infer_request", infer_request, METH_O, infer_request_doc},
+    {"plain_request", plain_request, METH_O, plain_request_doc},
+    {"grouped_columns", (PyCFunction)(void (*)(void))grouped_columns, METH_FASTCALL, grouped_columns_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -565,4 +866,8 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_ffgp", "GraphPipe flatbuffer string vectors, read and written in C.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__ffgp(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__ffgp(void) {
+    if (nd_init() < 0)
+        return NULL;
+    return PyModule_Create(&module);
+}
