@@ -299,6 +299,54 @@ def test_ffgp_infer_response_reads_back_with_graphpipes_reader(frame: Frame) -> 
             assert got.shape == want.shape and got.tobytes() == want.astype(want.dtype.newbyteorder("<")).tobytes()
 
 
+@st.composite
+def gp_columns(draw: Any) -> np.ndarray:
+    """An output column of any kind a model gives: numbers of every width and byte order, booleans,
+    objects (str, bytes, None, numbers; repeated objects), str arrays; C-ordered or not."""
+    rows = draw(st.integers(0, 4))
+    width = draw(st.sampled_from([0, 1, 1, 2, 3]))  # 0: a 1-D column
+    count = rows * max(width, 1)
+    kind = draw(st.sampled_from(["number", "number", "object", "bool", "str"]))
+    if kind == "object":
+        value = st.text(max_size=6) | st.binary(max_size=6) | st.none() | st.integers(-9, 9)
+        pool = draw(st.lists(value, min_size=1, max_size=3))
+        column = np.empty(count, dtype=object)
+        column[:] = [pool[i] for i in draw(st.lists(st.integers(0, len(pool) - 1), min_size=count, max_size=count))]
+    elif kind == "bool":
+        column = np.array(draw(st.lists(st.booleans(), min_size=count, max_size=count)), dtype=bool)
+    elif kind == "str":
+        column = np.array(draw(st.lists(_LEVELS, min_size=count, max_size=count)), dtype=str)
+    else:
+        dtype = np.dtype(draw(st.sampled_from(_GP_DTYPES + [">i4", ">f8", "=i8", "=f8", "q", "l", "Q", "L"])))
+        column = np.frombuffer(draw(st.binary(min_size=count * dtype.itemsize, max_size=count * dtype.itemsize)), dtype=dtype)
+    column = column.reshape(rows, width) if width else column.reshape(rows)
+    if width > 1 and draw(st.booleans()):
+        column = np.asfortranarray(column)  # not C-ordered
+    elif rows > 1 and draw(st.integers(0, 4)) == 0:
+        column = np.concatenate([column, column])[::2]  # strided
+    return column
+
+
+@FAST
+@given(st.lists(gp_columns(), min_size=1, max_size=4), st.booleans())
+def test_ffgp_infer_response_of_columns_writes_what_the_tuples_write(columns: list[np.ndarray], named: bool) -> None:
+    """Numpy columns handed to the C writer as they are give the bytes of _wire_tensor's tuples, or None."""
+    same_rows = len({len(c) for c in columns}) == 1
+    frame = Frame({f"c{i}": column for i, column in enumerate(columns)} if same_rows else {"c0": columns[0]})
+    fqrv_tensor = (12, (1, 1), _ffgp.write_strings([str(FQ)]), True)
+    direct = _ffgp.infer_response([fqrv_tensor, *frame.columns.values()])
+    tuples = _ffgp.infer_response([fqrv_tensor, *(gp_codec._wire_tensor(n, c) for n, c in frame.columns.items())])
+    assert direct is None or direct == tuples
+    usual = all(c.dtype.kind in "biufO" and c.dtype.byteorder != ">" and c.flags.c_contiguous for c in frame.columns.values())
+    assert (direct is not None) == usual
+    names = [*reversed(frame.columns), "fqrv"] if named else []
+    assert encode_infer_response(FQ, frame, names) == _ffgp.infer_response(
+        [fqrv_tensor if n == "fqrv" else gp_codec._wire_tensor(n, frame.columns[n]) for n in names]
+        if named
+        else [fqrv_tensor, *(gp_codec._wire_tensor(n, c) for n, c in frame.columns.items())]
+    )
+
+
 #: Short texts that repeat (categorical levels): ASCII, escaped, non-ASCII, and either side of the
 #: 48-byte length up to which the readers hand out the same str object for a repeated value.
 _LEVELS = st.sampled_from(["", "A", "B", "AB", "BA", 'a"b', "\\", "é", "日本", "x" * 47, "x" * 48, "x" * 49, "y" * 48])

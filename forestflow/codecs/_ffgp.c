@@ -1,11 +1,14 @@
 /*
- * forestflow.codecs._ffgp: GraphPipe flatbuffer string vectors, read and written in one call.
+ * forestflow.codecs._ffgp: GraphPipe flatbuffers, read and written in C (codecs/graphpipe.py).
  *
  * A String tensor holds one flatbuffer string per value; walked in Python, each costs a few
  * struct unpacks, a slice and a decode (most of a 100-record request's decoding), and each
- * answer label a few bytes appends. Everything else of a GraphPipe body stays in Python
- * (codecs/graphpipe.py): these two calls only do the per-value loops, and leave every error
- * message to the Python code (a read that finds anything wrong returns None).
+ * answer label a few bytes appends. Here: the string vectors (read_strings, write_strings), the
+ * InferResponse (infer_response, from numpy columns as they are in the usual case), the walk of an
+ * InferRequest's structure (infer_request), and the plain path (plain_request, grouped_columns):
+ * the usual request checked whole and read straight into its Frame's columns. Every error message
+ * stays with the Python code: a read that finds anything wrong or unusual returns None, and the
+ * Python reader then reads the body (and says what is wrong).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -14,6 +17,9 @@
 #include <string.h>
 
 #include "ndarray.h"
+
+/* The Request union's InferRequest, and GraphPipe's tensor types (graphpipe.fbs's Type) used here. */
+enum { REQ_INFER = 1, TYPE_FIRST_NUMERIC = 1, TYPE_FLOAT16 = 9, TYPE_FLOAT32 = 10, TYPE_LAST_NUMERIC = 11, TYPE_STRING = 12 };
 
 static uint32_t get_u32(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
@@ -129,73 +135,6 @@ static PyObject *element_bytes(PyObject *value) {
     return out;
 }
 
-PyDoc_STRVAR(write_strings_doc,
-"write_strings(values) -> bytes\n\n"
-"A flatbuffer vector of strings placed at a 4-aligned position: its length, one uoffset per value,\n"
-"then each distinct value once (labels repeat), 4-aligned, as length + bytes + NUL. A value is\n"
-"written as its bytes (bytes, bytearray), empty (None) or its str() in UTF-8.");
-
-static PyObject *write_strings(PyObject *Py_UNUSED(self), PyObject *arg) {
-    PyObject *seq, *encoded = NULL, *seen = NULL, *out = NULL;
-    Py_ssize_t n, i, total;
-    unsigned char *p;
-    seq = PySequence_Fast(arg, "write_strings() takes a sequence");
-    if (seq == NULL)
-        return NULL;
-    n = PySequence_Fast_GET_SIZE(seq);
-    if (n > (Py_ssize_t)UINT32_MAX / 4) {
-        PyErr_SetString(PyExc_OverflowError, "write_strings(): too many values for a flatbuffer");
-        goto done;
-    }
-    encoded = PyList_New(n);
-    seen = PyDict_New(); /* encoded value -> its position in the output */
-    if (encoded == NULL || seen == NULL)
-        goto done;
-    /* First pass: encode, and lay out the distinct values after the uoffsets. */
-    total = 4 + 4 * n;
-    for (i = 0; i < n; i++) {
-        PyObject *raw = element_bytes(PySequence_Fast_GET_ITEM(seq, i)), *at;
-        if (raw == NULL)
-            goto done;
-        PyList_SET_ITEM(encoded, i, raw);
-        at = PyDict_GetItemWithError(seen, raw);
-        if (at == NULL) {
-            if (PyErr_Occurred())
-                goto done;
-            total += -total & 3;
-            at = PyLong_FromSsize_t(total);
-            if (at == NULL || PyDict_SetItem(seen, raw, at) < 0) {
-                Py_XDECREF(at);
-                goto done;
-            }
-            Py_DECREF(at);
-            total += 4 + PyBytes_GET_SIZE(raw) + 1;
-        }
-    }
-    if (total > (Py_ssize_t)UINT32_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "write_strings(): values too large for a flatbuffer");
-        goto done;
-    }
-    out = PyBytes_FromStringAndSize(NULL, total);
-    if (out == NULL)
-        goto done;
-    p = (unsigned char *)PyBytes_AS_STRING(out);
-    memset(p, 0, (size_t)total); /* padding is zeros */
-    put_u32(p, (uint32_t)n);
-    for (i = 0; i < n; i++) {
-        PyObject *raw = PyList_GET_ITEM(encoded, i);
-        Py_ssize_t at = PyLong_AsSsize_t(PyDict_GetItem(seen, raw)), len = PyBytes_GET_SIZE(raw);
-        put_u32(p + 4 + 4 * i, (uint32_t)(at - (4 + 4 * i)));
-        put_u32(p + at, (uint32_t)len); /* a repeated value is written again in place, the same bytes */
-        memcpy(p + at + 4, PyBytes_AS_STRING(raw), (size_t)len);
-    }
-done:
-    Py_DECREF(seq);
-    Py_XDECREF(encoded);
-    Py_XDECREF(seen);
-    return out;
-}
-
 /* A flatbuffer written front to back (as codecs/graphpipe.py's _ForwardWriter did in Python). */
 typedef struct {
     unsigned char *p;
@@ -239,6 +178,110 @@ static Py_ssize_t out_bytes(Out *o, const void *src, Py_ssize_t n) {
     if (at >= 0 && n)
         memcpy(o->p + at, src, (size_t)n);
     return at;
+}
+
+/* The pointer cache of strings_into: recent immutable values (str, bytes, None) and where their bytes went. */
+#define SEEN_CACHE 16
+
+/* A flatbuffer vector of strings of the ``n`` values ``items`` appended to ``o`` (at a 4-aligned position):
+ * its length, one uoffset per value, then each distinct value once (labels repeat), 4-aligned, as length +
+ * bytes + NUL. A value is written as its bytes (bytes, bytearray), empty (None) or its str() in UTF-8.
+ * The same object met again (the labels of a class column are a few objects) is found by its address
+ * before its bytes are looked up. 0, or -1 with an exception set. */
+static int strings_into(Out *o, PyObject *const *items, Py_ssize_t n) {
+    PyObject *encoded = NULL, *seen = NULL;
+    PyObject *cached[SEEN_CACHE] = {NULL};
+    Py_ssize_t cached_at[SEEN_CACHE], *at = NULL, i, total, base = o->len;
+    unsigned char *p;
+    int status = -1;
+    if (n > (Py_ssize_t)UINT32_MAX / 4) {
+        PyErr_SetString(PyExc_OverflowError, "write_strings(): too many values for a flatbuffer");
+        return -1;
+    }
+    encoded = PyList_New(n);
+    seen = PyDict_New(); /* encoded value -> its position in the vector */
+    at = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    if (encoded == NULL || seen == NULL || at == NULL) {
+        if (at == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    /* First pass: encode, and lay out the distinct values after the uoffsets. */
+    total = 4 + 4 * n;
+    for (i = 0; i < n; i++) {
+        PyObject *value = items[i], *raw, *known;
+        size_t slot = ((uintptr_t)value >> 4) % SEEN_CACHE;
+        int immutable = PyUnicode_CheckExact(value) || PyBytes_CheckExact(value) || value == Py_None;
+        if (immutable && cached[slot] == value) {
+            at[i] = cached_at[slot];
+            continue;
+        }
+        raw = element_bytes(value);
+        if (raw == NULL)
+            goto done;
+        PyList_SET_ITEM(encoded, i, raw);
+        known = PyDict_GetItemWithError(seen, raw);
+        if (known != NULL) {
+            at[i] = PyLong_AsSsize_t(known);
+        } else {
+            if (PyErr_Occurred())
+                goto done;
+            total += -total & 3;
+            known = PyLong_FromSsize_t(total);
+            if (known == NULL || PyDict_SetItem(seen, raw, known) < 0) {
+                Py_XDECREF(known);
+                goto done;
+            }
+            Py_DECREF(known);
+            at[i] = total;
+            total += 4 + PyBytes_GET_SIZE(raw) + 1;
+        }
+        if (immutable) {
+            cached[slot] = value; /* the caller holds it until the end */
+            cached_at[slot] = at[i];
+        }
+    }
+    if (total > (Py_ssize_t)UINT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "write_strings(): values too large for a flatbuffer");
+        goto done;
+    }
+    if (out_zeros(o, total) < 0) /* padding is zeros */
+        goto done;
+    p = o->p + base;
+    put_u32(p, (uint32_t)n);
+    for (i = 0; i < n; i++) {
+        PyObject *raw = PyList_GET_ITEM(encoded, i);
+        put_u32(p + 4 + 4 * i, (uint32_t)(at[i] - (4 + 4 * i)));
+        if (raw != NULL) { /* the first of its value (or a repeat found by its bytes): written in place */
+            put_u32(p + at[i], (uint32_t)PyBytes_GET_SIZE(raw));
+            memcpy(p + at[i] + 4, PyBytes_AS_STRING(raw), (size_t)PyBytes_GET_SIZE(raw));
+        }
+    }
+    status = 0;
+done:
+    Py_XDECREF(encoded);
+    Py_XDECREF(seen);
+    PyMem_Free(at);
+    return status;
+}
+
+PyDoc_STRVAR(write_strings_doc,
+"write_strings(values) -> bytes\n\n"
+"A flatbuffer vector of strings placed at a 4-aligned position: its length, one uoffset per value,\n"
+"then each distinct value once (labels repeat), 4-aligned, as length + bytes + NUL. A value is\n"
+"written as its bytes (bytes, bytearray), empty (None) or its str() in UTF-8.");
+
+static PyObject *write_strings(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Out o = {NULL, 0, 0};
+    PyObject *seq, *out = NULL;
+    seq = PySequence_Tuple(arg); /* its own references: a value's str() may change a list meanwhile */
+    if (seq == NULL)
+        return NULL;
+    if (strings_into(&o, &PyTuple_GET_ITEM(seq, 0), PyTuple_GET_SIZE(seq)) == 0)
+        out = PyBytes_FromStringAndSize((const char *)o.p, o.len);
+    Py_DECREF(seq);
+    PyMem_Free(o.p);
+    return out;
 }
 
 /* Point the uoffset at ``slot`` to ``target`` (always later in the buffer). */
@@ -285,21 +328,104 @@ static const uint16_t RESPONSE_VTABLE[] = {6, 8, 4};
 static const uint16_t DATA_VTABLE[] = {12, 16, 12, 4, 8, 0};
 static const uint16_t STRINGS_VTABLE[] = {12, 16, 12, 4, 0, 8};
 
+/* What infer_response writes for a numpy column: its GraphPipe type and shape (a 1-D column as [n, 1]), and
+ * its data (numbers) or its values (an object array's, as a tuple). */
+typedef struct {
+    long type;
+    int nd;
+    Py_ssize_t shape[2];
+    const Py_ssize_t *dims;
+    const char *data;
+    Py_ssize_t nbytes;
+    PyObject *values;
+} Column;
+
+static int host_is_little_endian(void) {
+    const uint16_t one = 1;
+    return *(const unsigned char *)&one == 1;
+}
+
+/* The GraphPipe type of a numpy type number and item size, as codecs/graphpipe.py's _wire_tensor
+ * gives it (bool as Uint8); 0 for the others (str arrays, dates, complex...), TYPE_STRING for objects. */
+static long column_type(int type_num, Py_ssize_t itemsize) {
+    switch (type_num) {
+    case ND_BOOL:
+    case ND_UBYTE: return 1;
+    case ND_BYTE: return 2;
+    case ND_USHORT: return 3;
+    case ND_SHORT: return 4;
+    case ND_UINT:
+    case ND_ULONG:
+    case ND_ULONGLONG: return itemsize == 4 ? 5 : itemsize == 8 ? 7 : 0;
+    case ND_INT:
+    case ND_LONG:
+    case ND_LONGLONG: return itemsize == 4 ? 6 : itemsize == 8 ? 8 : 0;
+    case ND_HALF: return TYPE_FLOAT16;
+    case ND_FLOAT: return TYPE_FLOAT32;
+    case ND_DOUBLE: return TYPE_LAST_NUMERIC;
+    case ND_OBJECT: return TYPE_STRING;
+    default: return 0;
+    }
+}
+
+/* A C-contiguous numpy column of rank >= 1 in this machine's little-endian order (or of one-byte items)
+ * whose type GraphPipe carries, described in `c`: 1; 0 for any other (the caller then writes what
+ * _wire_tensor makes of it); -1 on error. */
+static int column_of(PyObject *array, Column *c) {
+    const NdArray *a = (const NdArray *)array;
+    Py_ssize_t itemsize, expect, count = 1;
+    char order = a->descr->byteorder;
+    if (a->nd < 1 || a->descr->type_num < 0 || a->descr->type_num >= ND_NTYPES || nd_dtypes[a->descr->type_num] == NULL)
+        return 0;
+    itemsize = nd_itemsizes[a->descr->type_num];
+    c->type = column_type(a->descr->type_num, itemsize);
+    if (c->type == 0 || !(order == '=' || order == '|' || (order == '<' && host_is_little_endian())))
+        return 0;
+    if (itemsize > 1 && c->type != TYPE_STRING && !host_is_little_endian())
+        return 0;
+    expect = itemsize;
+    for (int k = a->nd - 1; k >= 0; k--) {
+        if (a->dimensions[k] > 1 && a->strides[k] != expect)
+            return 0;
+        expect *= a->dimensions[k];
+        count *= a->dimensions[k];
+    }
+    c->nd = a->nd == 1 ? 2 : a->nd;
+    c->shape[0] = a->dimensions[0];
+    c->shape[1] = 1;
+    c->dims = a->nd == 1 ? c->shape : a->dimensions;
+    c->data = a->data;
+    c->nbytes = count * itemsize;
+    c->values = NULL;
+    if (c->type == TYPE_STRING) { /* the values, held here (a value's str() may change the array meanwhile) */
+        PyObject *const *items = (PyObject *const *)a->data;
+        c->values = PyTuple_New(count);
+        if (c->values == NULL)
+            return -1;
+        for (Py_ssize_t i = 0; i < count; i++) /* NULL is numpy's None */
+            PyTuple_SET_ITEM(c->values, i, Py_NewRef(items[i] != NULL ? items[i] : Py_None));
+    }
+    return 1;
+}
+
 PyDoc_STRVAR(infer_response_doc,
-"infer_response(tensors) -> bytes\n\n"
-"An InferResponse holding ``tensors``, each (GraphPipe type, shape, payload, is_text): the payload\n"
-"is a numeric tensor's little-endian data, or a String tensor's vector from write_strings.\n"
-"Written front to back, every uoffset pointing forward; shapes and data start 8-aligned.");
+"infer_response(tensors) -> bytes | None\n\n"
+"An InferResponse holding ``tensors``, each (GraphPipe type, shape, payload, is_text) or a numpy column.\n"
+"In a tuple, the payload is a numeric tensor's little-endian data, or a String tensor's vector from\n"
+"write_strings. A column (C-contiguous, of numbers, booleans or objects) is written as codecs/graphpipe.py's\n"
+"_wire_tensor makes it: a 1-D column as [n, 1], objects as write_strings writes them; None when a column is\n"
+"of any other kind (the caller then passes _wire_tensor's tuple). Written front to back, every uoffset\n"
+"pointing forward; shapes and data start 8-aligned.");
 
 static PyObject *infer_response(PyObject *Py_UNUSED(self), PyObject *arg) {
     Out o = {NULL, 0, 0};
     PyObject *seq, *result = NULL;
     Py_ssize_t n, k, response, vector;
     unsigned char zeros4[4] = {0, 0, 0, 0};
-    seq = PySequence_Fast(arg, "infer_response() takes a sequence of tensors");
+    seq = PySequence_Tuple(arg);
     if (seq == NULL)
         return NULL;
-    n = PySequence_Fast_GET_SIZE(seq);
+    n = PyTuple_GET_SIZE(seq);
     if (out_zeros(&o, 4) < 0) /* the root uoffset */
         goto done;
     response = out_table(&o, RESPONSE_VTABLE, 3, zeros4, 4);
@@ -311,47 +437,72 @@ static PyObject *infer_response(PyObject *Py_UNUSED(self), PyObject *arg) {
     put_u32(o.p + vector, (uint32_t)n);
     out_point(&o, response + 4, vector);
     for (k = 0; k < n; k++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, k), *shape, *payload;
+        PyObject *item = PyTuple_GET_ITEM(seq, k), *shape = NULL, *payload = NULL;
         unsigned char inline_bytes[12] = {0};
+        Column column = {0, 0, {0, 0}, NULL, NULL, 0, NULL};
         long gp_type;
-        int is_text;
-        Py_ssize_t table, dims, d, at;
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4 || !PyTuple_Check(PyTuple_GET_ITEM(item, 1)) ||
-            !PyBytes_Check(PyTuple_GET_ITEM(item, 2))) {
-            PyErr_SetString(PyExc_TypeError, "infer_response(): each tensor is (type, shape tuple, bytes, is_text)");
-            goto done;
+        int is_text, ok = 1;
+        Py_ssize_t table, dims, d, at = 0;
+        if (nd_check(item)) {
+            int got = column_of(item, &column);
+            if (got <= 0) {
+                if (got == 0)
+                    result = Py_NewRef(Py_None);
+                goto done;
+            }
+            gp_type = column.type;
+            is_text = gp_type == TYPE_STRING;
+            dims = column.nd;
+        } else {
+            if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4 || !PyTuple_Check(PyTuple_GET_ITEM(item, 1)) ||
+                !PyBytes_Check(PyTuple_GET_ITEM(item, 2))) {
+                PyErr_SetString(PyExc_TypeError, "infer_response(): each tensor is (type, shape tuple, bytes, is_text) or a numpy array");
+                goto done;
+            }
+            gp_type = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
+            if (gp_type == -1 && PyErr_Occurred())
+                goto done;
+            shape = PyTuple_GET_ITEM(item, 1);
+            payload = PyTuple_GET_ITEM(item, 2);
+            is_text = PyObject_IsTrue(PyTuple_GET_ITEM(item, 3));
+            if (is_text < 0)
+                goto done;
+            dims = PyTuple_GET_SIZE(shape);
         }
-        gp_type = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
-        if (gp_type == -1 && PyErr_Occurred())
-            goto done;
-        shape = PyTuple_GET_ITEM(item, 1);
-        payload = PyTuple_GET_ITEM(item, 2);
-        is_text = PyObject_IsTrue(PyTuple_GET_ITEM(item, 3));
-        if (is_text < 0)
-            goto done;
         inline_bytes[8] = (unsigned char)gp_type;
         table = out_table(&o, is_text ? STRINGS_VTABLE : DATA_VTABLE, 6, inline_bytes, 12);
-        if (table < 0)
-            goto done;
-        out_point(&o, vector + 4 + 4 * k, table);
-        dims = PyTuple_GET_SIZE(shape);
-        if (out_align(&o, 8, 4) < 0 || (at = out_zeros(&o, 4 + 8 * dims)) < 0)
-            goto done;
-        put_u32(o.p + at, (uint32_t)dims);
-        for (d = 0; d < dims; d++) {
-            long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
-            if (v == -1 && PyErr_Occurred())
-                goto done;
+        if (table < 0 || out_align(&o, 8, 4) < 0 || (at = out_zeros(&o, 4 + 8 * dims)) < 0)
+            ok = 0;
+        if (ok) {
+            out_point(&o, vector + 4 + 4 * k, table);
+            put_u32(o.p + at, (uint32_t)dims);
+        }
+        for (d = 0; ok && d < dims; d++) {
+            long long v = shape != NULL ? PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d)) : (long long)column.dims[d];
+            if (v == -1 && PyErr_Occurred()) {
+                ok = 0;
+                break;
+            }
             put_u32(o.p + at + 4 + 8 * d, (uint32_t)((unsigned long long)v & 0xFFFFFFFFu));
             put_u32(o.p + at + 8 + 8 * d, (uint32_t)((unsigned long long)v >> 32));
         }
-        out_point(&o, table + 4, at);
-        if (is_text) {
-            if (out_align(&o, 4, 4) < 0 || (at = out_bytes(&o, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload))) < 0)
-                goto done;
-        } else if ((at = out_vector(&o, PyBytes_GET_SIZE(payload), PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), 8)) < 0) {
-            goto done;
+        if (ok) {
+            out_point(&o, table + 4, at);
+            if (payload == NULL && is_text) { /* a column's values: write_strings' vector in place */
+                ok = out_align(&o, 4, 4) == 0;
+                at = o.len;
+                ok = ok && strings_into(&o, &PyTuple_GET_ITEM(column.values, 0), PyTuple_GET_SIZE(column.values)) == 0;
+            } else if (payload == NULL) {
+                ok = (at = out_vector(&o, column.nbytes, column.data, column.nbytes, 8)) >= 0;
+            } else if (is_text) {
+                ok = out_align(&o, 4, 4) == 0 && (at = out_bytes(&o, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload))) >= 0;
+            } else {
+                ok = (at = out_vector(&o, PyBytes_GET_SIZE(payload), PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), 8)) >= 0;
+            }
         }
+        Py_XDECREF(column.values);
+        if (!ok)
+            goto done;
         out_point(&o, table + 8, at);
     }
     result = PyBytes_FromStringAndSize((const char *)o.p, o.len);
@@ -438,7 +589,6 @@ static PyObject *walk_bytes_list(const Walk *w, int64_t start, int64_t count) {
     return out;
 }
 
-enum { REQ_INFER = 1, TYPE_FIRST_NUMERIC = 1, TYPE_FLOAT16 = 9, TYPE_FLOAT32 = 10, TYPE_LAST_NUMERIC = 11, TYPE_STRING = 12 };
 
 /* The InferRequest table of a Request body (its position, vtable and vtable size); -1 for anything else. */
 static int walk_infer(const Walk *w, int64_t *infer, int64_t *vt, int64_t *vs) {

@@ -570,13 +570,19 @@ def encode_infer_response(fqrv: FQRV, frame: Frame, output_names: Sequence[str] 
         if len(_FQRV_TENSORS) >= 1024:
             _FQRV_TENSORS.clear()
         _FQRV_TENSORS[fqrv] = fqrv_tensor
+    chosen: list[tuple[str, np.ndarray] | None]  # None: the FQRV tensor
     if not output_names:
-        return _ffgp.infer_response([fqrv_tensor, *(_wire_tensor(n, c) for n, c in frame.columns.items())])
-    if len(set(output_names)) != len(output_names):
-        raise InvalidInput(f"output_names: duplicate names in {list(output_names)}")
-    selected = frame.select([n for n in output_names if n != FQRV_OUTPUT])  # unknown names: InvalidInput
-    tensors = [fqrv_tensor if n == FQRV_OUTPUT else _wire_tensor(n, selected.columns[n]) for n in output_names]
-    return _ffgp.infer_response(tensors)
+        chosen = [None, *frame.columns.items()]
+    else:
+        if len(set(output_names)) != len(output_names):
+            raise InvalidInput(f"output_names: duplicate names in {list(output_names)}")
+        selected = frame.select([n for n in output_names if n != FQRV_OUTPUT]).columns  # unknown names: InvalidInput
+        chosen = [None if n == FQRV_OUTPUT else (n, selected[n]) for n in output_names]
+    body = _ffgp.infer_response([fqrv_tensor if c is None else c[1] for c in chosen])  # the usual columns, in C
+    if body is None:  # a column of another kind (str arrays, another byte order...): as _wire_tensor makes it
+        body = _ffgp.infer_response([fqrv_tensor if c is None else _wire_tensor(*c) for c in chosen])
+    assert body is not None  # every tensor a tuple
+    return body
 
 
 def encode_errors(errors: Sequence[tuple[int, str]]) -> bytes:
