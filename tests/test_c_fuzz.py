@@ -39,8 +39,9 @@ from forestflow.predlog import _kafka_records
 from forestflow.predlog.cloudevents import python_record_headers, record_headers
 from forestflow.predlog.kafka_batch import RecordBatch
 from forestflow.predlog.log import LogEntry
-from forestflow.runtime import _forest, _h2o_trees
-from forestflow.runtime.h2o_inputs import ModelColumn
+from forestflow.runtime import _forest, _h2o_trees, h2o_inputs
+from forestflow.runtime.h2o_inputs import NA as NA_CODE
+from forestflow.runtime.h2o_inputs import ModelColumn, build_matrix
 from forestflow.runtime.h2o_native import NativeTreeScorer, node_table
 from forestflow.runtime.h2o_tree_reader import InvalidMojo, flatten_trees, read_tree_model
 from forestflow.runtime.trees.codes import CATEGORICAL, FLAGS, IDENTITY, LE, LE_X_F32, LT_F32, MISSING_SHIFT, SIGMOID
@@ -392,6 +393,73 @@ def test_h2o_level_codes_write_what_codes_gives(values: list[Any], width: int) -
     for bad in (X[:, :1].copy().reshape(-1), np.full((len(values) + 1, width), 0.0)):
         with pytest.raises((TypeError, ValueError)):
             _h2o_trees.level_codes(arr.tolist(), column.lookup, bad, 0)
+
+
+_MODEL_COLUMNS = [
+    ModelColumn.make("cat", ("A", "B", "é", "1", "x" * 48, "cat.AB")),
+    ModelColumn.make("num", None),
+    ModelColumn.make("cat2", ("A", "z")),
+]
+
+
+@st.composite
+def h2o_frames(draw: Any) -> Frame:
+    """A batch for ``_MODEL_COLUMNS`` as any front-end may give it: levels as str (known or not),
+    numbers, bytes, None; numbers as FP64 (strided too), other dtypes, numeric strings; [n, 1]
+    columns; columns missing or unknown."""
+    rows = draw(st.integers(0, 5))
+    columns: dict[str, np.ndarray] = {}
+    for name in draw(st.permutations(["cat", "num", "cat2", "other"])):
+        kind = draw(st.sampled_from(["levels", "known", "floats", "floats", "ints", "skip"]))
+        if kind == "skip":
+            continue
+        if kind in ("levels", "known"):
+            known = st.sampled_from(["A", "B", "é", "1", "x" * 48, "AB", "z"])
+            values = st.one_of(known, _LEVELS, st.integers(-3, 3), st.floats(), st.none(), st.binary(max_size=2), st.just("6.5"))
+            column = np.empty(rows, dtype=object)
+            column[:] = draw(st.lists(known if kind == "known" else values, min_size=rows, max_size=rows))
+        elif kind == "floats":
+            column = np.array(draw(st.lists(st.floats(width=64), min_size=2 * rows, max_size=2 * rows)), dtype=np.float64)
+            column = column[::2] if draw(st.booleans()) else column[:rows]
+        else:
+            dtype = draw(st.sampled_from(["i8", "f4", "u1", "?"]))
+            column = np.array(draw(st.lists(st.integers(0, 5), min_size=rows, max_size=rows))).astype(dtype)
+        if draw(st.integers(0, 5)) == 0:
+            column = column.reshape(rows, 1)
+        columns[name] = column
+    return Frame(columns)
+
+
+@FAST
+@given(h2o_frames(), st.sampled_from([NA_CODE, -1.0]))
+def test_h2o_build_matrix_writes_what_each_column_gives(frame: Frame, unseen: float) -> None:
+    """build_matrix (encode_columns in C for the usual columns) against each column encoded on its own."""
+    X, offsets, unknown = build_matrix(frame, _MODEL_COLUMNS, None, unseen)
+    assert X.shape == (frame.num_rows, len(_MODEL_COLUMNS)) and offsets is None
+    assert unknown == [n for n in frame.columns if n == "other"]
+    for j, column in enumerate(_MODEL_COLUMNS):
+        arr = frame.columns.get(column.name)
+        if arr is None:
+            expected = np.full(frame.num_rows, np.nan)
+        else:
+            values = arr.reshape(len(arr))
+            if frame.num_rows == 1:  # one row: value by value
+                expected = np.array([column.code_of(values[0], unseen) if column.domain else h2o_inputs._number(values[0])])
+            else:
+                raw = column.codes(values, unseen) if column.domain else h2o_inputs.numbers(values)
+                expected = np.asarray(raw, dtype=np.float64).reshape(len(arr))
+        assert np.array_equal(X[:, j], expected, equal_nan=True), (column.name, arr)
+
+
+def test_h2o_encode_columns_leaves_what_it_cannot_read() -> None:
+    lookup = _MODEL_COLUMNS[0].lookup
+    X = np.full((2, 3), np.nan)
+    arrays: list[Any] = [np.array(["A", "zz"], dtype=object), np.array([1.0, 2.0]), np.array(["B", "A"], dtype=object)]
+    assert _h2o_trees.encode_columns(arrays, [lookup, None, lookup], X) == [0]  # "zz" names no level
+    assert X[:, 1:].tolist() == [[1.0, 1.0], [2.0, 0.0]]
+    assert _h2o_trees.encode_columns([np.array([1, 2]), np.zeros((2, 1)), None], [None, None, lookup], X) == [0, 1]
+    with pytest.raises(ValueError):
+        _h2o_trees.encode_columns([None], [None], X)
 
 
 @st.composite
