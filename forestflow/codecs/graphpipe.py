@@ -310,7 +310,7 @@ def plain_request(body: bytes) -> PlainRequest | None:
     """The usual InferRequest body (no input names, one String and/or one numeric ``[n, k]`` tensor,
     texts in UTF-8, every bound inside the body), walked in C; None for any other body, which
     :func:`parse_request` reads (it reads every body taken here without an error)."""
-    return _ffgp.plain_request(body)
+    return _ffgp.plain_request(body) if isinstance(body, bytes) else None
 
 
 def plain_frame(body: bytes, request: PlainRequest, inputs: Sequence[TensorSpec]) -> Frame:
