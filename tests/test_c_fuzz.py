@@ -595,6 +595,8 @@ def test_ffgp_plain_path_takes_the_usual_request() -> None:
     inputs = [TensorSpec(n, d) for n, d in _LAYOUTS[0]] + [TensorSpec("GLEASON", "FP64")]
     assert _ffgp.grouped_columns(body, plain[2], plain[3], tuple((s.name, s.datatype == "BYTES") for s in inputs)) is not None
     _check_plain(body, inputs)
+    with pytest.raises(TypeError):
+        _ffgp.grouped_columns(body, plain[2], ([12, 3, 0],), (("a", True),))  # type: ignore[arg-type]
 
 
 @FAST

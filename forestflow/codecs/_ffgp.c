@@ -963,9 +963,12 @@ static PyObject *grouped_columns(PyObject *Py_UNUSED(self), PyObject *const *arg
     if (rows < 1 || rows > w.size || inputs == 0 || n_tensors != (n_text > 0) + (inputs - n_text > 0))
         Py_RETURN_NONE;
     for (Py_ssize_t t = 0; t < n_tensors; t++) {
+        PyObject *tensor = PyTuple_GET_ITEM(tensors, t);
         long long type, width, start;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(tensors, t), "LLL;grouped_columns(): each tensor is (type, width, start)", &type, &width, &start))
+        if (!PyTuple_Check(tensor) || !PyArg_ParseTuple(tensor, "LLL", &type, &width, &start)) {
+            PyErr_SetString(PyExc_TypeError, "grouped_columns(): each tensor is (type, width, start)");
             return NULL;
+        }
         if (type == TYPE_STRING ? (width != n_text || text_start >= 0) : (width != inputs - n_text || number_start >= 0))
             Py_RETURN_NONE;
         if (type == TYPE_STRING) {
