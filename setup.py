@@ -48,6 +48,7 @@ setup(
         Extension(
             "forestflow.codecs._ffgp",
             ["forestflow/codecs/_ffgp.c"],
+            depends=[NDARRAY_H],
             extra_compile_args=WARNINGS + ["-O2"],
         ),
         # The prediction log's Kafka record batches (predlog/kafka_batch.py).

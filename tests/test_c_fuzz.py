@@ -32,15 +32,16 @@ from forestflow.codecs import _ffgp, _ffjson, _ffwire
 from forestflow.codecs import graphpipe as gp_codec
 from forestflow.codecs.graphpipe import encode_infer_response
 from forestflow.codecs.v2_request import parse_inputs
-from forestflow.core.frame import Frame
+from forestflow.core.frame import Frame, TensorSpec
 from forestflow.core.ids import FQRV, Contract
 from forestflow.errors import InvalidInput
 from forestflow.predlog import _kafka_records
 from forestflow.predlog.cloudevents import python_record_headers, record_headers
 from forestflow.predlog.kafka_batch import RecordBatch
 from forestflow.predlog.log import LogEntry
-from forestflow.runtime import _forest, _h2o_trees
-from forestflow.runtime.h2o_inputs import ModelColumn
+from forestflow.runtime import _forest, _h2o_trees, h2o_inputs
+from forestflow.runtime.h2o_inputs import NA as NA_CODE
+from forestflow.runtime.h2o_inputs import ModelColumn, build_matrix
 from forestflow.runtime.h2o_native import NativeTreeScorer, node_table
 from forestflow.runtime.h2o_tree_reader import InvalidMojo, flatten_trees, read_tree_model
 from forestflow.runtime.trees.codes import CATEGORICAL, FLAGS, IDENTITY, LE, LE_X_F32, LT_F32, MISSING_SHIFT, SIGMOID
@@ -299,6 +300,54 @@ def test_ffgp_infer_response_reads_back_with_graphpipes_reader(frame: Frame) -> 
             assert got.shape == want.shape and got.tobytes() == want.astype(want.dtype.newbyteorder("<")).tobytes()
 
 
+@st.composite
+def gp_columns(draw: Any) -> np.ndarray:
+    """An output column of any kind a model gives: numbers of every width and byte order, booleans,
+    objects (str, bytes, None, numbers; repeated objects), str arrays; C-ordered or not."""
+    rows = draw(st.integers(0, 4))
+    width = draw(st.sampled_from([0, 1, 1, 2, 3]))  # 0: a 1-D column
+    count = rows * max(width, 1)
+    kind = draw(st.sampled_from(["number", "number", "object", "bool", "str"]))
+    if kind == "object":
+        value = st.text(max_size=6) | st.binary(max_size=6) | st.none() | st.integers(-9, 9)
+        pool = draw(st.lists(value, min_size=1, max_size=3))
+        column = np.empty(count, dtype=object)
+        column[:] = [pool[i] for i in draw(st.lists(st.integers(0, len(pool) - 1), min_size=count, max_size=count))]
+    elif kind == "bool":
+        column = np.array(draw(st.lists(st.booleans(), min_size=count, max_size=count)), dtype=bool)
+    elif kind == "str":
+        column = np.array(draw(st.lists(_LEVELS, min_size=count, max_size=count)), dtype=str)
+    else:
+        dtype = np.dtype(draw(st.sampled_from(_GP_DTYPES + [">i4", ">f8", "=i8", "=f8", "q", "l", "Q", "L"])))
+        column = np.frombuffer(draw(st.binary(min_size=count * dtype.itemsize, max_size=count * dtype.itemsize)), dtype=dtype)
+    column = column.reshape(rows, width) if width else column.reshape(rows)
+    if width > 1 and draw(st.booleans()):
+        column = np.asfortranarray(column)  # not C-ordered
+    elif rows > 1 and draw(st.integers(0, 4)) == 0:
+        column = np.concatenate([column, column])[::2]  # strided
+    return column
+
+
+@FAST
+@given(st.lists(gp_columns(), min_size=1, max_size=4), st.booleans())
+def test_ffgp_infer_response_of_columns_writes_what_the_tuples_write(columns: list[np.ndarray], named: bool) -> None:
+    """Numpy columns handed to the C writer as they are give the bytes of _wire_tensor's tuples, or None."""
+    same_rows = len({len(c) for c in columns}) == 1
+    frame = Frame({f"c{i}": column for i, column in enumerate(columns)} if same_rows else {"c0": columns[0]})
+    fqrv_tensor = (12, (1, 1), _ffgp.write_strings([str(FQ)]), True)
+    direct = _ffgp.infer_response([fqrv_tensor, *frame.columns.values()])
+    tuples = _ffgp.infer_response([fqrv_tensor, *(gp_codec._wire_tensor(n, c) for n, c in frame.columns.items())])
+    assert direct is None or direct == tuples
+    usual = all(c.dtype.kind in "biufO" and c.dtype.byteorder != ">" and c.flags.c_contiguous for c in frame.columns.values())
+    assert (direct is not None) == usual
+    names = [*reversed(frame.columns), "fqrv"] if named else []
+    assert encode_infer_response(FQ, frame, names) == _ffgp.infer_response(
+        [fqrv_tensor if n == "fqrv" else gp_codec._wire_tensor(n, frame.columns[n]) for n in names]
+        if named
+        else [fqrv_tensor, *(gp_codec._wire_tensor(n, c) for n, c in frame.columns.items())]
+    )
+
+
 #: Short texts that repeat (categorical levels): ASCII, escaped, non-ASCII, and either side of the
 #: 48-byte length up to which the readers hand out the same str object for a repeated value.
 _LEVELS = st.sampled_from(["", "A", "B", "AB", "BA", 'a"b', "\\", "é", "日本", "x" * 47, "x" * 48, "x" * 49, "y" * 48])
@@ -344,6 +393,73 @@ def test_h2o_level_codes_write_what_codes_gives(values: list[Any], width: int) -
     for bad in (X[:, :1].copy().reshape(-1), np.full((len(values) + 1, width), 0.0)):
         with pytest.raises((TypeError, ValueError)):
             _h2o_trees.level_codes(arr.tolist(), column.lookup, bad, 0)
+
+
+_MODEL_COLUMNS = [
+    ModelColumn.make("cat", ("A", "B", "é", "1", "x" * 48, "cat.AB")),
+    ModelColumn.make("num", None),
+    ModelColumn.make("cat2", ("A", "z")),
+]
+
+
+@st.composite
+def h2o_frames(draw: Any) -> Frame:
+    """A batch for ``_MODEL_COLUMNS`` as any front-end may give it: levels as str (known or not),
+    numbers, bytes, None; numbers as FP64 (strided too), other dtypes, numeric strings; [n, 1]
+    columns; columns missing or unknown."""
+    rows = draw(st.integers(0, 5))
+    columns: dict[str, np.ndarray] = {}
+    for name in draw(st.permutations(["cat", "num", "cat2", "other"])):
+        kind = draw(st.sampled_from(["levels", "known", "floats", "floats", "ints", "skip"]))
+        if kind == "skip":
+            continue
+        if kind in ("levels", "known"):
+            known = st.sampled_from(["A", "B", "é", "1", "x" * 48, "AB", "z"])
+            values = st.one_of(known, _LEVELS, st.integers(-3, 3), st.floats(), st.none(), st.binary(max_size=2), st.just("6.5"))
+            column = np.empty(rows, dtype=object)
+            column[:] = draw(st.lists(known if kind == "known" else values, min_size=rows, max_size=rows))
+        elif kind == "floats":
+            column = np.array(draw(st.lists(st.floats(width=64), min_size=2 * rows, max_size=2 * rows)), dtype=np.float64)
+            column = column[::2] if draw(st.booleans()) else column[:rows]
+        else:
+            dtype = draw(st.sampled_from(["i8", "f4", "u1", "?"]))
+            column = np.array(draw(st.lists(st.integers(0, 5), min_size=rows, max_size=rows))).astype(dtype)
+        if draw(st.integers(0, 5)) == 0:
+            column = column.reshape(rows, 1)
+        columns[name] = column
+    return Frame(columns)
+
+
+@FAST
+@given(h2o_frames(), st.sampled_from([NA_CODE, -1.0]))
+def test_h2o_build_matrix_writes_what_each_column_gives(frame: Frame, unseen: float) -> None:
+    """build_matrix (encode_columns in C for the usual columns) against each column encoded on its own."""
+    X, offsets, unknown = build_matrix(frame, _MODEL_COLUMNS, None, unseen)
+    assert X.shape == (frame.num_rows, len(_MODEL_COLUMNS)) and offsets is None
+    assert unknown == [n for n in frame.columns if n == "other"]
+    for j, column in enumerate(_MODEL_COLUMNS):
+        arr = frame.columns.get(column.name)
+        if arr is None:
+            expected = np.full(frame.num_rows, np.nan)
+        else:
+            values = arr.reshape(len(arr))
+            if frame.num_rows == 1:  # one row: value by value
+                expected = np.array([column.code_of(values[0], unseen) if column.domain else h2o_inputs._number(values[0])])
+            else:
+                raw = column.codes(values, unseen) if column.domain else h2o_inputs.numbers(values)
+                expected = np.asarray(raw, dtype=np.float64).reshape(len(arr))
+        assert np.array_equal(X[:, j], expected, equal_nan=True), (column.name, arr)
+
+
+def test_h2o_encode_columns_leaves_what_it_cannot_read() -> None:
+    lookup = _MODEL_COLUMNS[0].lookup
+    X = np.full((2, 3), np.nan)
+    arrays: list[Any] = [np.array(["A", "zz"], dtype=object), np.array([1.0, 2.0]), np.array(["B", "A"], dtype=object)]
+    assert _h2o_trees.encode_columns(arrays, [lookup, None, lookup], X) == [0]  # "zz" names no level
+    assert X[:, 1:].tolist() == [[1.0, 1.0], [2.0, 0.0]]
+    assert _h2o_trees.encode_columns([np.array([1, 2]), np.zeros((2, 1)), None], [None, None, lookup], X) == [0, 1]
+    with pytest.raises(ValueError):
+        _h2o_trees.encode_columns([None], [None], X)
 
 
 @st.composite
@@ -400,6 +516,103 @@ def test_ffgp_infer_request_many_more_bodies(body: bytes) -> None:
 @given(st.binary(max_size=96))
 def test_ffgp_infer_request_of_any_bytes_declines_or_agrees(body: bytes) -> None:
     assert _gp_outcome(body, walk_in_c=True) == _gp_outcome(body, walk_in_c=False)
+
+
+#: Inputs of a scalar-column model: text (BYTES) and FP64 ones interleaved (prostate's order among them).
+_LAYOUTS = [
+    [("AGE", "FP64"), ("RACE", "BYTES"), ("DPROS", "BYTES"), ("DCAPS", "BYTES"), ("PSA", "FP64"), ("VOL", "FP64")],
+    [("a", "BYTES")],
+    [("x", "FP64"), ("y", "FP64")],
+    [("t", "BYTES"), ("n", "FP32")],  # not FP64: the general path lays it out
+]
+
+
+@st.composite
+def gp_grouped_requests(draw: Any) -> tuple[bytes, list[TensorSpec]]:
+    """An InferRequest of unnamed grouped tensors (mostly as wide as the model's groups) for one of
+    ``_LAYOUTS``, as the official client writes it, half of them with up to four edits anywhere (``mutated``)."""
+    inputs = [TensorSpec(name, datatype) for name, datatype in draw(st.sampled_from(_LAYOUTS))]
+    rows = draw(st.sampled_from([0, 1, 1, 2, 3, 4]))
+    texts = sum(spec.datatype == "BYTES" for spec in inputs)
+    tensors: list[np.ndarray] = []
+    for text, width in ((True, texts), (False, len(inputs) - texts)):
+        width = draw(st.sampled_from([width, width, width, 1, 2]))
+        if not width or not draw(st.integers(0, 5)):
+            continue
+        if text != (not draw(st.integers(0, 5))):  # now and then the other kind
+            values = draw(st.lists(_LEVELS | st.just(b"\xff"), min_size=rows * width, max_size=rows * width))
+            tensors.append(np.array(values, dtype=object).reshape(rows, width))
+        else:
+            dtype = draw(st.sampled_from([np.float64, np.float32, np.float16, np.int64, np.uint64, np.int8, np.uint16, np.int32]))
+            scale = draw(st.sampled_from([1, -1, 2**40, 0.5]))
+            with np.errstate(all="ignore"):  # wrapped around in the narrow types: any values will do
+                tensors.append((np.arange(rows * width) * scale).astype(dtype).reshape(rows, width))
+    tensors = draw(st.permutations(tensors))
+    names = [] if draw(st.integers(0, 7)) else ["a"]
+    config, outputs = draw(st.sampled_from(["", "reqid:1", "é"])), draw(st.lists(_LEVELS, max_size=2))
+    body = bytes(convert.serialize_infer_request(convert.InferReq(config, tensors, names, outputs)))
+    return (draw(mutated(body)) if draw(st.booleans()) else body), inputs
+
+
+def _frame_outcome(make: Any) -> Any:
+    try:
+        frame = make()
+    except InvalidInput as error:
+        return error.message
+    return [(name, column.dtype.str, column.shape, column.tolist()) for name, column in frame.columns.items()]
+
+
+def _check_plain(body: bytes, inputs: list[TensorSpec]) -> None:
+    plain = gp_codec.plain_request(body)
+    if plain is None:
+        return  # the general path reads it
+    parsed = gp_codec.parse_request(body)  # no error for a body the plain path takes
+    assert isinstance(parsed, gp_codec.GPInferRequest) and not parsed.input_names, body
+    assert (plain[0], plain[1]) == (parsed.config, parsed.output_names), body
+    expected = _frame_outcome(lambda: gp_codec.frame_from_request(parsed, inputs))
+    got = _frame_outcome(lambda: gp_codec.plain_frame(body, plain, inputs))
+    assert repr(got) == repr(expected), body  # repr: NaN equals NaN, and -0.0 differs from 0.0
+
+
+@FAST
+@given(gp_grouped_requests())
+def test_ffgp_plain_path_reads_what_the_general_path_reads(case: tuple[bytes, list[TensorSpec]]) -> None:
+    _check_plain(*case)
+
+
+@pytest.mark.slow
+@MANY
+@given(gp_grouped_requests())
+def test_ffgp_plain_path_many_more_bodies(case: tuple[bytes, list[TensorSpec]]) -> None:
+    _check_plain(*case)
+
+
+def test_ffgp_plain_path_takes_the_usual_request() -> None:
+    body = payloads.graphpipe_body(3)
+    assert body is not None
+    plain = gp_codec.plain_request(body)
+    assert plain is not None and plain[:3] == ("reqid:bench", [], 3)
+    inputs = [TensorSpec(n, d) for n, d in _LAYOUTS[0]] + [TensorSpec("GLEASON", "FP64")]
+    assert _ffgp.grouped_columns(body, plain[2], plain[3], tuple((s.name, s.datatype == "BYTES") for s in inputs)) is not None
+    _check_plain(body, inputs)
+    with pytest.raises(TypeError):
+        _ffgp.grouped_columns(body, plain[2], ([12, 3, 0],), (("a", True),))  # type: ignore[arg-type]
+
+
+@FAST
+@given(
+    st.binary(max_size=96),
+    st.integers(-2, 6),
+    st.lists(st.tuples(st.sampled_from([0, 1, 8, 9, 10, 11, 12, 13]), st.integers(-1, 4), st.integers(-8, 100)), max_size=3),
+    st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.booleans()), max_size=4),
+)
+def test_ffgp_grouped_columns_of_any_arguments_stays_in_the_body(
+    body: bytes, rows: int, tensors: list[tuple[int, int, int]], layout: list[tuple[str, bool]]
+) -> None:
+    """Offsets that point anywhere (the C call checks every bound again): None or columns, never a read outside."""
+    columns = _ffgp.grouped_columns(body, rows, tuple(tensors), tuple(layout))
+    if columns is not None:
+        assert all(len(column) == rows for column in columns.values())
 
 
 # ---- _ffwire: varints and event heads ----------------------------------------------------------------------

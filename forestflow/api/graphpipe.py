@@ -32,6 +32,7 @@ from forestflow.codecs.graphpipe import (
     GP_TYPE_NAMES,
     GP_TYPE_OF_DATATYPE,
     GPInferRequest,
+    PlainRequest,
     encode_errors,
     encode_infer_response,
     encode_metadata,
@@ -39,6 +40,8 @@ from forestflow.codecs.graphpipe import (
     io_description,
     parse_config,
     parse_request,
+    plain_frame,
+    plain_request,
     response_specs,
     wire_shape,
 )
@@ -66,12 +69,15 @@ async def gp_exchange(exchange: Exchange) -> Reply:
         contract, exchange.contract = path_contract(exchange.params)
         state = gateway.contract_state(contract)  # unknown contract: answered before reading the body
         body = await exchange.read()
+        plain = plain_request(body)  # the usual request, checked whole in C; else read in Python
+        if plain is not None:
+            return _octets(await _infer(exchange, state, plain[0], plain[1], body, plain))
         parsed = parse_request(body)
         if not isinstance(parsed, GPInferRequest):
             fqrv = _describing(gateway, state)
             exchange.fqrv = str(fqrv)
             return _octets(encode_metadata(fqrv, gateway.metadata(fqrv), SERVER_NAME))
-        return _octets(await _infer(exchange, state, parsed, body))
+        return _octets(await _infer(exchange, state, parsed.config, parsed.output_names, body, parsed))
     except GatewayError as error:
         return _octets(encode_errors([(http_status(error), error.message)]))
     except Exception:  # a bug must not become a 500 or a stack trace for GraphPipe clients
@@ -83,18 +89,28 @@ async def gp_exchange(exchange: Exchange) -> Reply:
 gp = register_exchange(exchange_handler(gp_exchange), gp_exchange)
 
 
-async def _infer(exchange: Exchange, state: ContractState, parsed: GPInferRequest, body: bytes) -> bytes:
+async def _infer(
+    exchange: Exchange,
+    state: ContractState,
+    config: str,
+    output_names: list[str],
+    body: bytes,
+    request: GPInferRequest | PlainRequest,
+) -> bytes:
     # Routed first: tensors without names are laid out as the inputs of the release that scores.
     gateway, contract = exchange.gateway, state.contract
-    configs = parse_config(parsed.config)  # a sticky router reads its key there
+    configs = parse_config(config)  # a sticky router reads its key there
     route = gateway.route(contract, state=state, configs=configs)
     await gateway.load_routed(route)  # a cold release: loaded before its inputs lay out the tensors
     meta = gateway.decoding_metadata(route)
     if meta is None:
         raise gateway.registry.inactive_error(contract)  # 503 while its releases load, else 422
-    frame = frame_from_request(parsed, meta.inputs)
+    if isinstance(request, GPInferRequest):
+        frame = frame_from_request(request, meta.inputs)
+    else:
+        frame = plain_frame(body, request, meta.inputs)
     frame.parameters = dict(configs)
-    encode_logged = _LoggedResponse(parsed.output_names)
+    encode_logged = _LoggedResponse(output_names)
     result = await gateway.infer(
         contract,
         frame,

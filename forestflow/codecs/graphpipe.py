@@ -96,6 +96,11 @@ class GPMetadataRequest:
     """A decoded ``MetadataRequest`` (it has no fields)."""
 
 
+#: The usual InferRequest, checked whole in C (``_ffgp.plain_request``): its config, output names,
+#: record count and tensors (one or two unnamed ``[rows, width]`` tensors, each ``(type, width, start)``).
+PlainRequest = tuple[str, list[str], int, tuple[tuple[int, int, int], ...]]
+
+
 # ---- reading ----------------------------------------------------------------------------------
 # The body is read straight from its bytes: the generated accessors cost several Python calls per
 # field (and a numpy round trip per vector), 100 us for a one-record request; a request has only a
@@ -301,6 +306,28 @@ def parse_config(config: str) -> dict[str, str]:
 
 
 # ---- tensors -> Frame ---------------------------------------------------------------------------
+def plain_request(body: bytes) -> PlainRequest | None:
+    """The usual InferRequest body (no input names, one String and/or one numeric ``[n, k]`` tensor,
+    texts in UTF-8, every bound inside the body), walked in C; None for any other body, which
+    :func:`parse_request` reads (it reads every body taken here without an error)."""
+    return _ffgp.plain_request(body) if isinstance(body, bytes) else None
+
+
+def plain_frame(body: bytes, request: PlainRequest, inputs: Sequence[TensorSpec]) -> Frame:
+    """The input Frame of a plain request: what ``frame_from_request(parse_request(body), inputs)``
+    gives, read straight into its columns in C when the grouping lays it out as the model takes it
+    (every input a scalar column, the numeric ones FP64, each tensor one column per input of its
+    group); else by that general path, which also says what is wrong."""
+    layout = _plan(inputs).plain_layout
+    if layout:
+        columns = _ffgp.grouped_columns(body, request[2], request[3], layout)
+        if columns is not None:
+            return Frame(columns)
+    parsed = parse_request(body)
+    assert isinstance(parsed, GPInferRequest)
+    return frame_from_request(parsed, inputs)
+
+
 def frame_from_request(request: GPInferRequest, inputs: Sequence[TensorSpec]) -> Frame:
     """The input Frame of an InferRequest for a model with these inputs."""
     if not request.tensors:
@@ -332,6 +359,9 @@ class _InputPlan:
     order: dict[str, int]
     #: The "categorical" (BYTES) and "numeric" inputs, in metadata order, for unnamed tensors.
     groups: dict[str, list[TensorSpec]]
+    #: ``(name, is_text)`` of each input, in metadata order, when _ffgp.grouped_columns can lay out
+    #: grouped tensors for them (every input a scalar column, the numeric ones FP64); else empty.
+    plain_layout: tuple[tuple[str, bool], ...] = ()
 
 
 #: Plans of the inputs seen: (the inputs themselves, to check it is them; their plan).
@@ -342,13 +372,16 @@ def _plan(inputs: Sequence[TensorSpec]) -> _InputPlan:
     cached = _PLANS.get(id(inputs))
     if cached is not None and cached[0] is inputs:
         return cached[1]
+    all_scalar = all(is_scalar(spec) for spec in inputs)
+    plain = all_scalar and all(spec.datatype in ("BYTES", "FP64") for spec in inputs)
     plan = _InputPlan(
-        all(is_scalar(spec) for spec in inputs),
+        all_scalar,
         {spec.name: i for i, spec in enumerate(inputs)},
         {
             "categorical": [s for s in inputs if s.datatype == "BYTES"],
             "numeric": [s for s in inputs if s.datatype != "BYTES"],
         },
+        tuple((spec.name, spec.datatype == "BYTES") for spec in inputs) if plain else (),
     )
     if isinstance(inputs, tuple):  # a list could change after this: not kept
         if len(_PLANS) >= 256:
@@ -537,13 +570,19 @@ def encode_infer_response(fqrv: FQRV, frame: Frame, output_names: Sequence[str] 
         if len(_FQRV_TENSORS) >= 1024:
             _FQRV_TENSORS.clear()
         _FQRV_TENSORS[fqrv] = fqrv_tensor
+    chosen: list[tuple[str, np.ndarray] | None]  # None: the FQRV tensor
     if not output_names:
-        return _ffgp.infer_response([fqrv_tensor, *(_wire_tensor(n, c) for n, c in frame.columns.items())])
-    if len(set(output_names)) != len(output_names):
-        raise InvalidInput(f"output_names: duplicate names in {list(output_names)}")
-    selected = frame.select([n for n in output_names if n != FQRV_OUTPUT])  # unknown names: InvalidInput
-    tensors = [fqrv_tensor if n == FQRV_OUTPUT else _wire_tensor(n, selected.columns[n]) for n in output_names]
-    return _ffgp.infer_response(tensors)
+        chosen = [None, *frame.columns.items()]
+    else:
+        if len(set(output_names)) != len(output_names):
+            raise InvalidInput(f"output_names: duplicate names in {list(output_names)}")
+        selected = frame.select([n for n in output_names if n != FQRV_OUTPUT]).columns  # unknown names: InvalidInput
+        chosen = [None if n == FQRV_OUTPUT else (n, selected[n]) for n in output_names]
+    body = _ffgp.infer_response([fqrv_tensor if c is None else c[1] for c in chosen])  # the usual columns, in C
+    if body is None:  # a column of another kind (str arrays, another byte order...): as _wire_tensor makes it
+        body = _ffgp.infer_response([fqrv_tensor if c is None else _wire_tensor(*c) for c in chosen])
+    assert body is not None  # every tensor a tuple
+    return body
 
 
 def encode_errors(errors: Sequence[tuple[int, str]]) -> bytes:

@@ -618,11 +618,138 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(encode_columns_doc,
+"encode_columns(arrays, lookups, X) -> list[int]\n\n"
+"The usual columns of a batch written into its model matrix in one call: X (a C-contiguous float64\n"
+"matrix of n rows, one column per model column j, NaN already) gets X[:, j] = arrays[j] for a 1-D\n"
+"float64 array of n values whose lookups[j] is None (a numeric column), and the level indices of a\n"
+"1-D object array of n str that ``lookups[j]`` (level -> index) all holds (a categorical one).\n"
+"arrays[j] None: nothing to write. Returns the j left for the caller (any other array: other\n"
+"dtypes, shapes, values that are not str or name no level), whose column may be partly written.");
+
+/* Whether a buffer's format is the one letter `code` (after a byte-order mark). */
+static int format_is(const Py_buffer *view, char code) {
+    const uint16_t one = 1;
+    const char *fmt = view->format ? view->format : "B";
+    char own = *(const unsigned char *)&one == 1 ? '<' : '>'; /* this machine's order, named */
+    if (fmt[0] == own || fmt[0] == '=' || fmt[0] == '@' || fmt[0] == '|')
+        fmt++;
+    return fmt[0] == code && fmt[1] == '\0';
+}
+
+/* Column j of X from one array (see encode_columns): 1 when written, 0 when left to the caller, -1 on error. */
+static int encode_column(PyObject *array, PyObject *lookup, double *X, Py_ssize_t n, Py_ssize_t cols, Py_ssize_t j) {
+    Py_buffer view;
+    int done = 0;
+    if (PyObject_GetBuffer(array, &view, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
+        PyErr_Clear(); /* not an array this reads: the caller's */
+        return 0;
+    }
+    if (view.ndim != 1 || view.shape[0] != n || view.itemsize != (lookup == Py_None ? 8 : (Py_ssize_t)sizeof(PyObject *)))
+        goto out;
+    if (lookup == Py_None) {
+        const char *p = view.buf;
+        if (!format_is(&view, 'd'))
+            goto out;
+        for (Py_ssize_t i = 0; i < n; i++, p += view.strides[0])
+            memcpy(&X[i * cols + j], p, sizeof(double));
+        done = 1;
+    } else if (format_is(&view, 'O') && PyDict_Check(lookup)) {
+        /* As level_codes: the codes of the str objects met so far, by address (the array holds them). */
+        PyObject *seen[16] = {NULL};
+        double seen_code[16];
+        const char *p = view.buf;
+        done = 1;
+        for (Py_ssize_t i = 0; i < n && done == 1; i++, p += view.strides[0]) {
+            PyObject *v, *index;
+            size_t slot;
+            double code;
+            memcpy(&v, p, sizeof(v));
+            slot = ((uintptr_t)v >> 4) % 16;
+            if (v != NULL && seen[slot] == v) {
+                X[i * cols + j] = seen_code[slot];
+                continue;
+            }
+            if (v == NULL || !PyUnicode_CheckExact(v)) {
+                done = 0; /* None, numbers, bytes, str subclasses: the caller's */
+                break;
+            }
+            index = PyDict_GetItemWithError(lookup, v); /* an exact str: no Python code runs */
+            if (index == NULL) {
+                done = PyErr_Occurred() ? -1 : 0;
+                break;
+            }
+            code = PyLong_CheckExact(index) ? PyLong_AsDouble(index) : PyFloat_AsDouble(index);
+            if (code == -1.0 && PyErr_Occurred()) {
+                done = -1;
+                break;
+            }
+            X[i * cols + j] = code;
+            seen[slot] = v;
+            seen_code[slot] = code;
+        }
+    }
+out:
+    PyBuffer_Release(&view);
+    return done;
+}
+
+static PyObject *encode_columns(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer xv;
+    PyObject *arrays, *lookups, *left = NULL;
+    Py_ssize_t n, cols;
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "encode_columns() takes (list, list, X)");
+        return NULL;
+    }
+    arrays = args[0];
+    lookups = args[1];
+    if (get_array(args[2], &xv, "X", 'd', 8, 2, 1) < 0)
+        return NULL;
+    n = dim(&xv, 0);
+    cols = dim(&xv, 1);
+    if (PyList_GET_SIZE(arrays) != cols || PyList_GET_SIZE(lookups) != cols) {
+        PyErr_SetString(PyExc_ValueError, "encode_columns(): one array and one lookup per column of X");
+        goto done;
+    }
+    left = PyList_New(0);
+    if (left == NULL)
+        goto done;
+    for (Py_ssize_t j = 0; j < cols && j < PyList_GET_SIZE(arrays) && j < PyList_GET_SIZE(lookups); j++) {
+        PyObject *array = PyList_GET_ITEM(arrays, j), *lookup = PyList_GET_ITEM(lookups, j);
+        int done;
+        if (array == Py_None)
+            continue;
+        Py_INCREF(array);
+        Py_INCREF(lookup);
+        done = encode_column(array, lookup, (double *)xv.buf, n, cols, j);
+        Py_DECREF(array);
+        Py_DECREF(lookup);
+        if (done < 0) {
+            Py_CLEAR(left);
+            goto done;
+        }
+        if (done == 0) {
+            PyObject *at = PyLong_FromSsize_t(j);
+            if (at == NULL || PyList_Append(left, at) < 0) {
+                Py_XDECREF(at);
+                Py_CLEAR(left);
+                goto done;
+            }
+            Py_DECREF(at);
+        }
+    }
+done:
+    PyBuffer_Release(&xv);
+    return left;
+}
+
 static PyMethodDef methods[] = {
     {"score", score, METH_VARARGS, score_doc},
     {"check_tables", check_tables, METH_VARARGS, check_tables_doc},
     {"decisions", decisions, METH_VARARGS, decisions_doc},
     {"level_codes", (PyCFunction)(void (*)(void))level_codes, METH_FASTCALL, level_codes_doc},
+    {"encode_columns", (PyCFunction)(void (*)(void))encode_columns, METH_FASTCALL, encode_columns_doc},
     {NULL, NULL, 0, NULL},
 };
 

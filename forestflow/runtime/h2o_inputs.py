@@ -19,7 +19,7 @@ import numpy as np
 
 from forestflow.core.frame import Frame
 from forestflow.errors import InvalidInput
-from forestflow.runtime._h2o_trees import level_codes
+from forestflow.runtime._h2o_trees import encode_columns, level_codes
 
 #: The value genmodel reads as missing.
 NA = float("nan")
@@ -167,32 +167,52 @@ def build_matrix(
     """Encode a frame for genmodel: ``(rows x model columns, offsets or None, unknown column names)``.
 
     Columns are matched by name; model columns the frame lacks are NA, frame columns the model
-    lacks are reported. A missing offset is 0.
+    lacks are reported. A missing offset is 0. The usual columns (FP64 numbers, known levels as
+    str) are written by the C kernel's module in one call; the others as below, value by value.
     """
     if index is None:
         index = {c.name: j for j, c in enumerate(columns)}
-    single = frame.num_rows == 1  # one row: plain Python per value beats numpy per column
-    # a list for one row, a matrix for more: typed Any since the two are indexed differently
-    X: Any = [NA] * len(columns) if single else np.full((frame.num_rows, len(columns)), NA)
+    X = np.full((frame.num_rows, len(columns)), NA)
+    arrays: list[np.ndarray | None] = [None] * len(columns)
     offsets = None
     unknown: list[str] = []
     for name, arr in frame.columns.items():
         j = index.get(name)
         if j is not None:
-            col = columns[j]
-            values = one_per_row(name, arr)
-            if single:
-                X[j] = col.code_of(values[0], unseen) if col.domain is not None else _number(values[0])
-            elif col.domain is not None:
-                col.fill(values, X, j, unseen)
-            else:
-                X[:, j] = numbers(values)
+            arrays[j] = arr if arr.ndim == 1 else one_per_row(name, arr)
         elif name == offset:
             offsets = np.array(numbers(one_per_row(name, arr)), dtype=np.float64)
             offsets[np.isnan(offsets)] = 0.0
         else:
             unknown.append(name)
-    return (np.array([X]) if single else X), offsets, unknown
+    left = encode_columns(arrays, _lookups(columns), X)
+    if left:
+        single = frame.num_rows == 1  # one row: plain Python per value beats numpy per column
+        for j in left:
+            col, values = columns[j], arrays[j]
+            assert values is not None
+            if single:
+                X[0, j] = col.code_of(values[0], unseen) if col.domain is not None else _number(values[0])
+            elif col.domain is not None:
+                col.fill(values, X, j, unseen)
+            else:
+                X[:, j] = numbers(values)
+    return X, offsets, unknown
+
+
+#: Each model's columns' level lookups (None for a numeric column), for encode_columns.
+_LOOKUPS: dict[int, tuple[list[ModelColumn], list[dict[str, int] | None]]] = {}
+
+
+def _lookups(columns: list[ModelColumn]) -> list[dict[str, int] | None]:
+    cached = _LOOKUPS.get(id(columns))
+    if cached is not None and cached[0] is columns and len(cached[1]) == len(columns):
+        return cached[1]
+    lookups = [c.lookup if c.domain is not None else None for c in columns]
+    if len(_LOOKUPS) >= 256:
+        _LOOKUPS.clear()
+    _LOOKUPS[id(columns)] = (columns, lookups)
+    return lookups
 
 
 def missing_columns(frame: Frame, columns: list[ModelColumn]) -> list[str]:
