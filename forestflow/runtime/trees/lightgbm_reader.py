@@ -243,8 +243,7 @@ def _add_tree(builder: ForestBuilder, tree: dict[str, str], where: str, group: i
                     raise ModelFileError(f"{where}.threshold: node {k}'s category set {idx} is out of range")
                 i = int(idx)
                 cat_sets[k] = _codes(words[bounds[i] : bounds[i + 1]])
-    shrinkage = tree.get("shrinkage")
-    if shrinkage is not None and not math.isfinite(float(shrinkage)):
+    if "shrinkage" in tree and not math.isfinite(_values(tree, "shrinkage", where, 1)[0]):  # one number, else refused
         raise ModelFileError(f"{where}.shrinkage: not finite")
     builder.add_tree(
         where,
