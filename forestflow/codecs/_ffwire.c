@@ -122,6 +122,21 @@ typedef struct Text {
  * apart); a text column's elements are read here, once, into ``texts``. */
 static int add_column_sizes(const Column *c, Py_ssize_t rows, size_t *data_len, Py_ssize_t step, Text *texts) {
     Py_ssize_t r, j, i = 0;
+    if (c->kind == KIND_OBJECT && c->width == 1) { /* the usual text column: one element a record */
+        const char *p = (const char *)c->view.buf;
+        for (r = 0; r < rows; r++, p += c->stride) {
+            PyObject *item = *(PyObject *const *)p;
+            Text *t = &texts[r];
+            if (Py_IS_TYPE(item, &PyUnicode_Type) && c->text != TEXT_BYTES && PyUnicode_IS_COMPACT_ASCII(item)) {
+                t->len = PyUnicode_GET_LENGTH(item); /* its characters are its UTF-8 */
+                t->data = (const char *)PyUnicode_DATA(item);
+            } else if ((t->data = text_of(c, item, &t->len)) == NULL) {
+                return -1;
+            }
+            data_len[r * step] += (t->len < 0x80 ? 2 : 1 + varint_len((uint64_t)t->len)) + (size_t)t->len;
+        }
+        return 0;
+    }
     for (r = 0; r < rows; r++) {
         size_t total = 0;
         if (c->kind == KIND_OBJECT) {
@@ -140,14 +155,9 @@ static int add_column_sizes(const Column *c, Py_ssize_t rows, size_t *data_len, 
 }
 
 /* Writes one record's elements of a column; ``texts``: the text column's elements read while sizing. */
-static inline char *put_column_row(char *out, const Column *c, Py_ssize_t row, const Text *texts) {
+static char *put_column_row(char *out, const Column *c, Py_ssize_t row, const Text *texts) {
     Py_ssize_t j, start = row * c->width;
     const char *p = AT(c, start);
-    if (c->width == 1 && c->kind == KIND_F64) { /* the usual feature column */
-        out[0] = 0x09;
-        memcpy(out + 1, p, 8);
-        return out + 9;
-    }
     switch (c->kind) {
     case KIND_F64:
         for (j = 0; j < c->width; j++, p += c->stride) {
@@ -193,6 +203,49 @@ static inline char *put_column_row(char *out, const Column *c, Py_ssize_t row, c
                 memcpy(out, t->data, (size_t)t->len);
             }
             out += t->len;
+        }
+    }
+    return out;
+}
+
+/* Writes every record's Datum: ``data_len`` holds each record's data size per group (``n_groups`` a
+ * record), then each record's Datum size, as the sizing pass left them. */
+static char *put_datums(char *out, char datum_tag, Py_ssize_t rows, Py_ssize_t n_groups, const Group *groups,
+                        Column *const *ordered, const size_t *data_len) {
+    const size_t *datum_len = data_len + rows * n_groups;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        *out++ = datum_tag;
+        out = put_varint(out, datum_len[r]);
+        for (Py_ssize_t g = 0; g < n_groups; g++) {
+            /* Copied out: stores through ``out`` (a char *) could alias the group, which would be reread
+             * after every byte written otherwise. */
+            const Group group = groups[g];
+            Column *const *columns = ordered + group.first;
+            const size_t data = data_len[r * n_groups + g];
+            *out++ = 0x0A; /* Datum.tensors */
+            out = put_varint(out, (size_t)group.tag_len + varint_len(data) + data);
+            for (Py_ssize_t i = 0; i < group.tag_len; i++) /* 1 to 3 bytes: no call */
+                out[i] = group.tag[i];
+            out = put_varint(out + group.tag_len, data);
+            for (Py_ssize_t k = 0; k < group.count; k++) {
+                const Column *c = columns[k];
+                if (c->width == 1 && c->kind == KIND_F64) { /* the usual feature column */
+                    out[0] = 0x09;
+                    memcpy(out + 1, AT(c, r), 8); /* little-endian hosts only: checked at import */
+                    out += 9;
+                } else if (c->width == 1 && c->kind == KIND_OBJECT && c->texts[r].len < 0x80) { /* a category level */
+                    const char *text = c->texts[r].data;
+                    const Py_ssize_t len = c->texts[r].len;
+                    out[0] = 0x0A;
+                    out[1] = (char)len;
+                    out += 2;
+                    for (Py_ssize_t b = 0; b < len; b++) /* a few bytes: no call */
+                        out[b] = text[b];
+                    out += len;
+                } else {
+                    out = put_column_row(out, c, r, c->texts);
+                }
+            }
         }
     }
     return out;
@@ -463,7 +516,7 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
     PyObject *columns, *configs, *name, *array, *result = NULL;
     Column *cols = NULL, **ordered = NULL, small_cols[SMALL_COLUMNS + 1], *small_ordered[SMALL_COLUMNS + 1];
     Group groups[FF_BYTES + 1];
-    size_t *data_len = NULL, small_data_len[SMALL_ROWS * (FF_BYTES + 1) + 1];
+    size_t *data_len = NULL, small_data_len[SMALL_ROWS * (FF_BYTES + 2) + 1];
     size_t fixed[FF_BYTES + 1], schema_entry[FF_BYTES + 1], schema_total = 0, datums_total = 0, map_total = 0, body, total;
     int *codes = NULL, variable[FF_BYTES + 1];
     Text small_texts[SMALL_TEXTS], *texts = NULL;
@@ -502,7 +555,7 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
         PyErr_SetString(PyExc_ValueError, "rows must not be negative");
         return NULL;
     }
-    if (rows_arg > PY_SSIZE_T_MAX / (FF_BYTES + 1) - 1) {
+    if (rows_arg > PY_SSIZE_T_MAX / (FF_BYTES + 2) - 1) {
         PyErr_SetString(PyExc_OverflowError, "rows is too large");
         return NULL;
     }
@@ -531,7 +584,7 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
         ordered = PyMem_Calloc((size_t)n + 1, sizeof(Column *));
         codes = PyMem_Calloc((size_t)n + 1, sizeof(int));
         /* Not zeroed (kilobytes at 100 rows): the sizing pass writes every entry before it is read. */
-        data_len = PyMem_Malloc(((size_t)rows * (FF_BYTES + 1) + 1) * sizeof(size_t));
+        data_len = PyMem_Malloc(((size_t)rows * (FF_BYTES + 2) + 1) * sizeof(size_t));
     }
     if (names_utf8 == NULL || name_len == NULL || cols == NULL || ordered == NULL || codes == NULL || data_len == NULL) {
         PyErr_NoMemory();
@@ -623,6 +676,7 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
                 size_t data = data_len[r * n_groups + g], tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
                 datum += 1 + varint_len(tensor) + tensor;
             }
+            data_len[rows * n_groups + r] = datum; /* kept for the writing pass */
             datums_total += 1 + varint_len(datum) + datum;
         }
     }
@@ -654,25 +708,8 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
             out += name_len[at];
         }
     }
-    for (r = 0; r < rows && n_groups > 0; r++) {
-        size_t datum = 0;
-        for (g = 0; g < n_groups; g++) {
-            size_t data = data_len[r * n_groups + g], tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
-            datum += 1 + varint_len(tensor) + tensor;
-        }
-        *out++ = (char)datum_tag;
-        out = put_varint(out, datum);
-        for (g = 0; g < n_groups; g++) {
-            size_t data = data_len[r * n_groups + g], tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
-            *out++ = 0x0A; /* Datum.tensors */
-            out = put_varint(out, tensor);
-            for (i = 0; i < groups[g].tag_len; i++) /* 1 to 3 bytes: no call */
-                out[i] = groups[g].tag[i];
-            out = put_varint(out + groups[g].tag_len, data);
-            for (k = 0; k < groups[g].count; k++)
-                out = put_column_row(out, ordered[groups[g].first + k], r, ordered[groups[g].first + k]->texts);
-        }
-    }
+    if (n_groups > 0)
+        out = put_datums(out, (char)datum_tag, rows, n_groups, groups, ordered, data_len);
     if (configs != Py_None)
         out = put_map(out, 0x1A, configs); /* InferenceRequest.configs */
 
