@@ -34,6 +34,8 @@ from forestflow.codecs.schema_datum import prediction_json, request_json
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
 from forestflow.predlog._jsonl import usual_line
+from forestflow.predlog._kafka_records import LogEntry, ce_headers
+from forestflow.predlog.cloudevents import fixed_headers, python_record_headers
 from forestflow.predlog.record import PredictionRecord, WireBody
 
 _SERVED = {True: key(2, 0) + b"\x01", False: key(2, 0) + b"\x00"}
@@ -85,6 +87,9 @@ class _ServableFields:
     #: The same two as JSON bytes (what the C line writer takes).
     logging_json_bytes: bytes
     fqrv_json_bytes: bytes
+    #: The CloudEvents headers every Kafka record of a served event, and of a shadow copy, repeats.
+    ce_served: bytes
+    ce_shadow: bytes
 
 
 #: A servable's fields by the identity of its fqrv object: the service hands the same fqrv and
@@ -112,17 +117,38 @@ def _servable_fields(logging: LoggingSettings, fqrv: FQRV) -> _ServableFields:
             orjson.Fragment(fqrv_json),
             logging_json,
             fqrv_json,
+            fixed_headers(fqrv.contract, True),
+            fixed_headers(fqrv.contract, False),
         )
     return hit
 
 
-@functools.lru_cache(maxsize=64)
+#: Field 17 (protocol) by protocol name: a dict lookup per event (an lru_cache call costs several).
+_PROTOCOL_FIELDS: dict[str, bytes] = {}
+
+
 def _protocol_field(protocol: str) -> bytes:
-    return embedded(17, protocol.encode())
+    field = _PROTOCOL_FIELDS.get(protocol)
+    if field is None:
+        if len(_PROTOCOL_FIELDS) >= 64:
+            _PROTOCOL_FIELDS.clear()
+        field = _PROTOCOL_FIELDS[protocol] = embedded(17, protocol.encode())
+    return field
 
 
 def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
     """The fields PredictionEvent and PredictionEventGP share (servedRequest, loggingSettings, 10-17)."""
+    if not (record.error or record.pinned or record.trace_id):  # the usual event: protocol alone after status
+        tail = _PROTOCOL_FIELDS.get(record.protocol) or _protocol_field(record.protocol)
+        return event_head(
+            fields.served_head if record.served else fields.shadow_head,
+            record.event_time_ms,
+            record.request_id,
+            fields.fqrv_field,
+            record.latency_ms,
+            record.status,
+            tail,
+        )
     tail = _protocol_field(record.protocol)
     if record.pinned:
         tail += _PINNED
@@ -147,7 +173,30 @@ def encode_event(record: PredictionRecord) -> bytes:
     Assembled as bytes (cached pieces for what repeats: the servable's fqrv and logging settings),
     which parses to the message the protobuf API builds field by field (tested).
     """
-    fields = _servable_fields(record.logging, record.fqrv)
+    return _event(record, _servable_fields(record.logging, record.fqrv))
+
+
+def kafka_entry(record: PredictionRecord, key_text: str | None) -> LogEntry:
+    """The Kafka sink's entry of a record: ``key_text`` (its key) encoded, :func:`encode_event`'s bytes and
+    the CloudEvents headers of :func:`~forestflow.predlog.cloudevents.record_headers`, the servable's
+    fields looked up once for both (this runs for every event logged to Kafka)."""
+    fqrv = record.fqrv
+    fields = _SERVABLE_FIELDS.get(id(fqrv))
+    if fields is None or fields.fqrv is not fqrv or fields.logging is not record.logging:
+        fields = _servable_fields(record.logging, fqrv)
+    headers = ce_headers(fields.ce_served if record.served else fields.ce_shadow, record.request_id, record.event_time_ms)
+    if headers is None:  # a time C does not write
+        headers = python_record_headers(fqrv.contract, record.served, record.request_id, record.event_time_ms)
+    return LogEntry(
+        record.raw_request is not None,
+        None if key_text is None else key_text.encode(),
+        _event(record, fields),
+        headers,
+    )
+
+
+def _event(record: PredictionRecord, fields: _ServableFields) -> bytes:
+    """:func:`encode_event` with the servable's fields looked up."""
     if record.feedback is not None:
         return _feedback_event(record, fields)
     payload = _common_fields(record, fields)
