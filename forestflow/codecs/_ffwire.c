@@ -473,6 +473,16 @@ PyDoc_STRVAR(message_doc,
 "fixed width, another byte order): convert it (contiguous, native, text as objects) and call again.\n"
 "With an eighth argument ``flat_only`` true, None also when a column has more than one dimension.");
 
+/* An int as a long long: through PyLong_AsLong where long is as wide (CPython 3.11's PyLong_AsLongLong
+ * converts every int past 30 bits, e.g. a time in ms, through _PyLong_AsByteArray, several times the cost). */
+static inline long long as_long_long(PyObject *o) {
+#if LONG_MAX == LLONG_MAX
+    return PyLong_AsLong(o);
+#else
+    return PyLong_AsLongLong(o);
+#endif
+}
+
 /* METH_FASTCALL arguments, checked one by one: PyArg_ParseTuple's format parsing costs more than a
  * small message's writing (these run once or twice per logged prediction). */
 static int arg_count(const char *fn, Py_ssize_t nargs, Py_ssize_t want) {
@@ -497,7 +507,7 @@ static int long_arg(const char *fn, int at, PyObject *arg, long long *value) {
         PyErr_Format(PyExc_TypeError, "%s() argument %d must be int, not %.50s", fn, at, Py_TYPE(arg)->tp_name);
         return -1;
     }
-    *value = PyLong_AsLongLong(arg);
+    *value = as_long_long(arg);
     return *value == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
@@ -576,7 +586,6 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
         ordered = small_ordered;
         codes = small_codes;
         data_len = small_data_len;
-        memset(cols, 0, (size_t)(n + 1) * sizeof(Column)); /* has_view: 0 */
     } else {
         names_utf8 = PyMem_Calloc((size_t)n + 1, sizeof(char *));
         name_len = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
@@ -590,14 +599,22 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
         PyErr_NoMemory();
         goto done;
     }
+    for (i = 0; i < n; i++) { /* what the clean-up reads (no memset of whole columns: kilobytes per call) */
+        cols[i].has_view = 0;
+        cols[i].texts = NULL;
+    }
     /* Borrowed keys and values: nothing below runs Python code, so the dict cannot change meanwhile. */
     for (i = 0; i < n && PyDict_Next(columns, &pos, &name, &array); i++) {
         if (!PyUnicode_Check(name)) {
             PyErr_SetString(PyExc_TypeError, "column names must be str");
             goto done;
         }
-        if ((names_utf8[i] = PyUnicode_AsUTF8AndSize(name, &name_len[i])) == NULL)
+        if (PyUnicode_IS_COMPACT_ASCII(name)) { /* its characters are its UTF-8: no call */
+            name_len[i] = PyUnicode_GET_LENGTH(name);
+            names_utf8[i] = (const char *)PyUnicode_DATA(name);
+        } else if ((names_utf8[i] = PyUnicode_AsUTF8AndSize(name, &name_len[i])) == NULL) {
             goto done;
+        }
         status = open_column(array, &cols[i], rows, &codes[i]);
         if (status > 0 && flat_only && cols[i].view.ndim > 1)
             status = 0;
@@ -767,39 +784,75 @@ PyDoc_STRVAR(event_head_doc,
 "written), eventTimeMS (10), requestId (11), ``fqrv_field`` (12, as written), latencyMs (13),\n"
 "status (14), then ``tail`` (error, errorCode and protocol, as written).");
 
-static PyObject *event_head(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    const char *head, *request_id, *fqrv, *tail;
-    Py_ssize_t head_len, request_id_len, fqrv_len, tail_len;
-    long long event_time, status_arg;
+PyDoc_STRVAR(wire_event_doc,
+"wire_event(head, event_time_ms, request_id, fqrv_field, latency_ms, status, tail, request, response,\n"
+"           request_json_length, response_json_length) -> bytes\n\n"
+"A V2 wire event whole: event_head()'s fields, then wireRequest (18, ``request``), wireResponse (19,\n"
+"``response``, unless None) and the JSON lengths (20, 21, unless None), in one buffer.");
+
+/* A wire body or None (absent): its bytes. */
+static int optional_bytes(const char *fn, int at, PyObject *arg, const char **data, Py_ssize_t *len) {
+    if (arg == Py_None) {
+        *data = NULL;
+        *len = 0;
+        return 0;
+    }
+    return bytes_arg(fn, at, arg, data, len);
+}
+
+/* An optional varint field's value: 0 when absent (None), else 1 and the value. */
+static int optional_long(const char *fn, int at, PyObject *arg, long long *value) {
+    if (arg == Py_None)
+        return 0;
+    return long_arg(fn, at, arg, value) < 0 ? -1 : 1;
+}
+
+static PyObject *head_and_wire(const char *fn, PyObject *const *args, Py_ssize_t nargs, int wire) {
+    const char *head, *request_id, *fqrv, *tail, *request = NULL, *response = NULL;
+    Py_ssize_t head_len, request_id_len, fqrv_len, tail_len, request_len = 0, response_len = 0, size;
+    long long event_time, status_arg, request_json_length = 0, response_json_length = 0;
+    int has_request_json = 0, has_response_json = 0;
     double latency;
     int status;
     uint64_t latency_bits;
     PyObject *result;
     char *out;
-    if (arg_count("event_head", nargs, 7) < 0 || bytes_arg("event_head", 1, args[0], &head, &head_len) < 0 ||
-        long_arg("event_head", 2, args[1], &event_time) < 0)
+    if (arg_count(fn, nargs, wire ? 11 : 7) < 0 || bytes_arg(fn, 1, args[0], &head, &head_len) < 0 ||
+        long_arg(fn, 2, args[1], &event_time) < 0)
         return NULL;
     if (!PyUnicode_Check(args[2])) {
-        PyErr_Format(PyExc_TypeError, "event_head() argument 3 must be str, not %.50s", Py_TYPE(args[2])->tp_name);
+        PyErr_Format(PyExc_TypeError, "%s() argument 3 must be str, not %.50s", fn, Py_TYPE(args[2])->tp_name);
         return NULL;
     }
     if ((request_id = PyUnicode_AsUTF8AndSize(args[2], &request_id_len)) == NULL ||
-        bytes_arg("event_head", 4, args[3], &fqrv, &fqrv_len) < 0)
+        bytes_arg(fn, 4, args[3], &fqrv, &fqrv_len) < 0)
         return NULL;
     latency = PyFloat_AsDouble(args[4]); /* a float, or anything with __float__ / __index__ */
     if (latency == -1.0 && PyErr_Occurred())
         return NULL;
-    if (long_arg("event_head", 6, args[5], &status_arg) < 0 || bytes_arg("event_head", 7, args[6], &tail, &tail_len) < 0)
+    if (long_arg(fn, 6, args[5], &status_arg) < 0 || bytes_arg(fn, 7, args[6], &tail, &tail_len) < 0)
         return NULL;
     if (status_arg < INT32_MIN || status_arg > INT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "status is an int32");
         return NULL;
     }
     status = (int)status_arg;
-    result = PyBytes_FromStringAndSize(NULL, head_len + 1 + (Py_ssize_t)varint_len((uint64_t)event_time) + 1 +
-                                                 (Py_ssize_t)varint_len((uint64_t)request_id_len) + request_id_len +
-                                                 fqrv_len + 1 + 8 + 1 + (Py_ssize_t)varint_len((uint64_t)(int64_t)status) +
-                                                 tail_len);
+    size = head_len + 1 + (Py_ssize_t)varint_len((uint64_t)event_time) + 1 + (Py_ssize_t)varint_len((uint64_t)request_id_len) +
+           request_id_len + fqrv_len + 1 + 8 + 1 + (Py_ssize_t)varint_len((uint64_t)(int64_t)status) + tail_len;
+    if (wire) {
+        if (bytes_arg(fn, 8, args[7], &request, &request_len) < 0 || optional_bytes(fn, 9, args[8], &response, &response_len) < 0 ||
+            (has_request_json = optional_long(fn, 10, args[9], &request_json_length)) < 0 ||
+            (has_response_json = optional_long(fn, 11, args[10], &response_json_length)) < 0)
+            return NULL;
+        size += 2 + (Py_ssize_t)varint_len((uint64_t)request_len) + request_len;
+        if (response != NULL)
+            size += 2 + (Py_ssize_t)varint_len((uint64_t)response_len) + response_len;
+        if (has_request_json)
+            size += 2 + (Py_ssize_t)varint_len((uint64_t)request_json_length);
+        if (has_response_json)
+            size += 2 + (Py_ssize_t)varint_len((uint64_t)response_json_length);
+    }
+    result = PyBytes_FromStringAndSize(NULL, size);
     if (result == NULL)
         return NULL;
     out = PyBytes_AS_STRING(result);
@@ -820,7 +873,36 @@ static PyObject *event_head(PyObject *Py_UNUSED(self), PyObject *const *args, Py
     *out++ = 0x70; /* 14: status, varint (int32: negative as 64-bit two's complement) */
     out = put_varint(out, (uint64_t)(int64_t)status);
     memcpy(out, tail, (size_t)tail_len);
+    out += tail_len;
+    if (wire) { /* keys of fields 18-21: (number << 3 | wire type) as two-byte varints */
+        *out++ = (char)0x92, *out++ = 0x01; /* 18: wireRequest, length-delimited */
+        out = put_varint(out, (uint64_t)request_len);
+        memcpy(out, request, (size_t)request_len);
+        out += request_len;
+        if (response != NULL) {
+            *out++ = (char)0x9A, *out++ = 0x01; /* 19: wireResponse, length-delimited */
+            out = put_varint(out, (uint64_t)response_len);
+            memcpy(out, response, (size_t)response_len);
+            out += response_len;
+        }
+        if (has_request_json) {
+            *out++ = (char)0xA0, *out++ = 0x01; /* 20: wireRequestJsonLength, varint */
+            out = put_varint(out, (uint64_t)request_json_length);
+        }
+        if (has_response_json) {
+            *out++ = (char)0xA8, *out++ = 0x01; /* 21: wireResponseJsonLength, varint */
+            out = put_varint(out, (uint64_t)response_json_length);
+        }
+    }
     return result;
+}
+
+static PyObject *event_head(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    return head_and_wire("event_head", args, nargs, 0);
+}
+
+static PyObject *wire_event(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    return head_and_wire("wire_event", args, nargs, 1);
 }
 
 PyDoc_STRVAR(read_varint_doc,
@@ -855,6 +937,7 @@ static PyMethodDef methods[] = {
     {"read_varint", (PyCFunction)(void (*)(void))read_varint, METH_FASTCALL, read_varint_doc},
     {"message", (PyCFunction)(void (*)(void))message, METH_FASTCALL, message_doc},
     {"event_head", (PyCFunction)(void (*)(void))event_head, METH_FASTCALL, event_head_doc},
+    {"wire_event", (PyCFunction)(void (*)(void))wire_event, METH_FASTCALL, wire_event_doc},
     {"set_types", set_types, METH_O, set_types_doc},
     {"varint", varint, METH_O, varint_doc},
     {NULL, NULL, 0, NULL},

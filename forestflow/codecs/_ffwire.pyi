@@ -21,3 +21,17 @@ def read_varint(data: bytes | bytearray | memoryview, pos: int, /) -> tuple[int,
 def event_head(
     head: bytes, event_time_ms: int, request_id: str, fqrv_field: bytes, latency_ms: float, status: int, tail: bytes, /
 ) -> bytes: ...
+def wire_event(
+    head: bytes,
+    event_time_ms: int,
+    request_id: str,
+    fqrv_field: bytes,
+    latency_ms: float,
+    status: int,
+    tail: bytes,
+    request: bytes,
+    response: bytes | None,
+    request_json_length: int | None,
+    response_json_length: int | None,
+    /,
+) -> bytes: ...

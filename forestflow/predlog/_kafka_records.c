@@ -182,7 +182,11 @@ static PyObject *ce_headers(PyObject *Py_UNUSED(self), PyObject *const *args, Py
         PyErr_SetString(PyExc_TypeError, "ce_headers() takes (bytes, str, int)");
         return NULL;
     }
+#if LONG_MAX == LLONG_MAX /* PyLong_AsLongLong converts a time in ms through _PyLong_AsByteArray */
+    ms = PyLong_AsLong(args[2]);
+#else
     ms = PyLong_AsLongLong(args[2]);
+#endif
     if (ms == -1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError))
             return NULL;

@@ -19,7 +19,7 @@ import orjson
 from google.protobuf import json_format
 
 from forestflow._proto import forestflow_pb2 as pb
-from forestflow.codecs._ffwire import event_head
+from forestflow.codecs._ffwire import event_head, wire_event
 from forestflow.codecs.ff_protobuf import (
     embedded,
     fqrv_bytes,
@@ -40,8 +40,6 @@ from forestflow.predlog.record import PredictionRecord, WireBody
 
 _SERVED = {True: key(2, 0) + b"\x01", False: key(2, 0) + b"\x00"}
 _PREDICTION, _INFERENCE_REQUEST = key(1, 2), key(3, 2)
-_WIRE_REQUEST_JSON_LENGTH, _WIRE_RESPONSE_JSON_LENGTH = key(20, 0), key(21, 0)
-_WIRE_REQUEST, _WIRE_RESPONSE = key(18, 2), key(19, 2)
 _PINNED = key(22, 0) + b"\x01"
 _EVENT_TIME = key(10, 0)
 #: CR and LF as spaces: in valid JSON they can only be whitespace between tokens (a string holds
@@ -136,19 +134,10 @@ def _protocol_field(protocol: str) -> bytes:
     return field
 
 
-def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
-    """The fields PredictionEvent and PredictionEventGP share (servedRequest, loggingSettings, 10-17)."""
-    if not (record.error or record.pinned or record.trace_id):  # the usual event: protocol alone after status
-        tail = _PROTOCOL_FIELDS.get(record.protocol) or _protocol_field(record.protocol)
-        return event_head(
-            fields.served_head if record.served else fields.shadow_head,
-            record.event_time_ms,
-            record.request_id,
-            fields.fqrv_field,
-            record.latency_ms,
-            record.status,
-            tail,
-        )
+def _tail(record: PredictionRecord) -> bytes:
+    """Fields 15-17 and 22/30 of an event (error, errorCode, protocol, pinned, traceId), as written."""
+    if not (record.error or record.pinned or record.trace_id):  # the usual event: the protocol alone
+        return _PROTOCOL_FIELDS.get(record.protocol) or _protocol_field(record.protocol)
     tail = _protocol_field(record.protocol)
     if record.pinned:
         tail += _PINNED
@@ -156,6 +145,11 @@ def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
         tail += embedded(30, record.trace_id.encode())
     if record.error:
         tail = embedded(15, record.error.encode()) + embedded(16, record.error_code.encode()) + tail
+    return tail
+
+
+def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
+    """The fields PredictionEvent and PredictionEventGP share (servedRequest, loggingSettings, 10-17)."""
     return event_head(
         fields.served_head if record.served else fields.shadow_head,
         record.event_time_ms,
@@ -163,7 +157,7 @@ def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
         fields.fqrv_field,
         record.latency_ms,
         record.status,
-        tail,
+        _tail(record),
     )
 
 
@@ -199,14 +193,28 @@ def _event(record: PredictionRecord, fields: _ServableFields) -> bytes:
     """:func:`encode_event` with the servable's fields looked up."""
     if record.feedback is not None:
         return _feedback_event(record, fields)
+    request = record.request_json
+    if isinstance(request, WireBody):  # V2: the head and the bodies as they were on the wire, in one call
+        response = record.response_json
+        return wire_event(
+            fields.served_head if record.served else fields.shadow_head,
+            record.event_time_ms,
+            record.request_id,
+            fields.fqrv_field,
+            record.latency_ms,
+            record.status,
+            _tail(record),
+            request,
+            response,
+            request.json_length,
+            response.json_length if isinstance(response, WireBody) else None,
+        )
     payload = _common_fields(record, fields)
     if record.raw_request is not None:  # GraphPipe
         payload += embedded(3, record.raw_request)
         if record.raw_response is not None:
             payload += embedded(1, embedded(1, record.raw_response) + embedded(2, fqrv_bytes(record.fqrv)))
         return payload
-    if isinstance(record.request_json, WireBody):
-        return _wire_event(payload, record)
     request = inference_request_bytes(record.request, record.configs, _INFERENCE_REQUEST)
     if record.response is None:
         return payload + request
@@ -242,21 +250,6 @@ def _feedback_event_json(record: PredictionRecord, fields: _ServableFields) -> d
     if record.pinned:
         event["pinned"] = True
     return event
-
-
-def _wire_event(head: bytes, record: PredictionRecord) -> bytes:
-    """``head`` and fields 18-21 of a V2 event: the request and answer bytes as they were on the wire,
-    joined once (each body copied once: a 100-row V2 body is kilobytes)."""
-    request, response = record.request_json, record.response_json
-    assert isinstance(request, WireBody)
-    parts = [head, _WIRE_REQUEST, varint(len(request)), request]
-    if response is not None:
-        parts += (_WIRE_RESPONSE, varint(len(response)), response)
-    if request.json_length is not None:
-        parts += (_WIRE_REQUEST_JSON_LENGTH, varint(request.json_length))
-    if isinstance(response, WireBody) and response.json_length is not None:
-        parts += (_WIRE_RESPONSE_JSON_LENGTH, varint(response.json_length))
-    return b"".join(parts)
 
 
 def _wire_json(body: bytes, protocol: str, json_length: int | None) -> Any:

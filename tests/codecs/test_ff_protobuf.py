@@ -329,3 +329,20 @@ def test_c_writer_checks_its_arguments() -> None:
     assert list(two.schema[0].fields) == ["b", "a"]
     with pytest.raises(OverflowError):
         varint(2**64)
+
+
+def test_wire_event_checks_its_arguments() -> None:
+    good: list[Any] = [b"\x10\x01", 1700000000000, "req-1", b"", 1.5, 200, b"", b"{}", None, None, None]
+    assert _ffwire.wire_event(*good) == _ffwire.event_head(*good[:7]) + b"\x92\x01\x02{}"
+    for at, bad, error in [
+        (7, None, "argument 8 must be bytes, not NoneType"),
+        (8, "{}", "argument 9 must be bytes, not str"),
+        (9, 1.0, "argument 10 must be int, not float"),
+        (10, "3", "argument 11 must be int, not str"),
+    ]:
+        args = list(good)
+        args[at] = bad
+        with pytest.raises(TypeError, match=error):
+            _ffwire.wire_event(*args)
+    with pytest.raises(TypeError, match="takes exactly 11 arguments \\(7 given\\)"):
+        _ffwire.wire_event(*good[:7])
