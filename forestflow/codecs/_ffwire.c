@@ -462,7 +462,7 @@ static int open_column(PyObject *array, Column *c, Py_ssize_t rows, int *code) {
 }
 
 PyDoc_STRVAR(message_doc,
-"message(outer, prefix, schema_tag, datum_tag, rows, columns, configs[, flat_only]) -> bytes or None\n\n"
+"message(outer, prefix, schema_tag, datum_tag, rows, columns, configs[, flat_only[, before, after]]) -> bytes or None\n\n"
 "A ForestFlow message holding a frame (InferenceRequest or Prediction): ``prefix`` (fields written\n"
 "first, e.g. a Prediction's fqrv), one TensorSchema entry per type group of the columns (groups in\n"
 "order of first appearance) as field ``schema_tag``, every record as a Datum in field ``datum_tag``\n"
@@ -471,7 +471,9 @@ PyDoc_STRVAR(message_doc,
 "returned as that length-delimited field. ``columns`` is a dict of str to arrays of ``rows`` records\n"
 "each (-1: as many as the first column has), in column order (a frame's own dict, passed as it is). None when a column cannot be read as it is (strided matrix, text of\n"
 "fixed width, another byte order): convert it (contiguous, native, text as objects) and call again.\n"
-"With an eighth argument ``flat_only`` true, None also when a column has more than one dimension.");
+"With an eighth argument ``flat_only`` true, None also when a column has more than one dimension.\n"
+"With ``before`` and ``after`` (bytes), the message comes between them in one buffer (an event's\n"
+"head and its next field: the event without a join copying the message again).");
 
 /* An int as a long long: through PyLong_AsLong where long is as wide (CPython 3.11's PyLong_AsLongLong
  * converts every int past 30 bits, e.g. a time in ms, through _PyLong_AsByteArray, several times the cost). */
@@ -533,6 +535,13 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
     char *out;
 
     int flat_only = 0;
+    const char *before = NULL, *after = NULL;
+    Py_ssize_t before_len = 0, after_len = 0;
+    if (nargs == 10) { /* before, after: written around the message */
+        if (bytes_arg("message", 9, args[8], &before, &before_len) < 0 || bytes_arg("message", 10, args[9], &after, &after_len) < 0)
+            return NULL;
+        nargs = 8;
+    }
     if (nargs == 8) { /* flat_only: None for a column of more than one dimension */
         flat_only = PyObject_IsTrue(args[7]);
         if (flat_only < 0)
@@ -702,10 +711,16 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
 
     body = (size_t)prefix_len + schema_total + datums_total + map_total;
     total = body + (outer_len ? (size_t)outer_len + varint_len(body) : 0);
-    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(total + (size_t)before_len + (size_t)after_len));
     if (result == NULL)
         goto done;
     out = PyBytes_AS_STRING(result);
+    if (before_len) {
+        memcpy(out, before, (size_t)before_len);
+        out += before_len;
+    }
+    if (after_len) /* the message's end is known: total bytes past its start */
+        memcpy(out + total, after, (size_t)after_len);
     if (outer_len) {
         memcpy(out, outer, (size_t)outer_len);
         out = put_varint(out + outer_len, body);

@@ -14,6 +14,8 @@ def message(
     columns: dict[str, np.ndarray],
     configs: dict[str, str] | None,
     flat_only: bool = False,
+    before: bytes = ...,
+    after: bytes = ...,
     /,
 ) -> bytes | None: ...
 def varint(value: int, /) -> bytes: ...

@@ -23,6 +23,7 @@ from forestflow.codecs._ffwire import event_head, wire_event
 from forestflow.codecs.ff_protobuf import (
     embedded,
     fqrv_bytes,
+    inference_request_between,
     inference_request_bytes,
     key,
     prediction_bytes_after,
@@ -215,10 +216,12 @@ def _event(record: PredictionRecord, fields: _ServableFields) -> bytes:
         if record.raw_response is not None:
             payload += embedded(1, embedded(1, record.raw_response) + embedded(2, fqrv_bytes(record.fqrv)))
         return payload
-    request = inference_request_bytes(record.request, record.configs, _INFERENCE_REQUEST)
     if record.response is None:
-        return payload + request
-    return b"".join((payload, request, prediction_bytes_after(fields.prediction_fqrv, record.response, _PREDICTION)))
+        return payload + inference_request_bytes(record.request, record.configs, _INFERENCE_REQUEST)
+    # The request written between the head and the answer in one buffer (no join copying it again:
+    # kilobytes at 100 rows).
+    prediction = prediction_bytes_after(fields.prediction_fqrv, record.response, _PREDICTION)
+    return inference_request_between(payload, record.request, record.configs, _INFERENCE_REQUEST, prediction)
 
 
 def _feedback_event(record: PredictionRecord, fields: _ServableFields) -> bytes:
