@@ -662,7 +662,7 @@ class Gateway:
                 logging,
                 context.request_id,
                 context.protocol,
-                self.clock(),
+                self.admin.clock(),  # the clock property, without its frame (per logged prediction)
                 latency,
                 200 if error is None else http_status(error),
                 output,

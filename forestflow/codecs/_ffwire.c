@@ -26,6 +26,14 @@
 #include "ndarray.h"
 #include "varint.h"
 
+/* The byte loops copying a few bytes (a tag, a category level) stay loops: GCC otherwise turns them into
+ * memcpy calls (-ftree-loop-distribute-patterns), each costing more than the bytes it copies. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define SHORT_COPIES __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define SHORT_COPIES
+#endif
+
 /* ForestFlow type codes of the columns, in the order of schema_datum.FF_DTYPES. */
 enum { FF_FLOAT16, FF_FLOAT32, FF_FLOAT64, FF_INT8, FF_INT16, FF_INT32, FF_INT64, FF_STRING, FF_BOOL, FF_BYTES };
 /* How a column's elements are read and written. */
@@ -52,6 +60,11 @@ typedef struct {
     Py_ssize_t tag_len;
     Py_ssize_t first; /* index of its first column in the flat column array */
     Py_ssize_t count;
+    /* A group of fixed-size elements only (no text, no varint) has the same Tensor head in every record
+     * (Datum.tensors key and length, the oneof key, the data length): written once, copied per record.
+     * head_len 0 for the others. */
+    char head[32];
+    Py_ssize_t head_len;
 } Group;
 
 /* IEEE half -> float, exactly (every half is a float). */
@@ -124,16 +137,19 @@ static int add_column_sizes(const Column *c, Py_ssize_t rows, size_t *data_len, 
     Py_ssize_t r, j, i = 0;
     if (c->kind == KIND_OBJECT && c->width == 1) { /* the usual text column: one element a record */
         const char *p = (const char *)c->view.buf;
-        for (r = 0; r < rows; r++, p += c->stride) {
+        const Py_ssize_t stride = c->stride;
+        const int str_ok = c->text != TEXT_BYTES;
+        for (r = 0; r < rows; r++, p += stride, data_len += step) {
             PyObject *item = *(PyObject *const *)p;
             Text *t = &texts[r];
-            if (Py_IS_TYPE(item, &PyUnicode_Type) && c->text != TEXT_BYTES && PyUnicode_IS_COMPACT_ASCII(item)) {
-                t->len = PyUnicode_GET_LENGTH(item); /* its characters are its UTF-8 */
-                t->data = (const char *)PyUnicode_DATA(item);
+            const PyASCIIObject *ascii = (const PyASCIIObject *)item;
+            if (str_ok && Py_IS_TYPE(item, &PyUnicode_Type) && ascii->state.ascii && ascii->state.compact) {
+                t->len = ascii->length; /* a compact ASCII str: its characters, right after it, are its UTF-8 */
+                t->data = (const char *)(ascii + 1);
             } else if ((t->data = text_of(c, item, &t->len)) == NULL) {
                 return -1;
             }
-            data_len[r * step] += (t->len < 0x80 ? 2 : 1 + varint_len((uint64_t)t->len)) + (size_t)t->len;
+            *data_len += (t->len < 0x80 ? 2 : 1 + varint_len((uint64_t)t->len)) + (size_t)t->len;
         }
         return 0;
     }
@@ -155,7 +171,7 @@ static int add_column_sizes(const Column *c, Py_ssize_t rows, size_t *data_len, 
 }
 
 /* Writes one record's elements of a column; ``texts``: the text column's elements read while sizing. */
-static char *put_column_row(char *out, const Column *c, Py_ssize_t row, const Text *texts) {
+SHORT_COPIES static char *put_column_row(char *out, const Column *c, Py_ssize_t row, const Text *texts) {
     Py_ssize_t j, start = row * c->width;
     const char *p = AT(c, start);
     switch (c->kind) {
@@ -210,24 +226,31 @@ static char *put_column_row(char *out, const Column *c, Py_ssize_t row, const Te
 
 /* Writes every record's Datum: ``data_len`` holds each record's data size per group (``n_groups`` a
  * record), then each record's Datum size, as the sizing pass left them. */
-static char *put_datums(char *out, char datum_tag, Py_ssize_t rows, Py_ssize_t n_groups, const Group *groups,
+SHORT_COPIES static char *put_datums(char *out, char datum_tag, Py_ssize_t rows, Py_ssize_t n_groups, const Group *groups,
                         Column *const *ordered, const size_t *data_len) {
     const size_t *datum_len = data_len + rows * n_groups;
     for (Py_ssize_t r = 0; r < rows; r++) {
         *out++ = datum_tag;
         out = put_varint(out, datum_len[r]);
         for (Py_ssize_t g = 0; g < n_groups; g++) {
-            /* Copied out: stores through ``out`` (a char *) could alias the group, which would be reread
-             * after every byte written otherwise. */
-            const Group group = groups[g];
-            Column *const *columns = ordered + group.first;
-            const size_t data = data_len[r * n_groups + g];
-            *out++ = 0x0A; /* Datum.tensors */
-            out = put_varint(out, (size_t)group.tag_len + varint_len(data) + data);
-            for (Py_ssize_t i = 0; i < group.tag_len; i++) /* 1 to 3 bytes: no call */
-                out[i] = group.tag[i];
-            out = put_varint(out + group.tag_len, data);
-            for (Py_ssize_t k = 0; k < group.count; k++) {
+            /* Read into locals: stores through ``out`` (a char *) could alias the group, which would be
+             * reread after every byte written otherwise. */
+            const char *tag = groups[g].tag, *head = groups[g].head;
+            const Py_ssize_t tag_len = groups[g].tag_len, head_len = groups[g].head_len, count = groups[g].count;
+            Column *const *columns = ordered + groups[g].first;
+            if (head_len > 0) { /* fixed-size elements: the head every record of the group has */
+                for (Py_ssize_t i = 0; i < head_len; i++)
+                    out[i] = head[i];
+                out += head_len;
+            } else {
+                const size_t data = data_len[r * n_groups + g];
+                *out++ = 0x0A; /* Datum.tensors */
+                out = put_varint(out, (size_t)tag_len + varint_len(data) + data);
+                for (Py_ssize_t i = 0; i < tag_len; i++) /* 1 to 3 bytes: no call */
+                    out[i] = tag[i];
+                out = put_varint(out + tag_len, data);
+            }
+            for (Py_ssize_t k = 0; k < count; k++) {
                 const Column *c = columns[k];
                 if (c->width == 1 && c->kind == KIND_F64) { /* the usual feature column */
                     out[0] = 0x09;
@@ -663,6 +686,16 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
                 variable[g] = 1;
         }
         schema_entry[g] = entry;
+        groups[g].head_len = 0;
+        if (!variable[g]) {
+            char *h = groups[g].head;
+            size_t tensor = (size_t)groups[g].tag_len + varint_len(fixed[g]) + fixed[g];
+            *h++ = 0x0A; /* Datum.tensors */
+            h = put_varint(h, tensor);
+            memcpy(h, groups[g].tag, (size_t)groups[g].tag_len);
+            h = put_varint(h + groups[g].tag_len, fixed[g]);
+            groups[g].head_len = h - groups[g].head;
+        }
         schema_total += 1 + varint_len(entry) + entry;
     }
 
