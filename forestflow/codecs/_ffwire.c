@@ -835,8 +835,9 @@ PyDoc_STRVAR(event_head_doc,
 PyDoc_STRVAR(wire_event_doc,
 "wire_event(head, event_time_ms, request_id, fqrv_field, latency_ms, status, tail, request, response,\n"
 "           request_json_length, response_json_length) -> bytes\n\n"
-"A V2 wire event whole: event_head()'s fields, then wireRequest (18, ``request``), wireResponse (19,\n"
-"``response``, unless None) and the JSON lengths (20, 21, unless None), in one buffer.");
+"event_head()'s fields, then a V2 event's wireRequest (18, ``request``), wireResponse (19, ``response``)\n"
+"and the JSON lengths (20, 21), each unless None, in one buffer: a wire event whole, or event_head()'s\n"
+"bytes when all four are None.");
 
 /* A wire body or None (absent): its bytes. */
 static int optional_bytes(const char *fn, int at, PyObject *arg, const char **data, Py_ssize_t *len) {
@@ -888,11 +889,12 @@ static PyObject *head_and_wire(const char *fn, PyObject *const *args, Py_ssize_t
     size = head_len + 1 + (Py_ssize_t)varint_len((uint64_t)event_time) + 1 + (Py_ssize_t)varint_len((uint64_t)request_id_len) +
            request_id_len + fqrv_len + 1 + 8 + 1 + (Py_ssize_t)varint_len((uint64_t)(int64_t)status) + tail_len;
     if (wire) {
-        if (bytes_arg(fn, 8, args[7], &request, &request_len) < 0 || optional_bytes(fn, 9, args[8], &response, &response_len) < 0 ||
+        if (optional_bytes(fn, 8, args[7], &request, &request_len) < 0 || optional_bytes(fn, 9, args[8], &response, &response_len) < 0 ||
             (has_request_json = optional_long(fn, 10, args[9], &request_json_length)) < 0 ||
             (has_response_json = optional_long(fn, 11, args[10], &response_json_length)) < 0)
             return NULL;
-        size += 2 + (Py_ssize_t)varint_len((uint64_t)request_len) + request_len;
+        if (request != NULL)
+            size += 2 + (Py_ssize_t)varint_len((uint64_t)request_len) + request_len;
         if (response != NULL)
             size += 2 + (Py_ssize_t)varint_len((uint64_t)response_len) + response_len;
         if (has_request_json)
@@ -923,10 +925,12 @@ static PyObject *head_and_wire(const char *fn, PyObject *const *args, Py_ssize_t
     memcpy(out, tail, (size_t)tail_len);
     out += tail_len;
     if (wire) { /* keys of fields 18-21: (number << 3 | wire type) as two-byte varints */
-        *out++ = (char)0x92, *out++ = 0x01; /* 18: wireRequest, length-delimited */
-        out = put_varint(out, (uint64_t)request_len);
-        memcpy(out, request, (size_t)request_len);
-        out += request_len;
+        if (request != NULL) {
+            *out++ = (char)0x92, *out++ = 0x01; /* 18: wireRequest, length-delimited */
+            out = put_varint(out, (uint64_t)request_len);
+            memcpy(out, request, (size_t)request_len);
+            out += request_len;
+        }
         if (response != NULL) {
             *out++ = (char)0x9A, *out++ = 0x01; /* 19: wireResponse, length-delimited */
             out = put_varint(out, (uint64_t)response_len);

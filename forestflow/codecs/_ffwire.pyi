@@ -31,7 +31,7 @@ def wire_event(
     latency_ms: float,
     status: int,
     tail: bytes,
-    request: bytes,
+    request: bytes | None,
     response: bytes | None,
     request_json_length: int | None,
     response_json_length: int | None,

@@ -19,7 +19,7 @@ import orjson
 from google.protobuf import json_format
 
 from forestflow._proto import forestflow_pb2 as pb
-from forestflow.codecs._ffwire import event_head, wire_event
+from forestflow.codecs._ffwire import wire_event
 from forestflow.codecs.ff_protobuf import (
     embedded,
     fqrv_bytes,
@@ -149,9 +149,17 @@ def _tail(record: PredictionRecord) -> bytes:
     return tail
 
 
-def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
-    """The fields PredictionEvent and PredictionEventGP share (servedRequest, loggingSettings, 10-17)."""
-    return event_head(
+def _common_fields(
+    record: PredictionRecord,
+    fields: _ServableFields,
+    request: bytes | None = None,
+    response: bytes | None = None,
+    request_json_length: int | None = None,
+    response_json_length: int | None = None,
+) -> bytes:
+    """The fields PredictionEvent and PredictionEventGP share (servedRequest, loggingSettings, 10-17),
+    and a V2 event's wire fields (18-21, each unless None) after them, in one C call."""
+    return wire_event(
         fields.served_head if record.served else fields.shadow_head,
         record.event_time_ms,
         record.request_id,
@@ -159,6 +167,10 @@ def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
         record.latency_ms,
         record.status,
         _tail(record),
+        request,
+        response,
+        request_json_length,
+        response_json_length,
     )
 
 
@@ -197,19 +209,8 @@ def _event(record: PredictionRecord, fields: _ServableFields) -> bytes:
     request = record.request_json
     if isinstance(request, WireBody):  # V2: the head and the bodies as they were on the wire, in one call
         response = record.response_json
-        return wire_event(
-            fields.served_head if record.served else fields.shadow_head,
-            record.event_time_ms,
-            record.request_id,
-            fields.fqrv_field,
-            record.latency_ms,
-            record.status,
-            _tail(record),
-            request,
-            response,
-            request.json_length,
-            response.json_length if isinstance(response, WireBody) else None,
-        )
+        response_length = response.json_length if isinstance(response, WireBody) else None
+        return _common_fields(record, fields, request, response, request.json_length, response_length)
     payload = _common_fields(record, fields)
     if record.raw_request is not None:  # GraphPipe
         payload += embedded(3, record.raw_request)

@@ -340,8 +340,9 @@ def test_c_writer_checks_its_arguments() -> None:
 def test_wire_event_checks_its_arguments() -> None:
     good: list[Any] = [b"\x10\x01", 1700000000000, "req-1", b"", 1.5, 200, b"", b"{}", None, None, None]
     assert _ffwire.wire_event(*good) == _ffwire.event_head(*good[:7]) + b"\x92\x01\x02{}"
+    assert _ffwire.wire_event(*good[:7], None, None, None, None) == _ffwire.event_head(*good[:7])  # no wire field
     for at, bad, error in [
-        (7, None, "argument 8 must be bytes, not NoneType"),
+        (7, "{}", "argument 8 must be bytes, not str"),
         (8, "{}", "argument 9 must be bytes, not str"),
         (9, 1.0, "argument 10 must be int, not float"),
         (10, "3", "argument 11 must be int, not str"),
