@@ -33,6 +33,13 @@
 #else
 #define SHORT_COPIES
 #endif
+/* The rare element layouts' writer stays a call: inlined into the record loop, its registers spill
+ * the loop's own on every column. */
+#if defined(__GNUC__)
+#define NOINLINE __attribute__((noinline))
+#else
+#define NOINLINE
+#endif
 
 /* ForestFlow type codes of the columns, in the order of schema_datum.FF_DTYPES. */
 enum { FF_FLOAT16, FF_FLOAT32, FF_FLOAT64, FF_INT8, FF_INT16, FF_INT32, FF_INT64, FF_STRING, FF_BOOL, FF_BYTES };
@@ -171,7 +178,7 @@ static int add_column_sizes(const Column *c, Py_ssize_t rows, size_t *data_len, 
 }
 
 /* Writes one record's elements of a column; ``texts``: the text column's elements read while sizing. */
-SHORT_COPIES static char *put_column_row(char *out, const Column *c, Py_ssize_t row, const Text *texts) {
+SHORT_COPIES NOINLINE static char *put_column_row(char *out, const Column *c, Py_ssize_t row, const Text *texts) {
     Py_ssize_t j, start = row * c->width;
     const char *p = AT(c, start);
     switch (c->kind) {
