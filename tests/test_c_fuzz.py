@@ -658,6 +658,35 @@ def test_ffwire_event_head_parses_with_protobuf(time_ms: int, request_id: str, f
     assert (event.eventTimeMS, event.requestId, event.latencyMs, event.status) == (time_ms, request_id, latency, status)
 
 
+@FAST
+@given(
+    st.none() | st.binary(max_size=3000),
+    st.none() | st.binary(max_size=3000),
+    st.none() | st.integers(0, 2**31 - 1),  # int32 fields (a JSON part's length)
+    st.none() | st.integers(0, 2**31 - 1),
+    st.binary(max_size=40),
+)
+def test_ffwire_wire_event_is_the_head_and_the_wire_fields(
+    request: bytes | None, response: bytes | None, request_json: int | None, response_json: int | None, tail: bytes
+) -> None:
+    head = (b"\x10\x01", 1_790_000_000_000, "req-\u00e9", b"", 0.25, 200, tail)
+    event = _ffwire.wire_event(*head, request, response, request_json, response_json)
+    expected = _ffwire.event_head(*head)
+    if request is not None:
+        expected += b"\x92\x01" + _ffwire.varint(len(request)) + request
+    if response is not None:
+        expected += b"\x9a\x01" + _ffwire.varint(len(response)) + response
+    if request_json is not None:
+        expected += b"\xa0\x01" + _ffwire.varint(request_json)
+    if response_json is not None:
+        expected += b"\xa8\x01" + _ffwire.varint(response_json)
+    assert event == expected
+    if not tail:  # fields 18-21 as protobuf reads them
+        parsed = pb.PredictionEvent.FromString(event)
+        assert (parsed.wireRequest, parsed.wireResponse) == (request or b"", response or b"")
+        assert (parsed.wireRequestJsonLength, parsed.wireResponseJsonLength) == (request_json or 0, response_json or 0)
+
+
 # ---- _kafka_records: record batches read back by aiokafka ---------------------------------------------------
 @FAST
 @given(st.lists(st.tuples(st.none() | st.binary(max_size=300), st.binary(max_size=400)), min_size=1, max_size=6))

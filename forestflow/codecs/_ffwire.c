@@ -26,6 +26,21 @@
 #include "ndarray.h"
 #include "varint.h"
 
+/* The byte loops copying a few bytes (a tag, a category level) stay loops: GCC otherwise turns them into
+ * memcpy calls (-ftree-loop-distribute-patterns), each costing more than the bytes it copies. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define SHORT_COPIES __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define SHORT_COPIES
+#endif
+/* The rare element layouts' writer stays a call: inlined into the record loop, its registers spill
+ * the loop's own on every column. */
+#if defined(__GNUC__)
+#define NOINLINE __attribute__((noinline))
+#else
+#define NOINLINE
+#endif
+
 /* ForestFlow type codes of the columns, in the order of schema_datum.FF_DTYPES. */
 enum { FF_FLOAT16, FF_FLOAT32, FF_FLOAT64, FF_INT8, FF_INT16, FF_INT32, FF_INT64, FF_STRING, FF_BOOL, FF_BYTES };
 /* How a column's elements are read and written. */
@@ -52,6 +67,11 @@ typedef struct {
     Py_ssize_t tag_len;
     Py_ssize_t first; /* index of its first column in the flat column array */
     Py_ssize_t count;
+    /* A group of fixed-size elements only (no text, no varint) has the same Tensor head in every record
+     * (Datum.tensors key and length, the oneof key, the data length): written once, copied per record.
+     * head_len 0 for the others. */
+    char head[32];
+    Py_ssize_t head_len;
 } Group;
 
 /* IEEE half -> float, exactly (every half is a float). */
@@ -122,6 +142,24 @@ typedef struct Text {
  * apart); a text column's elements are read here, once, into ``texts``. */
 static int add_column_sizes(const Column *c, Py_ssize_t rows, size_t *data_len, Py_ssize_t step, Text *texts) {
     Py_ssize_t r, j, i = 0;
+    if (c->kind == KIND_OBJECT && c->width == 1) { /* the usual text column: one element a record */
+        const char *p = (const char *)c->view.buf;
+        const Py_ssize_t stride = c->stride;
+        const int str_ok = c->text != TEXT_BYTES;
+        for (r = 0; r < rows; r++, p += stride, data_len += step) {
+            PyObject *item = *(PyObject *const *)p;
+            Text *t = &texts[r];
+            const PyASCIIObject *ascii = (const PyASCIIObject *)item;
+            if (str_ok && Py_IS_TYPE(item, &PyUnicode_Type) && ascii->state.ascii && ascii->state.compact) {
+                t->len = ascii->length; /* a compact ASCII str: its characters, right after it, are its UTF-8 */
+                t->data = (const char *)(ascii + 1);
+            } else if ((t->data = text_of(c, item, &t->len)) == NULL) {
+                return -1;
+            }
+            *data_len += (t->len < 0x80 ? 2 : 1 + varint_len((uint64_t)t->len)) + (size_t)t->len;
+        }
+        return 0;
+    }
     for (r = 0; r < rows; r++) {
         size_t total = 0;
         if (c->kind == KIND_OBJECT) {
@@ -140,14 +178,9 @@ static int add_column_sizes(const Column *c, Py_ssize_t rows, size_t *data_len, 
 }
 
 /* Writes one record's elements of a column; ``texts``: the text column's elements read while sizing. */
-static inline char *put_column_row(char *out, const Column *c, Py_ssize_t row, const Text *texts) {
+SHORT_COPIES NOINLINE static char *put_column_row(char *out, const Column *c, Py_ssize_t row, const Text *texts) {
     Py_ssize_t j, start = row * c->width;
     const char *p = AT(c, start);
-    if (c->width == 1 && c->kind == KIND_F64) { /* the usual feature column */
-        out[0] = 0x09;
-        memcpy(out + 1, p, 8);
-        return out + 9;
-    }
     switch (c->kind) {
     case KIND_F64:
         for (j = 0; j < c->width; j++, p += c->stride) {
@@ -193,6 +226,56 @@ static inline char *put_column_row(char *out, const Column *c, Py_ssize_t row, c
                 memcpy(out, t->data, (size_t)t->len);
             }
             out += t->len;
+        }
+    }
+    return out;
+}
+
+/* Writes every record's Datum: ``data_len`` holds each record's data size per group (``n_groups`` a
+ * record), then each record's Datum size, as the sizing pass left them. */
+SHORT_COPIES static char *put_datums(char *out, char datum_tag, Py_ssize_t rows, Py_ssize_t n_groups, const Group *groups,
+                        Column *const *ordered, const size_t *data_len) {
+    const size_t *datum_len = data_len + rows * n_groups;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        *out++ = datum_tag;
+        out = put_varint(out, datum_len[r]);
+        for (Py_ssize_t g = 0; g < n_groups; g++) {
+            /* Read into locals: stores through ``out`` (a char *) could alias the group, which would be
+             * reread after every byte written otherwise. */
+            const char *tag = groups[g].tag, *head = groups[g].head;
+            const Py_ssize_t tag_len = groups[g].tag_len, head_len = groups[g].head_len, count = groups[g].count;
+            Column *const *columns = ordered + groups[g].first;
+            if (head_len > 0) { /* fixed-size elements: the head every record of the group has */
+                for (Py_ssize_t i = 0; i < head_len; i++)
+                    out[i] = head[i];
+                out += head_len;
+            } else {
+                const size_t data = data_len[r * n_groups + g];
+                *out++ = 0x0A; /* Datum.tensors */
+                out = put_varint(out, (size_t)tag_len + varint_len(data) + data);
+                for (Py_ssize_t i = 0; i < tag_len; i++) /* 1 to 3 bytes: no call */
+                    out[i] = tag[i];
+                out = put_varint(out + tag_len, data);
+            }
+            for (Py_ssize_t k = 0; k < count; k++) {
+                const Column *c = columns[k];
+                if (c->width == 1 && c->kind == KIND_F64) { /* the usual feature column */
+                    out[0] = 0x09;
+                    memcpy(out + 1, AT(c, r), 8); /* little-endian hosts only: checked at import */
+                    out += 9;
+                } else if (c->width == 1 && c->kind == KIND_OBJECT && c->texts[r].len < 0x80) { /* a category level */
+                    const char *text = c->texts[r].data;
+                    const Py_ssize_t len = c->texts[r].len;
+                    out[0] = 0x0A;
+                    out[1] = (char)len;
+                    out += 2;
+                    for (Py_ssize_t b = 0; b < len; b++) /* a few bytes: no call */
+                        out[b] = text[b];
+                    out += len;
+                } else {
+                    out = put_column_row(out, c, r, c->texts);
+                }
+            }
         }
     }
     return out;
@@ -409,7 +492,7 @@ static int open_column(PyObject *array, Column *c, Py_ssize_t rows, int *code) {
 }
 
 PyDoc_STRVAR(message_doc,
-"message(outer, prefix, schema_tag, datum_tag, rows, columns, configs[, flat_only]) -> bytes or None\n\n"
+"message(outer, prefix, schema_tag, datum_tag, rows, columns, configs[, flat_only[, before, after]]) -> bytes or None\n\n"
 "A ForestFlow message holding a frame (InferenceRequest or Prediction): ``prefix`` (fields written\n"
 "first, e.g. a Prediction's fqrv), one TensorSchema entry per type group of the columns (groups in\n"
 "order of first appearance) as field ``schema_tag``, every record as a Datum in field ``datum_tag``\n"
@@ -418,7 +501,19 @@ PyDoc_STRVAR(message_doc,
 "returned as that length-delimited field. ``columns`` is a dict of str to arrays of ``rows`` records\n"
 "each (-1: as many as the first column has), in column order (a frame's own dict, passed as it is). None when a column cannot be read as it is (strided matrix, text of\n"
 "fixed width, another byte order): convert it (contiguous, native, text as objects) and call again.\n"
-"With an eighth argument ``flat_only`` true, None also when a column has more than one dimension.");
+"With an eighth argument ``flat_only`` true, None also when a column has more than one dimension.\n"
+"With ``before`` and ``after`` (bytes), the message comes between them in one buffer (an event's\n"
+"head and its next field: the event without a join copying the message again).");
+
+/* An int as a long long: through PyLong_AsLong where long is as wide (CPython 3.11's PyLong_AsLongLong
+ * converts every int past 30 bits, e.g. a time in ms, through _PyLong_AsByteArray, several times the cost). */
+static inline long long as_long_long(PyObject *o) {
+#if LONG_MAX == LLONG_MAX
+    return PyLong_AsLong(o);
+#else
+    return PyLong_AsLongLong(o);
+#endif
+}
 
 /* METH_FASTCALL arguments, checked one by one: PyArg_ParseTuple's format parsing costs more than a
  * small message's writing (these run once or twice per logged prediction). */
@@ -444,7 +539,7 @@ static int long_arg(const char *fn, int at, PyObject *arg, long long *value) {
         PyErr_Format(PyExc_TypeError, "%s() argument %d must be int, not %.50s", fn, at, Py_TYPE(arg)->tp_name);
         return -1;
     }
-    *value = PyLong_AsLongLong(arg);
+    *value = as_long_long(arg);
     return *value == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
@@ -463,13 +558,20 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
     PyObject *columns, *configs, *name, *array, *result = NULL;
     Column *cols = NULL, **ordered = NULL, small_cols[SMALL_COLUMNS + 1], *small_ordered[SMALL_COLUMNS + 1];
     Group groups[FF_BYTES + 1];
-    size_t *data_len = NULL, small_data_len[SMALL_ROWS * (FF_BYTES + 1) + 1];
+    size_t *data_len = NULL, small_data_len[SMALL_ROWS * (FF_BYTES + 2) + 1];
     size_t fixed[FF_BYTES + 1], schema_entry[FF_BYTES + 1], schema_total = 0, datums_total = 0, map_total = 0, body, total;
     int *codes = NULL, variable[FF_BYTES + 1];
     Text small_texts[SMALL_TEXTS], *texts = NULL;
     char *out;
 
     int flat_only = 0;
+    const char *before = NULL, *after = NULL;
+    Py_ssize_t before_len = 0, after_len = 0;
+    if (nargs == 10) { /* before, after: written around the message */
+        if (bytes_arg("message", 9, args[8], &before, &before_len) < 0 || bytes_arg("message", 10, args[9], &after, &after_len) < 0)
+            return NULL;
+        nargs = 8;
+    }
     if (nargs == 8) { /* flat_only: None for a column of more than one dimension */
         flat_only = PyObject_IsTrue(args[7]);
         if (flat_only < 0)
@@ -502,7 +604,7 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
         PyErr_SetString(PyExc_ValueError, "rows must not be negative");
         return NULL;
     }
-    if (rows_arg > PY_SSIZE_T_MAX / (FF_BYTES + 1) - 1) {
+    if (rows_arg > PY_SSIZE_T_MAX / (FF_BYTES + 2) - 1) {
         PyErr_SetString(PyExc_OverflowError, "rows is too large");
         return NULL;
     }
@@ -523,7 +625,6 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
         ordered = small_ordered;
         codes = small_codes;
         data_len = small_data_len;
-        memset(cols, 0, (size_t)(n + 1) * sizeof(Column)); /* has_view: 0 */
     } else {
         names_utf8 = PyMem_Calloc((size_t)n + 1, sizeof(char *));
         name_len = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
@@ -531,11 +632,15 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
         ordered = PyMem_Calloc((size_t)n + 1, sizeof(Column *));
         codes = PyMem_Calloc((size_t)n + 1, sizeof(int));
         /* Not zeroed (kilobytes at 100 rows): the sizing pass writes every entry before it is read. */
-        data_len = PyMem_Malloc(((size_t)rows * (FF_BYTES + 1) + 1) * sizeof(size_t));
+        data_len = PyMem_Malloc(((size_t)rows * (FF_BYTES + 2) + 1) * sizeof(size_t));
     }
     if (names_utf8 == NULL || name_len == NULL || cols == NULL || ordered == NULL || codes == NULL || data_len == NULL) {
         PyErr_NoMemory();
         goto done;
+    }
+    for (i = 0; i < n; i++) { /* what the clean-up reads (no memset of whole columns: kilobytes per call) */
+        cols[i].has_view = 0;
+        cols[i].texts = NULL;
     }
     /* Borrowed keys and values: nothing below runs Python code, so the dict cannot change meanwhile. */
     for (i = 0; i < n && PyDict_Next(columns, &pos, &name, &array); i++) {
@@ -543,8 +648,12 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
             PyErr_SetString(PyExc_TypeError, "column names must be str");
             goto done;
         }
-        if ((names_utf8[i] = PyUnicode_AsUTF8AndSize(name, &name_len[i])) == NULL)
+        if (PyUnicode_IS_COMPACT_ASCII(name)) { /* its characters are its UTF-8: no call */
+            name_len[i] = PyUnicode_GET_LENGTH(name);
+            names_utf8[i] = (const char *)PyUnicode_DATA(name);
+        } else if ((names_utf8[i] = PyUnicode_AsUTF8AndSize(name, &name_len[i])) == NULL) {
             goto done;
+        }
         status = open_column(array, &cols[i], rows, &codes[i]);
         if (status > 0 && flat_only && cols[i].view.ndim > 1)
             status = 0;
@@ -584,6 +693,16 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
                 variable[g] = 1;
         }
         schema_entry[g] = entry;
+        groups[g].head_len = 0;
+        if (!variable[g]) {
+            char *h = groups[g].head;
+            size_t tensor = (size_t)groups[g].tag_len + varint_len(fixed[g]) + fixed[g];
+            *h++ = 0x0A; /* Datum.tensors */
+            h = put_varint(h, tensor);
+            memcpy(h, groups[g].tag, (size_t)groups[g].tag_len);
+            h = put_varint(h + groups[g].tag_len, fixed[g]);
+            groups[g].head_len = h - groups[g].head;
+        }
         schema_total += 1 + varint_len(entry) + entry;
     }
 
@@ -623,6 +742,7 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
                 size_t data = data_len[r * n_groups + g], tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
                 datum += 1 + varint_len(tensor) + tensor;
             }
+            data_len[rows * n_groups + r] = datum; /* kept for the writing pass */
             datums_total += 1 + varint_len(datum) + datum;
         }
     }
@@ -631,10 +751,16 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
 
     body = (size_t)prefix_len + schema_total + datums_total + map_total;
     total = body + (outer_len ? (size_t)outer_len + varint_len(body) : 0);
-    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(total + (size_t)before_len + (size_t)after_len));
     if (result == NULL)
         goto done;
     out = PyBytes_AS_STRING(result);
+    if (before_len) {
+        memcpy(out, before, (size_t)before_len);
+        out += before_len;
+    }
+    if (after_len) /* the message's end is known: total bytes past its start */
+        memcpy(out + total, after, (size_t)after_len);
     if (outer_len) {
         memcpy(out, outer, (size_t)outer_len);
         out = put_varint(out + outer_len, body);
@@ -654,25 +780,8 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
             out += name_len[at];
         }
     }
-    for (r = 0; r < rows && n_groups > 0; r++) {
-        size_t datum = 0;
-        for (g = 0; g < n_groups; g++) {
-            size_t data = data_len[r * n_groups + g], tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
-            datum += 1 + varint_len(tensor) + tensor;
-        }
-        *out++ = (char)datum_tag;
-        out = put_varint(out, datum);
-        for (g = 0; g < n_groups; g++) {
-            size_t data = data_len[r * n_groups + g], tensor = (size_t)groups[g].tag_len + varint_len(data) + data;
-            *out++ = 0x0A; /* Datum.tensors */
-            out = put_varint(out, tensor);
-            for (i = 0; i < groups[g].tag_len; i++) /* 1 to 3 bytes: no call */
-                out[i] = groups[g].tag[i];
-            out = put_varint(out + groups[g].tag_len, data);
-            for (k = 0; k < groups[g].count; k++)
-                out = put_column_row(out, ordered[groups[g].first + k], r, ordered[groups[g].first + k]->texts);
-        }
-    }
+    if (n_groups > 0)
+        out = put_datums(out, (char)datum_tag, rows, n_groups, groups, ordered, data_len);
     if (configs != Py_None)
         out = put_map(out, 0x1A, configs); /* InferenceRequest.configs */
 
@@ -730,39 +839,77 @@ PyDoc_STRVAR(event_head_doc,
 "written), eventTimeMS (10), requestId (11), ``fqrv_field`` (12, as written), latencyMs (13),\n"
 "status (14), then ``tail`` (error, errorCode and protocol, as written).");
 
-static PyObject *event_head(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    const char *head, *request_id, *fqrv, *tail;
-    Py_ssize_t head_len, request_id_len, fqrv_len, tail_len;
-    long long event_time, status_arg;
+PyDoc_STRVAR(wire_event_doc,
+"wire_event(head, event_time_ms, request_id, fqrv_field, latency_ms, status, tail, request, response,\n"
+"           request_json_length, response_json_length) -> bytes\n\n"
+"event_head()'s fields, then a V2 event's wireRequest (18, ``request``), wireResponse (19, ``response``)\n"
+"and the JSON lengths (20, 21), each unless None, in one buffer: a wire event whole, or event_head()'s\n"
+"bytes when all four are None.");
+
+/* A wire body or None (absent): its bytes. */
+static int optional_bytes(const char *fn, int at, PyObject *arg, const char **data, Py_ssize_t *len) {
+    if (arg == Py_None) {
+        *data = NULL;
+        *len = 0;
+        return 0;
+    }
+    return bytes_arg(fn, at, arg, data, len);
+}
+
+/* An optional varint field's value: 0 when absent (None), else 1 and the value. */
+static int optional_long(const char *fn, int at, PyObject *arg, long long *value) {
+    if (arg == Py_None)
+        return 0;
+    return long_arg(fn, at, arg, value) < 0 ? -1 : 1;
+}
+
+static PyObject *head_and_wire(const char *fn, PyObject *const *args, Py_ssize_t nargs, int wire) {
+    const char *head, *request_id, *fqrv, *tail, *request = NULL, *response = NULL;
+    Py_ssize_t head_len, request_id_len, fqrv_len, tail_len, request_len = 0, response_len = 0, size;
+    long long event_time, status_arg, request_json_length = 0, response_json_length = 0;
+    int has_request_json = 0, has_response_json = 0;
     double latency;
     int status;
     uint64_t latency_bits;
     PyObject *result;
     char *out;
-    if (arg_count("event_head", nargs, 7) < 0 || bytes_arg("event_head", 1, args[0], &head, &head_len) < 0 ||
-        long_arg("event_head", 2, args[1], &event_time) < 0)
+    if (arg_count(fn, nargs, wire ? 11 : 7) < 0 || bytes_arg(fn, 1, args[0], &head, &head_len) < 0 ||
+        long_arg(fn, 2, args[1], &event_time) < 0)
         return NULL;
     if (!PyUnicode_Check(args[2])) {
-        PyErr_Format(PyExc_TypeError, "event_head() argument 3 must be str, not %.50s", Py_TYPE(args[2])->tp_name);
+        PyErr_Format(PyExc_TypeError, "%s() argument 3 must be str, not %.50s", fn, Py_TYPE(args[2])->tp_name);
         return NULL;
     }
     if ((request_id = PyUnicode_AsUTF8AndSize(args[2], &request_id_len)) == NULL ||
-        bytes_arg("event_head", 4, args[3], &fqrv, &fqrv_len) < 0)
+        bytes_arg(fn, 4, args[3], &fqrv, &fqrv_len) < 0)
         return NULL;
     latency = PyFloat_AsDouble(args[4]); /* a float, or anything with __float__ / __index__ */
     if (latency == -1.0 && PyErr_Occurred())
         return NULL;
-    if (long_arg("event_head", 6, args[5], &status_arg) < 0 || bytes_arg("event_head", 7, args[6], &tail, &tail_len) < 0)
+    if (long_arg(fn, 6, args[5], &status_arg) < 0 || bytes_arg(fn, 7, args[6], &tail, &tail_len) < 0)
         return NULL;
     if (status_arg < INT32_MIN || status_arg > INT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "status is an int32");
         return NULL;
     }
     status = (int)status_arg;
-    result = PyBytes_FromStringAndSize(NULL, head_len + 1 + (Py_ssize_t)varint_len((uint64_t)event_time) + 1 +
-                                                 (Py_ssize_t)varint_len((uint64_t)request_id_len) + request_id_len +
-                                                 fqrv_len + 1 + 8 + 1 + (Py_ssize_t)varint_len((uint64_t)(int64_t)status) +
-                                                 tail_len);
+    size = head_len + 1 + (Py_ssize_t)varint_len((uint64_t)event_time) + 1 + (Py_ssize_t)varint_len((uint64_t)request_id_len) +
+           request_id_len + fqrv_len + 1 + 8 + 1 + (Py_ssize_t)varint_len((uint64_t)(int64_t)status) + tail_len;
+    if (wire) {
+        if (optional_bytes(fn, 8, args[7], &request, &request_len) < 0 || optional_bytes(fn, 9, args[8], &response, &response_len) < 0 ||
+            (has_request_json = optional_long(fn, 10, args[9], &request_json_length)) < 0 ||
+            (has_response_json = optional_long(fn, 11, args[10], &response_json_length)) < 0)
+            return NULL;
+        if (request != NULL)
+            size += 2 + (Py_ssize_t)varint_len((uint64_t)request_len) + request_len;
+        if (response != NULL)
+            size += 2 + (Py_ssize_t)varint_len((uint64_t)response_len) + response_len;
+        if (has_request_json)
+            size += 2 + (Py_ssize_t)varint_len((uint64_t)request_json_length);
+        if (has_response_json)
+            size += 2 + (Py_ssize_t)varint_len((uint64_t)response_json_length);
+    }
+    result = PyBytes_FromStringAndSize(NULL, size);
     if (result == NULL)
         return NULL;
     out = PyBytes_AS_STRING(result);
@@ -783,7 +930,38 @@ static PyObject *event_head(PyObject *Py_UNUSED(self), PyObject *const *args, Py
     *out++ = 0x70; /* 14: status, varint (int32: negative as 64-bit two's complement) */
     out = put_varint(out, (uint64_t)(int64_t)status);
     memcpy(out, tail, (size_t)tail_len);
+    out += tail_len;
+    if (wire) { /* keys of fields 18-21: (number << 3 | wire type) as two-byte varints */
+        if (request != NULL) {
+            *out++ = (char)0x92, *out++ = 0x01; /* 18: wireRequest, length-delimited */
+            out = put_varint(out, (uint64_t)request_len);
+            memcpy(out, request, (size_t)request_len);
+            out += request_len;
+        }
+        if (response != NULL) {
+            *out++ = (char)0x9A, *out++ = 0x01; /* 19: wireResponse, length-delimited */
+            out = put_varint(out, (uint64_t)response_len);
+            memcpy(out, response, (size_t)response_len);
+            out += response_len;
+        }
+        if (has_request_json) {
+            *out++ = (char)0xA0, *out++ = 0x01; /* 20: wireRequestJsonLength, varint */
+            out = put_varint(out, (uint64_t)request_json_length);
+        }
+        if (has_response_json) {
+            *out++ = (char)0xA8, *out++ = 0x01; /* 21: wireResponseJsonLength, varint */
+            out = put_varint(out, (uint64_t)response_json_length);
+        }
+    }
     return result;
+}
+
+static PyObject *event_head(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    return head_and_wire("event_head", args, nargs, 0);
+}
+
+static PyObject *wire_event(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    return head_and_wire("wire_event", args, nargs, 1);
 }
 
 PyDoc_STRVAR(read_varint_doc,
@@ -818,6 +996,7 @@ static PyMethodDef methods[] = {
     {"read_varint", (PyCFunction)(void (*)(void))read_varint, METH_FASTCALL, read_varint_doc},
     {"message", (PyCFunction)(void (*)(void))message, METH_FASTCALL, message_doc},
     {"event_head", (PyCFunction)(void (*)(void))event_head, METH_FASTCALL, event_head_doc},
+    {"wire_event", (PyCFunction)(void (*)(void))wire_event, METH_FASTCALL, wire_event_doc},
     {"set_types", set_types, METH_O, set_types_doc},
     {"varint", varint, METH_O, varint_doc},
     {NULL, NULL, 0, NULL},

@@ -48,8 +48,9 @@ def _header(name: bytes, value: bytes) -> bytes:
     return _varint(len(name)) + name + _varint(len(value)) + value
 
 
-def _fixed(contract: Contract, served: bool) -> bytes:
-    """The count and the headers every event of this contract and kind carries."""
+def fixed_headers(contract: Contract, served: bool) -> bytes:
+    """The count and the headers every event of this contract and kind carries (what
+    ``_kafka_records.ce_headers`` takes first)."""
     return (
         _varint(_COUNT)
         + _header(b"ce_specversion", SPECVERSION)
@@ -68,7 +69,7 @@ _FIXED: dict[int, tuple[Contract, bytes, bytes]] = {}
 def _fixed_of(contract: Contract) -> tuple[Contract, bytes, bytes]:
     if len(_FIXED) >= 4096:
         _FIXED.clear()
-    hit = _FIXED[id(contract)] = (contract, _fixed(contract, True), _fixed(contract, False))
+    hit = _FIXED[id(contract)] = (contract, fixed_headers(contract, True), fixed_headers(contract, False))
     return hit
 
 
@@ -95,7 +96,7 @@ def python_record_headers(contract: Contract, served: bool, request_id: str, eve
     n = len(rid)
     return b"".join(
         (
-            _fixed(contract, served),
+            fixed_headers(contract, served),
             _ID_NAME,
             _SMALL[n] if n < 64 else _varint(n),
             rid,

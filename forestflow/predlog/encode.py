@@ -19,10 +19,11 @@ import orjson
 from google.protobuf import json_format
 
 from forestflow._proto import forestflow_pb2 as pb
-from forestflow.codecs._ffwire import event_head
+from forestflow.codecs._ffwire import wire_event
 from forestflow.codecs.ff_protobuf import (
     embedded,
     fqrv_bytes,
+    inference_request_between,
     inference_request_bytes,
     key,
     prediction_bytes_after,
@@ -34,12 +35,12 @@ from forestflow.codecs.schema_datum import prediction_json, request_json
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
 from forestflow.predlog._jsonl import usual_line
+from forestflow.predlog._kafka_records import LogEntry, ce_headers
+from forestflow.predlog.cloudevents import fixed_headers, python_record_headers
 from forestflow.predlog.record import PredictionRecord, WireBody
 
 _SERVED = {True: key(2, 0) + b"\x01", False: key(2, 0) + b"\x00"}
 _PREDICTION, _INFERENCE_REQUEST = key(1, 2), key(3, 2)
-_WIRE_REQUEST_JSON_LENGTH, _WIRE_RESPONSE_JSON_LENGTH = key(20, 0), key(21, 0)
-_WIRE_REQUEST, _WIRE_RESPONSE = key(18, 2), key(19, 2)
 _PINNED = key(22, 0) + b"\x01"
 _EVENT_TIME = key(10, 0)
 #: CR and LF as spaces: in valid JSON they can only be whitespace between tokens (a string holds
@@ -85,6 +86,9 @@ class _ServableFields:
     #: The same two as JSON bytes (what the C line writer takes).
     logging_json_bytes: bytes
     fqrv_json_bytes: bytes
+    #: The CloudEvents headers every Kafka record of a served event, and of a shadow copy, repeats.
+    ce_served: bytes
+    ce_shadow: bytes
 
 
 #: A servable's fields by the identity of its fqrv object: the service hands the same fqrv and
@@ -112,17 +116,29 @@ def _servable_fields(logging: LoggingSettings, fqrv: FQRV) -> _ServableFields:
             orjson.Fragment(fqrv_json),
             logging_json,
             fqrv_json,
+            fixed_headers(fqrv.contract, True),
+            fixed_headers(fqrv.contract, False),
         )
     return hit
 
 
-@functools.lru_cache(maxsize=64)
+#: Field 17 (protocol) by protocol name: a dict lookup per event (an lru_cache call costs several).
+_PROTOCOL_FIELDS: dict[str, bytes] = {}
+
+
 def _protocol_field(protocol: str) -> bytes:
-    return embedded(17, protocol.encode())
+    field = _PROTOCOL_FIELDS.get(protocol)
+    if field is None:
+        if len(_PROTOCOL_FIELDS) >= 64:
+            _PROTOCOL_FIELDS.clear()
+        field = _PROTOCOL_FIELDS[protocol] = embedded(17, protocol.encode())
+    return field
 
 
-def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
-    """The fields PredictionEvent and PredictionEventGP share (servedRequest, loggingSettings, 10-17)."""
+def _tail(record: PredictionRecord) -> bytes:
+    """Fields 15-17 and 22/30 of an event (error, errorCode, protocol, pinned, traceId), as written."""
+    if not (record.error or record.pinned or record.trace_id):  # the usual event: the protocol alone
+        return _PROTOCOL_FIELDS.get(record.protocol) or _protocol_field(record.protocol)
     tail = _protocol_field(record.protocol)
     if record.pinned:
         tail += _PINNED
@@ -130,14 +146,31 @@ def _common_fields(record: PredictionRecord, fields: _ServableFields) -> bytes:
         tail += embedded(30, record.trace_id.encode())
     if record.error:
         tail = embedded(15, record.error.encode()) + embedded(16, record.error_code.encode()) + tail
-    return event_head(
+    return tail
+
+
+def _common_fields(
+    record: PredictionRecord,
+    fields: _ServableFields,
+    request: bytes | None = None,
+    response: bytes | None = None,
+    request_json_length: int | None = None,
+    response_json_length: int | None = None,
+) -> bytes:
+    """The fields PredictionEvent and PredictionEventGP share (servedRequest, loggingSettings, 10-17),
+    and a V2 event's wire fields (18-21, each unless None) after them, in one C call."""
+    return wire_event(
         fields.served_head if record.served else fields.shadow_head,
         record.event_time_ms,
         record.request_id,
         fields.fqrv_field,
         record.latency_ms,
         record.status,
-        tail,
+        _tail(record),
+        request,
+        response,
+        request_json_length,
+        response_json_length,
     )
 
 
@@ -147,21 +180,49 @@ def encode_event(record: PredictionRecord) -> bytes:
     Assembled as bytes (cached pieces for what repeats: the servable's fqrv and logging settings),
     which parses to the message the protobuf API builds field by field (tested).
     """
-    fields = _servable_fields(record.logging, record.fqrv)
+    return _event(record, _servable_fields(record.logging, record.fqrv))
+
+
+def kafka_entry(record: PredictionRecord, key_text: str | None) -> LogEntry:
+    """The Kafka sink's entry of a record: ``key_text`` (its key) encoded, :func:`encode_event`'s bytes and
+    the CloudEvents headers of :func:`~forestflow.predlog.cloudevents.record_headers`, the servable's
+    fields looked up once for both (this runs for every event logged to Kafka)."""
+    fqrv = record.fqrv
+    fields = _SERVABLE_FIELDS.get(id(fqrv))
+    if fields is None or fields.fqrv is not fqrv or fields.logging is not record.logging:
+        fields = _servable_fields(record.logging, fqrv)
+    headers = ce_headers(fields.ce_served if record.served else fields.ce_shadow, record.request_id, record.event_time_ms)
+    if headers is None:  # a time C does not write
+        headers = python_record_headers(fqrv.contract, record.served, record.request_id, record.event_time_ms)
+    return LogEntry(
+        record.raw_request is not None,
+        None if key_text is None else key_text.encode(),
+        _event(record, fields),
+        headers,
+    )
+
+
+def _event(record: PredictionRecord, fields: _ServableFields) -> bytes:
+    """:func:`encode_event` with the servable's fields looked up."""
     if record.feedback is not None:
         return _feedback_event(record, fields)
+    request = record.request_json
+    if isinstance(request, WireBody):  # V2: the head and the bodies as they were on the wire, in one call
+        response = record.response_json
+        response_length = response.json_length if isinstance(response, WireBody) else None
+        return _common_fields(record, fields, request, response, request.json_length, response_length)
     payload = _common_fields(record, fields)
     if record.raw_request is not None:  # GraphPipe
         payload += embedded(3, record.raw_request)
         if record.raw_response is not None:
             payload += embedded(1, embedded(1, record.raw_response) + embedded(2, fqrv_bytes(record.fqrv)))
         return payload
-    if isinstance(record.request_json, WireBody):
-        return _wire_event(payload, record)
-    request = inference_request_bytes(record.request, record.configs, _INFERENCE_REQUEST)
     if record.response is None:
-        return payload + request
-    return b"".join((payload, request, prediction_bytes_after(fields.prediction_fqrv, record.response, _PREDICTION)))
+        return payload + inference_request_bytes(record.request, record.configs, _INFERENCE_REQUEST)
+    # The request written between the head and the answer in one buffer (no join copying it again:
+    # kilobytes at 100 rows).
+    prediction = prediction_bytes_after(fields.prediction_fqrv, record.response, _PREDICTION)
+    return inference_request_between(payload, record.request, record.configs, _INFERENCE_REQUEST, prediction)
 
 
 def _feedback_event(record: PredictionRecord, fields: _ServableFields) -> bytes:
@@ -193,21 +254,6 @@ def _feedback_event_json(record: PredictionRecord, fields: _ServableFields) -> d
     if record.pinned:
         event["pinned"] = True
     return event
-
-
-def _wire_event(head: bytes, record: PredictionRecord) -> bytes:
-    """``head`` and fields 18-21 of a V2 event: the request and answer bytes as they were on the wire,
-    joined once (each body copied once: a 100-row V2 body is kilobytes)."""
-    request, response = record.request_json, record.response_json
-    assert isinstance(request, WireBody)
-    parts = [head, _WIRE_REQUEST, varint(len(request)), request]
-    if response is not None:
-        parts += (_WIRE_RESPONSE, varint(len(response)), response)
-    if request.json_length is not None:
-        parts += (_WIRE_REQUEST_JSON_LENGTH, varint(request.json_length))
-    if isinstance(response, WireBody) and response.json_length is not None:
-        parts += (_WIRE_RESPONSE_JSON_LENGTH, varint(response.json_length))
-    return b"".join(parts)
 
 
 def _wire_json(body: bytes, protocol: str, json_length: int | None) -> Any:

@@ -19,8 +19,7 @@ from typing import Protocol
 import structlog
 
 from forestflow.predlog import _kafka_records
-from forestflow.predlog.cloudevents import record_headers
-from forestflow.predlog.encode import encode_event, encode_event_json
+from forestflow.predlog.encode import encode_event, encode_event_json, kafka_entry
 from forestflow.predlog.record import PredictionRecord
 
 log = structlog.get_logger("forestflow.predlog")
@@ -139,21 +138,23 @@ class PredictionLog:
         """Encode and buffer one event without waiting; False if it was dropped."""
         stats = self.stats
         stats.produced += 1
-        key_text = record.logging.key_for(record.configs)
+        features = record.logging.key_features
+        # LoggingSettings.key_for, its usual single feature without the call.
+        key_text = record.configs.get(features[0]) if len(features) == 1 else record.logging.key_for(record.configs)
         try:
-            value = encode_event_json(record, key_text) if self._jsonl else encode_event(record)
+            if self._cloudevents:  # Kafka: the entry, its headers included, in one call
+                entry = kafka_entry(record, key_text)
+            else:
+                entry = LogEntry(
+                    record.raw_request is not None,
+                    None if key_text is None else key_text.encode(),
+                    encode_event_json(record, key_text) if self._jsonl else encode_event(record),
+                    NO_HEADERS,
+                )
         except Exception:  # a model output the encoder cannot represent must not fail the request
             self.stats.encode_errors += 1
             log.exception("prediction_log_encode_failed", fqrv=str(record.fqrv), request_id=record.request_id)
             return False
-        entry = LogEntry(
-            record.raw_request is not None,
-            None if key_text is None else key_text.encode(),
-            value,
-            record_headers(record.fqrv.contract, record.served, record.request_id, record.event_time_ms)
-            if self._cloudevents
-            else NO_HEADERS,
-        )
         size = entry.size
         if self._closing or stats.buffered_bytes + size > self.capacity_bytes:
             stats.dropped_overflow += 1

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
+from forestflow.predlog import _kafka_records
 
 
 class WireBody(bytes):
@@ -97,3 +98,14 @@ class PredictionRecord:
     def is_graphpipe(self) -> bool:
         """Whether this goes to the GraphPipe topic as a PredictionEventGP."""
         return self.raw_request is not None
+
+
+_kafka_records.set_record_type(
+    PredictionRecord,
+    tuple(f.name for f in fields(PredictionRecord)),
+    tuple(PredictionRecord if f.default is MISSING else f.default for f in fields(PredictionRecord)),
+)
+#: ``new_record(fqrv, served, request, ...)``: a :class:`PredictionRecord` of positional fields (the later
+#: ones at their defaults), built in C without the dataclass's ``__init__``: the service builds one per
+#: logged prediction, and the generated ``__init__`` cost about 4.5k instructions of the request.
+new_record: Callable[..., PredictionRecord] = _kafka_records.new_record

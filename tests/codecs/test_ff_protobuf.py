@@ -9,7 +9,13 @@ import orjson
 import pytest
 
 from forestflow._proto import forestflow_pb2 as pb
-from forestflow.codecs.ff_protobuf import inference_request_bytes, prediction_bytes, read_varint, varint
+from forestflow.codecs.ff_protobuf import (
+    inference_request_between,
+    inference_request_bytes,
+    prediction_bytes,
+    read_varint,
+    varint,
+)
 from forestflow.codecs.schema_datum import TENSOR_KEY, exact_columns, one_name_per_value, prediction_json, type_groups
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV, Contract
@@ -329,3 +335,42 @@ def test_c_writer_checks_its_arguments() -> None:
     assert list(two.schema[0].fields) == ["b", "a"]
     with pytest.raises(OverflowError):
         varint(2**64)
+
+
+def test_wire_event_checks_its_arguments() -> None:
+    good: list[Any] = [b"\x10\x01", 1700000000000, "req-1", b"", 1.5, 200, b"", b"{}", None, None, None]
+    assert _ffwire.wire_event(*good) == _ffwire.event_head(*good[:7]) + b"\x92\x01\x02{}"
+    assert _ffwire.wire_event(*good[:7], None, None, None, None) == _ffwire.event_head(*good[:7])  # no wire field
+    for at, bad, error in [
+        (7, "{}", "argument 8 must be bytes, not str"),
+        (8, "{}", "argument 9 must be bytes, not str"),
+        (9, 1.0, "argument 10 must be int, not float"),
+        (10, "3", "argument 11 must be int, not str"),
+    ]:
+        args = list(good)
+        args[at] = bad
+        with pytest.raises(TypeError, match=error):
+            _ffwire.wire_event(*args)
+    with pytest.raises(TypeError, match="takes exactly 11 arguments \\(7 given\\)"):
+        _ffwire.wire_event(*good[:7])
+
+
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(any_frame(), st.binary(max_size=200), st.binary(max_size=200))
+def test_a_request_between_two_parts_is_the_three_joined(frame: Frame, before: bytes, after: bytes) -> None:
+    # Every layout: the ones the C writer takes as they are, and the converted ones (strided, fixed width).
+    configs = {"k": "v"}
+    expected = before + inference_request_bytes(frame, configs, b"\x1a") + after
+    assert inference_request_between(before, frame, configs, b"\x1a", after) == expected
+
+
+def test_message_takes_bytes_before_and_after() -> None:
+    columns = {"a": np.arange(3.0)}
+    plain = _ffwire.message(b"\x1a", b"", 0x0A, 0x12, 3, columns, None)
+    assert plain is not None
+    assert _ffwire.message(b"\x1a", b"", 0x0A, 0x12, 3, columns, None, False, b"head", b"tail") == b"head" + plain + b"tail"
+    assert _ffwire.message(b"\x1a", b"", 0x0A, 0x12, 3, columns, None, False, b"", b"") == plain
+    with pytest.raises(TypeError, match="argument 9 must be bytes, not str"):
+        _ffwire.message(b"\x1a", b"", 0x0A, 0x12, 3, columns, None, False, "head", b"")
+    with pytest.raises(TypeError, match="argument 10 must be bytes, not NoneType"):
+        _ffwire.message(b"\x1a", b"", 0x0A, 0x12, 3, columns, None, False, b"", None)

@@ -16,7 +16,7 @@ from bench import predlog_encode
 from forestflow.core.frame import Frame
 from forestflow.predlog._kafka_records import records
 from forestflow.predlog.cloudevents import record_headers
-from forestflow.predlog.encode import encode_event, encode_event_json
+from forestflow.predlog.encode import encode_event, encode_event_json, kafka_entry
 from forestflow.predlog.log import LogEntry
 from forestflow.predlog.record import PredictionRecord
 from tests.predlog import make_record
@@ -73,3 +73,22 @@ GOLDEN = {
 @pytest.mark.parametrize("name", sorted(golden_records()))
 def test_the_log_writes_the_bytes_it_wrote_before(name: str) -> None:
     assert digest(golden_records()[name]) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(golden_records()))
+def test_the_kafka_entry_the_log_builds_is_the_pinned_record(name: str) -> None:
+    # emit() builds Kafka entries with kafka_entry (the servable's fields looked up once for event
+    # and headers): the same key, value and headers as the pinned record above.
+    record = golden_records()[name]
+    key = record.key
+    entry = kafka_entry(record, key)
+    assert (entry.graphpipe, entry.key, entry.value, entry.headers) == (
+        record.is_graphpipe,
+        None if key is None else key.encode(),
+        encode_event(record),
+        record_headers(record.fqrv.contract, record.served, record.request_id, record.event_time_ms),
+    )
+    assert hashlib.sha256(records([entry]) + b"\n" + encode_event_json(record)).hexdigest()[:24] == GOLDEN[name]
+    # Before 1970 C writes no ce_time: the headers come from Python, the rest is unchanged.
+    early = dataclasses.replace(record, event_time_ms=-1)
+    assert kafka_entry(early, key).headers == record_headers(early.fqrv.contract, early.served, early.request_id, -1)

@@ -344,6 +344,33 @@ async def test_partition_cache_follows_the_topics_partitions() -> None:
     assert sink._partition(None, grown) in (0, 1, 2, 3)
 
 
+async def test_the_usual_batch_is_packed_as_the_general_loop_packs_it() -> None:
+    class Partitions:  # stands in for the producer's metadata: only partitions_for() is read
+        async def partitions_for(self, topic: str) -> set[int]:
+            return {0, 1, 2}
+
+    sink, producer = KafkaSink("x:1", "a", "b", enable_idempotence=False), Partitions()
+
+    def packed(batches: list[Any]) -> list[Any]:
+        return [(where, members, batch._body) for where, batch, members in batches]
+
+    same = [entry(make_record(i, {"user": "u1"})) for i in range(20)]
+    general = await sink._pack(producer, same, set())  # the key not cached yet: the general loop (caches it)
+    assert await sink._pack_usual(producer, same) is not None
+    assert packed(await sink._pack(producer, same, set())) == packed(general)
+    # Anything else goes through the general loop.
+    spread = [entry(make_record(i, {"user": f"u{i}"})) for i in range(20)]
+    await sink._pack(producer, spread, set())  # every key cached now, on more than one partition
+    assert len({where for where, _, _ in await sink._pack(producer, spread, set())}) > 1
+    assert await sink._pack_usual(producer, spread) is None
+    assert await sink._pack_usual(producer, [entry(make_record(0, {}))]) is None  # no key: a random partition
+    assert await sink._pack_usual(producer, [*same, entry(make_record(1, {"user": "u1"}, graphpipe=True))]) is None
+    big = [entry(make_record(i, {"user": "u1"}, pad=3000)) for i in range(400)]  # more than one record batch
+    assert await sink._pack_usual(producer, big) is None
+    assert len(await sink._pack(producer, big, set())) > 1
+    assert await sink._pack_usual(producer, []) is None
+
+
 async def test_refused_entry_then_partitions_timeout_is_counted_once(broker: KafkaBroker, topic: str) -> None:
     """A too-large basic event is refused, then looking up the GraphPipe topic's partitions times
     out: the refused one is counted once and not handed back (before: both, so the log's
