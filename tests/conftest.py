@@ -12,9 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests import tiers
-from tests.remote_backends import MLServerProcess, train_iris
-from tests.support import SESSION_MARK, GatewayProcess, InProcessGateway, leftover_gateways, serve_in_process
+# One OpenMP (and OpenBLAS) thread in every test process and every process the tests start, before any library
+# loads its runtime: two xdist workers share two cores, and a pool of spinning OpenMP threads per library call
+# oversubscribes them (a 300-row XGBoost multiclass model took 15 s to train on a busy machine, 0.03 s with one
+# thread). The models the tests train give the same answers either way; the libraries' own answers are computed
+# in the same process as the comparison.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from tests import tiers  # noqa: E402
+from tests.remote_backends import MLServerProcess, train_iris  # noqa: E402
+from tests.support import SESSION_MARK, GatewayProcess, InProcessGateway, leftover_gateways, serve_in_process  # noqa: E402
 
 
 @pytest.fixture
