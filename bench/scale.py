@@ -210,7 +210,7 @@ def main() -> int:
     parser.add_argument("--deploys", type=int, default=50, help="deploys timed on each gateway")
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each warm side-by-side run")
     parser.add_argument("--rounds", type=int, default=3, help="warm side-by-side runs per cell (medians printed)")
-    parser.add_argument("--smoke", action="store_true", help="40 contracts, 10 cold, 5 deploys, 1 round of 1 s")
+    parser.add_argument("--smoke", action="store_true", help="40 contracts, 10 cold, 5 deploys, 1 round of 0.5 s")
     parser.add_argument("--keep", action="store_true", help="keep the data dirs and gateway logs")
     args = parser.parse_args()
     global FLAVOR, SETTLE_S
@@ -218,7 +218,7 @@ def main() -> int:
     if args.contracts is None:
         args.contracts = 1_000 if args.model == "trees100" else 10_000
     if args.smoke:
-        args.contracts, args.cold, args.deploys, args.seconds, args.rounds = 40, 10, 5, 1.0, 1
+        args.contracts, args.cold, args.deploys, args.seconds, args.rounds = 40, 10, 5, 0.5, 1
         SETTLE_S = 1.2
     work = Path(tempfile.mkdtemp(prefix="ff-scale-"))
     model = work / "model"
