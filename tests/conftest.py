@@ -7,6 +7,7 @@ import os
 import signal
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -83,6 +84,25 @@ def pytest_configure(config: pytest.Config) -> None:
     fuzz tests the tier: under ``-m "not slow"`` they run fewer examples (tests/tiers.py)."""
     os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
     tiers.QUICK = "not slow" in (config.getoption("markexpr", "") or "")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the slow tests still tell which modules have them
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The order in which xdist hands the modules out (``--no-loadscope-reorder`` in pyproject.toml keeps it): the
+    modules with slow tests first, as they hold the longest runs (bench smoke, fuzzing, outages, rollouts), then the
+    others by number of tests, as xdist would order them all. By the number alone a one-test module such as the
+    OpenAPI fuzz run (25-65 s on the shared machine) went last while the other worker had nothing left to do.
+    A module's own tests keep their order."""
+
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    slow = {module(item) for item in items if item.get_closest_marker("slow")}
+    count = Counter(module(item) for item in items)
+    first: dict[str, int] = {}
+    for n, item in enumerate(items):
+        first.setdefault(module(item), n)
+    items.sort(key=lambda item: (module(item) not in slow, -count[module(item)], first[module(item)]))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
