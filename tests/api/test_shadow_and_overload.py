@@ -277,6 +277,7 @@ async def test_bad_deadline_header_is_a_400(tmp_path: Path, value: str) -> None:
 
 
 # ---- promotion -----------------------------------------------------------------------------------
+@pytest.mark.slow  # a timed phase-in and expiry waited out
 async def test_promotion_from_shadow_to_live_by_phase_in_then_expiry(tmp_path: Path) -> None:
     keep_two = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 2}}, "router": {"LatestPhaseInPctBasedRouter": {}}}
     keep_one = {"expirationPolicy": {"KeepLatest": {"servablesToKeep": 1}}, "router": {"LatestPhaseInPctBasedRouter": {}}}
