@@ -11,7 +11,7 @@ the decode step's own CPU per request (timed in this process on the same images)
 
     python bench/images.py
     python bench/images.py --rows 32 --rounds 3 --seconds 5
-    python bench/images.py --smoke          # one 1-s round of the 1-row cells (the tests run it)
+    python bench/images.py --smoke          # one 0.5-s round of the 1-row cells (the tests run it)
 """
 
 from __future__ import annotations
@@ -106,15 +106,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--encodings", nargs="+", default=["v2-json", "v2-binary"], choices=["v2-json", "v2-binary"])
-    round_options(parser, 8, "gateway", "one 1-s round of the 1-row cells, no warm-up")
+    round_options(parser, 8, "gateway", "one 0.5-s round of the 1-row cells, no warm-up")
     args = parser.parse_args()
     if args.smoke:
-        args.rows, args.rounds, args.seconds, args.warmup = [1], 1, 1.0, 0.0
+        args.rows, args.rounds, args.seconds, args.warmup = [1], 1, 0.5, 0.0
     work = Path(tempfile.mkdtemp(prefix="ff-images-"))
     digits = digits_pipeline(work / "digits")
     print(
         f"# logs under {work}; both gateways on core 0, wrk on core 1; medians of {args.rounds} round(s) of "
-        f"{args.seconds:.0f} s per side; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
+        f"{args.seconds:g} s per side; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
         flush=True,
     )
     servers: list[Server] = []

@@ -178,7 +178,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.smoke:
-        args.rows, args.duration, args.requests = [1], 1.0, 500
+        args.rows, args.duration, args.requests = [1], 0.5, 500
     if (os.cpu_count() or 1) > 1 and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {1})  # the load generator keeps off the gateway's core
     from tests.kafka_broker import running_broker

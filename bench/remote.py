@@ -247,14 +247,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--protocols", nargs="+", default=["rest", "grpc"], choices=["rest", "grpc"])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
-    round_options(parser, 16, "load generator", "one 1-s round of the 1-row REST cell, no warm-up")
+    round_options(parser, 16, "load generator", "one 0.5-s round of the 1-row REST cell, no warm-up")
     args = parser.parse_args()
     if args.smoke:
-        args.protocols, args.rows, args.rounds, args.seconds, args.warmup = ["rest"], [1], 1, 1.0, 0.0
+        args.protocols, args.rows, args.rounds, args.seconds, args.warmup = ["rest"], [1], 1, 0.5, 0.0
     work = Path(tempfile.mkdtemp(prefix="ff-remote-"))
     print(
         f"# logs under {work}; MLServer on core {MLSERVER_CORE}, gateways and wrk on core {GATEWAY_CORE}; "
-        f"medians of {args.rounds} round(s) of {args.seconds:.0f} s per side; "
+        f"medians of {args.rounds} round(s) of {args.seconds:g} s per side; "
         f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
         flush=True,
     )

@@ -77,7 +77,7 @@ def run_matrix(args: argparse.Namespace) -> tuple[list[Cell], list[Cost]]:
     print(f"# logs and data under {work}", flush=True)
     concurrencies = [1] if args.smoke else args.concurrency
     row_counts = [1] if args.smoke else args.rows
-    duration = 1.0 if args.smoke else args.duration
+    duration = 0.5 if args.smoke else args.duration
     cells: list[Cell] = []
     floor = start_floor(work)
     floor_results: dict[tuple[str, int, int], Result] = {}

@@ -99,12 +99,17 @@ def seed(data_dir: Path, model_dir: Path, contracts: int) -> None:
     asyncio.run(FileStore(data_dir / "state" / "registry.json").apply(docs))
 
 
+#: Seconds a started gateway is left to settle before it is stopped or measured: its first evaluation and a
+#: counter flush (every 1 s by default) written. --smoke: just over one flush.
+SETTLE_S = 3.0
+
+
 def restart(data_dir: Path, env: dict[str, str], work: Path, name: str) -> tuple[Server, float]:
     """A gateway started once on ``data_dir`` (it persists the counters and routing of the seeded
     releases, as a gateway that deployed them would have), stopped, and started again: returned
     with the seconds from the second start to ready."""
     first = start_gateway(data_dir, env, work, f"{name}-first", pin=False)
-    time.sleep(3.0)  # its first evaluation and flush of every release are written
+    time.sleep(SETTLE_S)  # its first evaluation and flush of every release are written
     first.stop()
     started = time.perf_counter()
     server = start_gateway(data_dir, env, work, name, pin=False)
@@ -205,15 +210,16 @@ def main() -> int:
     parser.add_argument("--deploys", type=int, default=50, help="deploys timed on each gateway")
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each warm side-by-side run")
     parser.add_argument("--rounds", type=int, default=3, help="warm side-by-side runs per cell (medians printed)")
-    parser.add_argument("--smoke", action="store_true", help="40 contracts, 10 cold, 5 deploys, 1 round of 1 s")
+    parser.add_argument("--smoke", action="store_true", help="40 contracts, 10 cold, 5 deploys, 1 round of 0.5 s")
     parser.add_argument("--keep", action="store_true", help="keep the data dirs and gateway logs")
     args = parser.parse_args()
-    global FLAVOR
+    global FLAVOR, SETTLE_S
     FLAVOR = FLAVORS[args.model]
     if args.contracts is None:
         args.contracts = 1_000 if args.model == "trees100" else 10_000
     if args.smoke:
-        args.contracts, args.cold, args.deploys, args.seconds, args.rounds = 40, 10, 5, 1.0, 1
+        args.contracts, args.cold, args.deploys, args.seconds, args.rounds = 40, 10, 5, 0.5, 1
+        SETTLE_S = 1.2
     work = Path(tempfile.mkdtemp(prefix="ff-scale-"))
     model = work / "model"
     model.mkdir()
@@ -253,7 +259,7 @@ def main() -> int:
         budgeted, _ = restart(work / "budget", budget_env, work, "budget")
         servers.append(budgeted)
         score_ms(budgeted, args.contracts - 1)
-        time.sleep(2.0)  # both settled: their first flush and evaluation done
+        time.sleep(min(2.0, SETTLE_S))  # both settled: their first flush and evaluation done
         rss_before = big.rss_mb(), budgeted.rss_mb()
         cold = [score_ms(big, n) for n in range(args.cold)]
         for n in range(args.cold):

@@ -127,7 +127,10 @@ def start_gateway(
     port = free_port()
     # file:// deploys read the repository's fixtures and models the bench writes beside the data dir.
     roots = {"FORESTFLOW_ARTIFACT_ROOTS": f"{ROOT},{log_dir}"}
-    full_env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1", **roots, **env}
+    # No drain grace (5 s by default, for load balancers; a bench has none): every stop() would wait it out.
+    # Not for another checkout (a --baseline): one older than the setting refuses it.
+    grace = {"FORESTFLOW_DRAIN_GRACE_S": "0"} if root == ROOT else {}
+    full_env = {**os.environ, "FORESTFLOW_GRPC_PORT": "-1", **roots, **grace, **env}
     argv = [python, "-m", "forestflow.cli", "serve", "--port", str(port), "--data-dir", str(data_dir), *args]
     proc = subprocess.Popen(
         pinned(cpu, argv) if pin else argv,

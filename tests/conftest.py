@@ -7,14 +7,22 @@ import os
 import signal
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests import tiers
-from tests.remote_backends import MLServerProcess, train_iris
-from tests.support import SESSION_MARK, GatewayProcess, InProcessGateway, leftover_gateways, serve_in_process
+# One OpenMP (and OpenBLAS) thread in every test process and every process the tests start, before any library
+# loads its runtime: two xdist workers share two cores, and a pool of spinning OpenMP threads per library call
+# oversubscribes them (a 300-row XGBoost multiclass model took 15 s to train on a busy machine, 0.03 s with one
+# thread). The models the tests train give the same answers either way; the libraries' own answers are computed
+# in the same process as the comparison.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from tests import tiers  # noqa: E402
+from tests.remote_backends import MLServerProcess, train_iris  # noqa: E402
+from tests.support import SESSION_MARK, GatewayProcess, InProcessGateway, leftover_gateways, serve_in_process  # noqa: E402
 
 
 @pytest.fixture
@@ -76,6 +84,25 @@ def pytest_configure(config: pytest.Config) -> None:
     fuzz tests the tier: under ``-m "not slow"`` they run fewer examples (tests/tiers.py)."""
     os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
     tiers.QUICK = "not slow" in (config.getoption("markexpr", "") or "")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the slow tests still tell which modules have them
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The order in which xdist hands the modules out (``--no-loadscope-reorder`` in pyproject.toml keeps it): the
+    modules with slow tests first, as they hold the longest runs (bench smoke, fuzzing, outages, rollouts), then the
+    others by number of tests, as xdist would order them all. By the number alone a one-test module such as the
+    OpenAPI fuzz run (25-65 s on the shared machine) went last while the other worker had nothing left to do.
+    A module's own tests keep their order."""
+
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    slow = {module(item) for item in items if item.get_closest_marker("slow")}
+    count = Counter(module(item) for item in items)
+    first: dict[str, int] = {}
+    for n, item in enumerate(items):
+        first.setdefault(module(item), n)
+    items.sort(key=lambda item: (module(item) not in slow, -count[module(item)], first[module(item)]))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

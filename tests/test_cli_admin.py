@@ -145,6 +145,7 @@ def test_an_unreachable_gateway_is_exit_code_2() -> None:
         assert ran.stderr.strip() == refused_connection
 
 
+@pytest.mark.slow  # a CLI child process waiting out a load that takes 1.5 s
 def test_deploy_wait_shows_the_load_and_fails_with_its_error(tmp_path: Path, live: GatewayProcess) -> None:
     model = tmp_path / "broken"
     model.mkdir()

@@ -101,6 +101,7 @@ def test_route_table_lists_every_front_end_and_the_v2_name_rule() -> None:
     assert "`org.project.N`" in table and "version is a release" in table
 
 
+@pytest.mark.slow  # a gateway process, and evaluation rounds (every 1 s) waited out
 def test_safe_rollouts_section_runs_as_written(tmp_path: Any) -> None:
     """Each line of the section's bash block, run against a real gateway: gate, phase in, roll back."""
     text = section(page("rollouts.md"), "Safe rollouts")

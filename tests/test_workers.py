@@ -272,6 +272,7 @@ def _alive(pid: int) -> bool:
     return process_alive(pid)
 
 
+@pytest.mark.slow  # a supervisor and two worker processes
 def test_failure_counters_are_the_sum_of_every_workers_counts(tmp_path: Path) -> None:
     gates = ROOT / "tests" / "fixtures" / "servables" / "gates"
     gw = start_workers(tmp_path)
@@ -320,6 +321,7 @@ def test_failure_counters_are_the_sum_of_every_workers_counts(tmp_path: Path) ->
         assert gw.stop() == 0
 
 
+@pytest.mark.slow  # a supervisor and two workers, then a single process
 async def test_stats_metrics_and_the_page_agree_after_worker_and_single_process_runs(tmp_path: Path) -> None:
     data = tmp_path / "data"
     fqrv = "acme.demo.1.v1"

@@ -388,6 +388,7 @@ async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, s
     return proc.returncode or 0, out.decode(), err.decode()
 
 
+@pytest.mark.slow  # the CLI's kafka commands in child processes
 async def test_kafka_score_and_replies_commands(broker: KafkaBroker, tmp_path: Path) -> None:
     requests, replies, group = names("cli")
     await create_topics(broker, (requests, 1), (replies, 1))
@@ -446,6 +447,7 @@ async def test_kafka_score_and_replies_commands(broker: KafkaBroker, tmp_path: P
     assert [(x["key"], x["status"]) for x in lines] == [("mine", 200)]
 
 
+@pytest.mark.slow  # five CLI child processes, one waiting out its idle timeout
 async def test_kafka_cli_reads_the_settings_of_serve_and_waits_for_no_topic(broker: KafkaBroker, tmp_path: Path) -> None:
     requests, replies, group = names("fresh")  # no topic made beforehand: the gateway creates them
     body = tmp_path / "score.json"

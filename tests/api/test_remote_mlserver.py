@@ -20,6 +20,10 @@ import requests
 from tests.remote_backends import IRIS_MODEL, IRIS_ROWS, IRIS_VERSION, MLServerProcess, iris_probabilities
 from tests.support import GatewayProcess, InProcessGateway, python_servable, wait_for
 
+# Slow tier: MLServer (its own 1.3 GB venv) takes seconds to start, the longest setup of the quick tier.
+# The RemoteV2 flavor stays in the quick tier against gateway backends (tests/remote/).
+pytestmark = pytest.mark.slow
+
 CONTRACT = ("iris", "remote", 1)
 V2_INFER = "/v2/models/iris.remote.1/infer"
 SCORE = "/iris/remote/1/score"
@@ -190,7 +194,6 @@ async def test_shadow_then_phase_in_beside_a_local_release(
     assert int(counts["mlserver"]["errorCount"]) == 0
 
 
-@pytest.mark.slow
 def test_backend_down_answers_503_in_time_and_back_up_serves_again(
     gateway_process: type[GatewayProcess], mlserver: MLServerProcess, tmp_path: Path
 ) -> None:

@@ -150,7 +150,9 @@ async def test_answers_equal_the_libraries_through_every_protocol(tmp_path: Path
 
 def mlflow_models(root: Path, cases: dict[str, TreeCase], directory: Path) -> dict[str, Path]:
     """MLflow model directories written by the real mlflow package (xgboost, lightgbm, sklearn
-    flavors), a python_function-only one and a custom python_function one."""
+    flavors), a python_function-only one and a custom python_function one. Their pip requirements are
+    given: inferring them, mlflow loads each model again in a child interpreter (about 3 s a model), and the
+    gateway reads neither requirements.txt nor conda.yaml."""
     import lightgbm as lgb
     import mlflow.lightgbm
     import mlflow.sklearn
@@ -161,15 +163,16 @@ def mlflow_models(root: Path, cases: dict[str, TreeCase], directory: Path) -> di
 
     models: dict[str, Path] = {}
     booster = xgb.Booster(model_file=str(directory / cases["xgb_binary"].file))
-    mlflow.xgboost.save_model(booster, str(root / "xgb"), model_format="json")
+    mlflow.xgboost.save_model(booster, str(root / "xgb"), model_format="json", pip_requirements=["xgboost"])
     models["xgb_binary"] = root / "xgb"
-    mlflow.lightgbm.save_model(lgb.Booster(model_file=str(directory / cases["lgb_multiclass"].file)), str(root / "lgb"))
+    lgb_booster = lgb.Booster(model_file=str(directory / cases["lgb_multiclass"].file))
+    mlflow.lightgbm.save_model(lgb_booster, str(root / "lgb"), pip_requirements=["lightgbm"])
     models["lgb_multiclass"] = root / "lgb"
     estimator = load(directory / cases["sk_gb_binary"].file)
-    mlflow.sklearn.save_model(estimator, str(root / "sk"), serialization_format="cloudpickle")
+    mlflow.sklearn.save_model(estimator, str(root / "sk"), serialization_format="cloudpickle", pip_requirements=["scikit-learn"])
     models["sk_gb_binary"] = root / "sk"
     # Only python_function left: served from its loader module and data.
-    mlflow.xgboost.save_model(booster, str(root / "pyfunc"), model_format="ubj")
+    mlflow.xgboost.save_model(booster, str(root / "pyfunc"), model_format="ubj", pip_requirements=["xgboost"])
     doc = yaml.safe_load((root / "pyfunc" / "MLmodel").read_text())
     del doc["flavors"]["xgboost"]
     (root / "pyfunc" / "MLmodel").write_text(yaml.safe_dump(doc))

@@ -156,6 +156,7 @@ async def test_logs_tail_cli_prints_json_lines(broker: KafkaBroker, tmp_path: Pa
     assert lines[0]["inferenceRequest"]["configs"] == {"customer": "c1", "order": "101"}
 
 
+@pytest.mark.slow  # a gateway process, and a 3 s window that must see no retry
 def test_a_broker_refusing_the_idempotent_producer_is_named_once_and_shown_while_ready(
     broker: KafkaBroker, tmp_path: Path, gateway_process: type[GatewayProcess]
 ) -> None:

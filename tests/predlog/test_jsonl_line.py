@@ -22,8 +22,11 @@ from forestflow.core.frame import Frame
 from forestflow.predlog._jsonl import usual_line
 from forestflow.predlog.encode import _servable_fields, _usual_line, encode_event_json, one_line_json
 from forestflow.predlog.record import WireBody
+from tests.tiers import examples
 
-FUZZ = settings(max_examples=600, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=examples(600), deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 LOGGING = b'{"logLevel":"FULL","keyFeatures":["user"],"keyFeaturesSeparator":"."}'
 FQRV = b'{"contract":{"organization":"acme","project":"fraud","contractNumber":1},"releaseVersion":"gbm"}'

@@ -147,6 +147,7 @@ def test_a_sigkilled_replica_restarts_from_redis(
     assert score(a2)[0] == 200 and score(b)[0] == 200
 
 
+@pytest.mark.slow  # two gateway processes and Redis, converging by the 1 s version check
 def test_a_lost_pubsub_message_is_caught_by_the_version_check(
     tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer
 ) -> None:
@@ -246,6 +247,7 @@ def failure_counts(gw: GatewayProcess) -> dict[str, tuple[int, int, int, int]]:
     return {e["ServableMetrics"]["fqrv"]["releaseVersion"]: tuple(int(e["ServableMetrics"][n]) for n in names) for e in stats}
 
 
+@pytest.mark.slow  # two gateway processes and Redis
 def test_failure_counters_are_summed_over_replicas(
     tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer
 ) -> None:

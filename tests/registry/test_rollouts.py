@@ -209,6 +209,7 @@ def test_slow_loading_release_on_a_follower_answers_every_request(
     assert_no_failures(clients, 50)
 
 
+@pytest.mark.slow  # two gateway processes and Redis, a release that takes 2 s to load
 def test_a_contract_whose_only_release_is_loading_answers_503_not_422(
     tmp_path: Path, gateway_process: type[GatewayProcess], redis_server: RedisServer
 ) -> None:

@@ -22,6 +22,7 @@ from tests.registry.test_lazy_loading import BODY, HEADERS, gbm_dir, release, se
 from tests.support import InProcessGateway, serve_in_process, wait_for
 
 
+@pytest.mark.slow  # soak-like: seconds of traffic, then the 5 s window without requests the warm-up waits for
 async def test_the_background_warm_up_waits_for_the_requests_to_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Requests come every few ms; a window of 5 s keeps a loaded machine's stalls from looking like a pause.
     monkeypatch.setattr(residency_module, "BUSY_WINDOW_S", 5.0)

@@ -21,8 +21,11 @@ from forestflow.runtime.h2o_padded import h2o_layout
 from forestflow.runtime.h2o_tree_reader import BITSET, LEAF, NA_VS_REST, NUMERIC, TreeTable, read_tree_model
 from tests.runtime.test_h2o_mojo import FIXTURES
 from tests.runtime.test_h2o_native import TREES
+from tests.tiers import examples
 
-FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=examples(300), deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 _EDGES = [0.0, -0.0, 0.5, 1.0, 2.0, 3.0, -1.0, 1e300, -1e300, np.inf, -np.inf, 2.5e9, -2.5e9]
 _VALUES = st.sampled_from(_EDGES) | st.floats(-4, 6, allow_nan=False)
 

@@ -23,9 +23,10 @@ from forestflow.runtime.trees.forest import ModelFileError
 from forestflow.runtime.trees.servable import TreeServable
 from forestflow.runtime.trees.shap_forest import ShapForest
 from tests import tree_models
+from tests.tiers import examples
 from tests.tree_models import TreeCase
 
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_damaged_lightgbm_text_is_refused_or_read(
     read_or_refuse(lightgbm_reader.read_file, mutate(data, cut, flips), tmp_path / "model.txt")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.binary(max_size=64))
 def test_ubjson_reader_refuses_garbage_cleanly(data: bytes) -> None:
     try:
@@ -94,7 +95,7 @@ def test_ubjson_reader_refuses_garbage_cleanly(data: bytes) -> None:
         pass
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     st.lists(st.tuples(st.integers(-2, 6), st.integers(-2, 6), st.integers(-1, 3), st.integers(0, 7)), min_size=1, max_size=7),
     st.lists(st.integers(-1, 7), min_size=1, max_size=3),

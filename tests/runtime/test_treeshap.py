@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from forestflow.runtime import _treeshap
 from forestflow.runtime.treeshap import ShapForest, contributions
 from tests.runtime.shap_oracle import brute_force_tree_shap, margin, random_forest
+from tests.tiers import examples
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -26,7 +27,7 @@ def test_equals_brute_force_shapley_on_random_trees(seed: int) -> None:
     np.testing.assert_allclose(got.sum(axis=2), margin(forest, decisions), rtol=1e-9, atol=1e-9)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32 - 1), st.integers(1, 5), st.integers(1, 3))
 def test_additive_and_exact_on_generated_trees(seed: int, n_features: int, n_trees: int) -> None:
     rng = np.random.default_rng(seed)
@@ -153,7 +154,7 @@ def test_decisions_of_the_wrong_shape_are_refused() -> None:
         )
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.integers(1, 8).flatmap(
         lambda n: st.tuples(
