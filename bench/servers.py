@@ -144,11 +144,19 @@ def start_gateway(
     return server
 
 
-def deploy_body(server: Server, body: dict[str, Any]) -> None:
-    """POST a BasicServeRequest; a RuntimeError with the gateway's answer unless it is 200."""
-    r = requests.post(server.url + "/servable", json=body, timeout=120)
-    if r.status_code != 200:
-        raise RuntimeError(f"deploy failed: {r.status_code} {r.text}")
+def deploy_body(server: Server, body: dict[str, Any], starting_s: float = 120.0) -> None:
+    """POST a BasicServeRequest; a RuntimeError with the gateway's answer unless it is 200. A gateway
+    still restoring its registry (503 StoreUnavailable: live, not yet ready, e.g. a ``--workers``
+    gateway) is asked again for up to ``starting_s``."""
+    deadline = time.monotonic() + starting_s
+    while True:
+        r = requests.post(server.url + "/servable", json=body, timeout=120)
+        if r.status_code == 503 and "StoreUnavailable" in r.text and time.monotonic() < deadline:
+            time.sleep(0.2)
+            continue
+        if r.status_code != 200:
+            raise RuntimeError(f"deploy failed: {r.status_code} {r.text}")
+        return
 
 
 def deploy(server: Server, contract: tuple[str, str, int], log_level: str) -> None:
