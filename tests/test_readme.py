@@ -328,10 +328,18 @@ def test_quick_start_runs_as_written_and_its_rollout_ends_with_the_new_release_a
         for command in (settings, deploy):
             run(command)
         assert answered_by(score) == "gbm-v1"
-        deadline = time.monotonic() + 10  # the shadow copy is scored, and the log written, off the request path
-        while {json.loads(x)["event"].get("servedRequest", False) for x in run(tail).splitlines()} != {True, False}:
-            assert time.monotonic() < deadline, run(tail)
+        # The shadow copy is scored, and the log written, off the request path: the file may not exist yet
+        # when the score command returns. Once both events are in it, the README's tail shows them.
+        log_file, deadline = data / "predictions.jsonl", time.monotonic() + 10
+
+        def last_two_served() -> set[bool]:
+            lines = log_file.read_text().splitlines()[-2:] if log_file.exists() else []
+            return {json.loads(x)["event"].get("servedRequest", False) for x in lines}
+
+        while last_two_served() != {True, False}:
+            assert time.monotonic() < deadline, f"{log_file}: no served and shadow event within 10 s"
             time.sleep(0.1)
+        assert {json.loads(x)["event"].get("servedRequest", False) for x in run(tail).splitlines()} == {True, False}
         run(phase_in)
         deadline = time.monotonic() + 30
         while stats(watch)["gbm-v2"]["currentPhaseInPct"] != 100:
