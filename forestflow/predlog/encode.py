@@ -188,9 +188,7 @@ def kafka_entry(record: PredictionRecord, key_text: str | None) -> LogEntry:
     the CloudEvents headers of :func:`~forestflow.predlog.cloudevents.record_headers`, the servable's
     fields looked up once for both (this runs for every event logged to Kafka)."""
     fqrv = record.fqrv
-    fields = _SERVABLE_FIELDS.get(id(fqrv))
-    if fields is None or fields.fqrv is not fqrv or fields.logging is not record.logging:
-        fields = _servable_fields(record.logging, fqrv)
+    fields = _servable_fields(record.logging, fqrv)
     headers = ce_headers(fields.ce_served if record.served else fields.ce_shadow, record.request_id, record.event_time_ms)
     if headers is None:  # a time C does not write
         headers = python_record_headers(fqrv.contract, record.served, record.request_id, record.event_time_ms)

@@ -138,9 +138,7 @@ class PredictionLog:
         """Encode and buffer one event without waiting; False if it was dropped."""
         stats = self.stats
         stats.produced += 1
-        features = record.logging.key_features
-        # LoggingSettings.key_for, its usual single feature without the call.
-        key_text = record.configs.get(features[0]) if len(features) == 1 else record.logging.key_for(record.configs)
+        key_text = record.logging.key_for(record.configs)
         try:
             if self._cloudevents:  # Kafka: the entry, its headers included, in one call
                 entry = kafka_entry(record, key_text)
