@@ -24,6 +24,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +33,56 @@ sys.path.insert(0, str(ROOT))
 from bench.servers import PYTHON, Server, deploy, endpoints, side_by_side, start_floor, start_gateway  # noqa: E402
 
 CONTRACT = ("bench", "versus", 1)
+
+
+@dataclass
+class Comparison:
+    """One cell of two servers loaded side by side: per round, each one's CPU per request, req/s and p99."""
+
+    cpu: list[tuple[float, float]]
+    rps: list[tuple[float, float]]
+    p99: list[tuple[float, float]]
+    errors: int
+
+    @property
+    def ratios(self) -> list[float]:
+        """Per round, this server's CPU per request over the baseline's."""
+        return [a / b for a, b in self.cpu]
+
+    @property
+    def ratio(self) -> float:
+        """The median of :attr:`ratios`."""
+        return statistics.median(self.ratios)
+
+    def median(self, figures: list[tuple[float, float]], side: int) -> float:
+        """The median of one side's figure (0: this, 1: the baseline)."""
+        return statistics.median(f[side] for f in figures)
+
+    def line(self) -> str:
+        """The cell's figures as printed: medians, the ratio's quartiles, errors."""
+        ratios = self.ratios
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        return (
+            f"CPU/request this {self.median(self.cpu, 0):.0f} us, baseline {self.median(self.cpu, 1):.0f} us, "
+            f"ratio {self.ratio:.3f} (quartiles {q[0]:.3f} / {q[2]:.3f}); req/s this {self.median(self.rps, 0):.0f}, "
+            f"baseline {self.median(self.rps, 1):.0f}; p99 this {self.median(self.p99, 0):.1f} ms, "
+            f"baseline {self.median(self.p99, 1):.1f} ms; errors {self.errors}"
+        )
+
+
+def compare(
+    this: Server, base: Server, path: str, body: bytes, ctype: str, concurrency: int, rounds: int, seconds: float
+) -> Comparison:
+    """``rounds`` side-by-side loads of the two servers (after a 2 s warm-up), each at ``concurrency``."""
+    side_by_side(this, base, path, body, ctype, concurrency, 2.0)  # warm-up
+    cell = Comparison([], [], [], 0)
+    for _ in range(rounds):
+        a, b = side_by_side(this, base, path, body, ctype, concurrency, seconds)
+        cell.cpu.append((a.cpu_us, b.cpu_us))
+        cell.rps.append((a.rps, b.rps))
+        cell.p99.append((a.p99_ms, b.p99_ms))
+        cell.errors += a.errors + b.errors
+    return cell
 
 
 def main() -> int:
@@ -80,26 +131,8 @@ def main() -> int:
                 if entry is None:
                     continue
                 path, body, ctype = entry
-                side_by_side(this, base, path, body, ctype, args.concurrency, 2.0)  # warm-up
-                ratios, cpu, rps, p99, errors = [], [], [], [], 0
-                for _ in range(args.rounds):
-                    a, b = side_by_side(this, base, path, body, ctype, args.concurrency, args.seconds)
-                    ratios.append(a.cpu_us / b.cpu_us)
-                    cpu.append((a.cpu_us, b.cpu_us))
-                    rps.append((a.rps, b.rps))
-                    p99.append((a.p99_ms, b.p99_ms))
-                    errors += a.errors + b.errors
-                q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-                print(
-                    f"{name:5} {rows:>3}-row c{args.concurrency}: "
-                    f"CPU/request this {statistics.median(c[0] for c in cpu):.0f} us, "
-                    f"baseline {statistics.median(c[1] for c in cpu):.0f} us, ratio {statistics.median(ratios):.3f} "
-                    f"(quartiles {q[0]:.3f} / {q[2]:.3f}); req/s this {statistics.median(r[0] for r in rps):.0f}, "
-                    f"baseline {statistics.median(r[1] for r in rps):.0f}; p99 this "
-                    f"{statistics.median(p[0] for p in p99):.1f} ms, baseline {statistics.median(p[1] for p in p99):.1f} ms; "
-                    f"errors {errors}",
-                    flush=True,
-                )
+                cell = compare(this, base, path, body, ctype, args.concurrency, args.rounds, args.seconds)
+                print(f"{name:5} {rows:>3}-row c{args.concurrency}: {cell.line()}", flush=True)
     finally:
         for server in servers:
             server.stop()
