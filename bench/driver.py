@@ -47,6 +47,8 @@ class Result:
     errors: int
     #: Server CPU microseconds per request (filled in by the runner when it knows the server's pid).
     cpu_us: float = float("nan")
+    #: The part of ``cpu_us`` spent in the kernel (filled in where the runner splits it).
+    sys_us: float = float("nan")
 
 
 def drive(

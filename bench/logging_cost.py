@@ -82,6 +82,8 @@ class Cost:
     none_us: float
     full_us: float
     errors: int
+    #: FULL's system CPU per request over NONE's (median of the rounds): the sink's writes and sends.
+    extra_sys_us: float = float("nan")
 
     @property
     def median(self) -> float:
@@ -99,7 +101,8 @@ class Cost:
         return (
             f"logging FULL-{self.sink} cost {self.endpoint} {self.rows}-row c{concurrency} <= {TARGET:.0%}: "
             f"{self.median * 100:.1f}% (quartiles {q1 * 100:.1f} / {q3 * 100:.1f}; CPU per request NONE "
-            f"{self.none_us:.0f} us, FULL {self.full_us:.0f} us; errors {self.errors}) "
+            f"{self.none_us:.0f} us, FULL {self.full_us:.0f} us, of its extra {self.extra_sys_us:+.0f} us in the kernel; "
+            f"errors {self.errors}) "
             f"{'HOLDS' if self.holds else 'MISSED'}"
         )
 
@@ -125,11 +128,12 @@ def measure(
                         continue
                     path, body, ctype = entry
                     side_by_side(none, full, path, body, ctype, concurrency, 2.0)  # warm-up
-                    costs, cpu, errors = [], [], 0
+                    costs, cpu, system, errors = [], [], [], 0
                     for _ in range(rounds):
                         a, b = side_by_side(none, full, path, body, ctype, concurrency, seconds)
                         costs.append(1 - a.cpu_us / b.cpu_us)
                         cpu.append((a.cpu_us, b.cpu_us))
+                        system.append(b.sys_us - a.sys_us)
                         errors += a.errors + b.errors
                     cost = Cost(
                         sink,
@@ -139,6 +143,7 @@ def measure(
                         statistics.median(c[0] for c in cpu),
                         statistics.median(c[1] for c in cpu),
                         errors,
+                        statistics.median(system),
                     )
                     report(cost)
                     out.append(cost)

@@ -86,8 +86,13 @@ class Server:
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the process so far (all its threads, the JVM's included)."""
+        return sum(self.cpu_split_s())
+
+    def cpu_split_s(self) -> tuple[float, float]:
+        """User and system CPU seconds of the process so far (all its threads)."""
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        tick = os.sysconf("SC_CLK_TCK")
+        return int(fields[11]) / tick, int(fields[12]) / tick
 
     def rss_mb(self, field: str = "VmRSS") -> float:
         """Resident MiB (``RssAnon``: the private part, without mapped files such as shared libraries)."""
@@ -216,7 +221,7 @@ def side_by_side(
     second server gets ``other`` instead of the same request when given (bench/images.py); a request
     unanswered after ``timeout_s`` is an error."""
     results: dict[str, Result] = {}
-    before = {"none": none.cpu_s(), "full": full.cpu_s()}
+    before = {"none": none.cpu_split_s(), "full": full.cpu_split_s()}
     requests_of = {"none": (path, body, ctype, headers or {}), "full": other or (path, body, ctype, headers or {})}
 
     def load(name: str, server: Server) -> None:
@@ -230,5 +235,8 @@ def side_by_side(
         t.join()
     for name, server in (("none", none), ("full", full)):
         r = results[name]
-        r.cpu_us = (server.cpu_s() - before[name]) / r.requests * 1e6 if r.requests else float("nan")
+        user, system = server.cpu_split_s()
+        if r.requests:
+            r.cpu_us = (user + system - sum(before[name])) / r.requests * 1e6
+            r.sys_us = (system - before[name][1]) / r.requests * 1e6
     return results["none"], results["full"]
