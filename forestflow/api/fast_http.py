@@ -3,12 +3,12 @@ and router per request.
 
 Every connection starts with :class:`FastProtocol`. It parses HTTP/1.1 with aiohttp's own C parser
 (llhttp) one request at a time; the head of the usual request (a POST with a Content-Length, for a
-target llhttp has read before) is read in C instead (``_ffhttp.request_head``), as llhttp reads it. A request for a scoring route (``/score``, ``/explain``, V2 infer,
-V1 ``:predict``/``:explain``, GraphPipe: those registered with ``common.register_exchange``) is
-read whole, given to the route's protocol-free answer (the one the aiohttp handler calls too), and
-its response is written straight to the transport: status line, headers and body in one write.
-Which route a request target is for is asked of aiohttp's own router once per distinct target and
-kept, so both paths always agree.
+target llhttp has read before) is read in C instead (``_ffhttp.request_head``), as llhttp reads it.
+A request for a scoring route (``/score``, ``/explain``, V2 infer, V1 ``:predict``/``:explain``,
+GraphPipe: those registered with ``common.register_exchange``) is read whole, given to the route's
+protocol-free answer (the one the aiohttp handler calls too), and its response is written straight
+to the transport: status line, headers and body in one write. Which route a request target is for is
+asked of aiohttp's own router once per distinct target and kept, so both paths always agree.
 
 Anything else (admin, ops, ``/metrics``, ``/ui``, websockets, a compressed body, an ``Expect``
 other than ``100-continue``, a body over ``max_body_bytes``, a request llhttp refuses, tracing on)
