@@ -906,8 +906,43 @@ def test_h2o_kernel_refuses_or_scores_random_tables(tabs: tuple[np.ndarray, ...]
             np.zeros(rows, dtype=np.uint8),
         )
     except ValueError:
+        scored = False
+    else:
+        scored = True
+        assert checked  # score() accepts only tables check_tables() accepts
+    frozen = [a.copy() for a in (nodes, values, bits, roots, target, dom_len, params, prior, prior)]
+    for array in frozen:
+        array.flags.writeable = False
+    try:
+        held = _h2o_trees.tables(*frozen, width)
+    except ValueError:
+        assert not scored  # tables() refuses what score() refuses, and only that (the rows' shapes aside)
         return
-    assert checked  # score() accepts only tables check_tables() accepts
+    assert scored
+    again = np.zeros((rows, width))
+    _h2o_trees.score_tables(held, X, np.zeros(rows), again, np.zeros(rows, dtype=np.uint8), False)
+    np.testing.assert_array_equal(again, preds)
+
+
+def test_h2o_tables_are_held_read_only_and_rows_checked() -> None:
+    """tables() takes only read-only arrays (what it checked cannot change); score_tables() checks the rows."""
+    nodes = np.array([[0, 0, 0, 0, 0, -1, 0, 0]], dtype=np.int32)  # one leaf, one tree: a GBM regression
+    arrays = [nodes, np.full(1, 0.25), np.zeros(1, dtype=np.uint8), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.int32)]
+    arrays += [np.full(2, -1, dtype=np.int64), np.array([0, 2, 0, 0.5, 1, 1, 0, 0, 0.5, 2]), np.ones(1), np.ones(1)]
+    with pytest.raises(TypeError, match="nodes must be a read-only array"):
+        _h2o_trees.tables(*arrays, 1)
+    for array in arrays:
+        array.flags.writeable = False
+    held = _h2o_trees.tables(*arrays, 1)
+    preds, ties = np.zeros((2, 1)), np.zeros(2, dtype=np.uint8)
+    _h2o_trees.score_tables(held, np.zeros((2, 2)), np.zeros(2), preds, ties, True)  # no layout: the node table
+    np.testing.assert_array_equal(preds, [[0.75], [0.75]])
+    with pytest.raises(ValueError, match="do not fit the tables"):
+        _h2o_trees.score_tables(held, np.zeros((2, 3)), np.zeros(2), preds, ties, False)
+    with pytest.raises(ValueError, match="do not fit the tables"):
+        _h2o_trees.score_tables(held, np.zeros((2, 2)), np.zeros(2), np.zeros((2, 2)), ties, False)
+    with pytest.raises(TypeError, match="takes Tables"):
+        _h2o_trees.score_tables(arrays, np.zeros((2, 2)), np.zeros(2), preds, ties, False)
 
 
 # ---- the H2O reader: mutated tree files and model.ini are refused by name, or read into tables that score ------
