@@ -34,11 +34,10 @@ static int is_tchar(unsigned char c) {
     return c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL;
 }
 
-/* Whether the name (n bytes) is `lower` (lower case, NUL-terminated) in any case. */
+/* Whether the name (n bytes) is `lower` (a lower-case string literal) in any case. */
+#define NAME_IS(name, n, lower) ((n) == (Py_ssize_t)sizeof(lower) - 1 && name_is((name), (n), (lower)))
 static int name_is(const unsigned char *name, Py_ssize_t n, const char *lower) {
     Py_ssize_t i;
-    if ((Py_ssize_t)strlen(lower) != n)
-        return 0;
     for (i = 0; i < n; i++) {
         unsigned char c = name[i];
         if (c >= 'A' && c <= 'Z')
@@ -65,6 +64,14 @@ static int same_name(const unsigned char *a, Py_ssize_t na, const unsigned char 
     return 1;
 }
 
+/* A str of n bytes checked to be ASCII (below 0x80): made without decoding them again. */
+static PyObject *ascii_str(const void *bytes, Py_ssize_t n) {
+    PyObject *text = PyUnicode_New(n, 127);
+    if (text != NULL)
+        memcpy(PyUnicode_1BYTE_DATA(text), bytes, (size_t)n);
+    return text;
+}
+
 typedef struct {
     const unsigned char *name, *value;
     Py_ssize_t n_name, n_value;
@@ -77,10 +84,10 @@ static PyObject *header_name(const unsigned char *name, Py_ssize_t n, PyObject *
     PyObject *key, *known, *text;
     Py_ssize_t i;
     if (n > 64)
-        return PyUnicode_DecodeASCII((const char *)name, n, NULL);
+        return ascii_str(name, n);
     for (i = 0; i < n; i++)
         lower[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] - 'A' + 'a' : name[i]);
-    key = PyUnicode_DecodeASCII(lower, n, NULL);
+    key = ascii_str(lower, n);
     if (key == NULL)
         return NULL;
     known = PyDict_GetItemWithError(names, key);
@@ -91,7 +98,7 @@ static PyObject *header_name(const unsigned char *name, Py_ssize_t n, PyObject *
     }
     if (PyErr_Occurred())
         return NULL;
-    text = PyUnicode_DecodeASCII((const char *)name, n, NULL);
+    text = ascii_str(name, n);
     if (text == NULL)
         return NULL;
     key = PyObject_CallOneArg(istr, text);
@@ -182,7 +189,7 @@ static PyObject *request_head(PyObject *Py_UNUSED(self), PyObject *const *args, 
         for (j = 0; j < n_fields; j++)
             if (same_name(fields[j].name, fields[j].n_name, f->name, f->n_name))
                 goto refused;
-        if (name_is(f->name, f->n_name, "content-length")) {
+        if (NAME_IS(f->name, f->n_name, "content-length")) {
             Py_ssize_t k;
             if (f->n_value > 15)
                 goto refused;
@@ -192,18 +199,18 @@ static PyObject *request_head(PyObject *Py_UNUSED(self), PyObject *const *args, 
                     goto refused;
                 content_length = content_length * 10 + (f->value[k] - '0');
             }
-        } else if (name_is(f->name, f->n_name, "connection")) {
-            if (name_is(f->value, f->n_value, "close"))
+        } else if (NAME_IS(f->name, f->n_name, "connection")) {
+            if (NAME_IS(f->value, f->n_value, "close"))
                 connection = 1;
-            else if (name_is(f->value, f->n_value, "keep-alive"))
+            else if (NAME_IS(f->value, f->n_value, "keep-alive"))
                 connection = 2;
             else
                 goto refused;
-        } else if (name_is(f->name, f->n_name, "host")) {
+        } else if (NAME_IS(f->name, f->n_name, "host")) {
             has_host = 1;
-        } else if (name_is(f->name, f->n_name, "transfer-encoding") || name_is(f->name, f->n_name, "content-encoding") ||
-                   name_is(f->name, f->n_name, "expect") || name_is(f->name, f->n_name, "upgrade") ||
-                   name_is(f->name, f->n_name, "proxy-connection") || name_is(f->name, f->n_name, "sec-websocket-key1")) {
+        } else if (NAME_IS(f->name, f->n_name, "transfer-encoding") || NAME_IS(f->name, f->n_name, "content-encoding") ||
+                   NAME_IS(f->name, f->n_name, "expect") || NAME_IS(f->name, f->n_name, "upgrade") ||
+                   NAME_IS(f->name, f->n_name, "proxy-connection") || NAME_IS(f->name, f->n_name, "sec-websocket-key1")) {
             goto refused;
         }
         n_fields++;
@@ -215,20 +222,29 @@ static PyObject *request_head(PyObject *Py_UNUSED(self), PyObject *const *args, 
         goto refused;
     should_close = minor == 1 ? connection == 1 : connection != 2;
 
-    target = PyUnicode_DecodeASCII((const char *)p + target_start, target_len, NULL);
+    target = ascii_str(p + target_start, target_len);
     headers = PyList_New(n_fields);
     if (target == NULL || headers == NULL)
         goto done;
     for (j = 0; j < n_fields; j++) {
-        PyObject *name = header_name(fields[j].name, fields[j].n_name, args[2], args[3]), *pair;
-        if (name == NULL)
-            goto done;
-        pair = Py_BuildValue("(Ns#)", name, fields[j].value, fields[j].n_value);
+        PyObject *pair = PyTuple_New(2), *item;
         if (pair == NULL)
             goto done;
         PyList_SET_ITEM(headers, j, pair);
+        if ((item = header_name(fields[j].name, fields[j].n_name, args[2], args[3])) == NULL)
+            goto done;
+        PyTuple_SET_ITEM(pair, 0, item);
+        if ((item = ascii_str(fields[j].value, fields[j].n_value)) == NULL)
+            goto done;
+        PyTuple_SET_ITEM(pair, 1, item);
     }
-    result = Py_BuildValue("(OiOnO)", target, minor, should_close ? Py_True : Py_False, content_length, headers);
+    {
+        PyObject *minor_obj = PyLong_FromLong(minor), *length = PyLong_FromSsize_t(content_length);
+        if (minor_obj != NULL && length != NULL)
+            result = PyTuple_Pack(5, target, minor_obj, should_close ? Py_True : Py_False, length, headers);
+        Py_XDECREF(minor_obj);
+        Py_XDECREF(length);
+    }
     goto done;
 
 refused:
