@@ -271,3 +271,35 @@ async def test_a_large_body_is_read_whole_on_the_fast_path(tmp_path: Path) -> No
         assert (status, headers["x-request-id"]) == (200, "small")
         assert served.server.answered == 2
         writer.close()
+
+
+async def test_plain_heads_are_read_in_c_once_llhttp_has_read_their_target(tmp_path: Path, monkeypatch: Any) -> None:
+    """The first request for a target is read by llhttp (which routes it); later plain ones by
+    _ffhttp.request_head, their bodies taken from the buffer however they arrive, headers kept."""
+    taken: list[str] = []  # the targets of the heads read in C and routed from the cache
+
+    def cached(server: FastServer, method: str, path: str) -> Any:
+        target = cached_target(server, method, path)
+        if target is not None:
+            taken.append(path)
+        return target
+
+    cached_target = FastServer.cached_target
+    monkeypatch.setattr(FastServer, "cached_target", cached)
+    async with gateway(tmp_path) as served:
+        reader, writer = await asyncio.open_connection(served.host, served.port)
+        writer.write(score_request([1.0], "first"))
+        status, headers, body = await read_response(reader)
+        assert (status, headers["x-request-id"], doubles(body)) == (200, "first", [2.0])
+        second = score_request([2.0, 3.0], "second", extra=b"X-Request-Timeout-Ms: 5000\r\n")
+        for at in range(0, len(second), 7):  # the head and the body in pieces, a read each
+            writer.write(second[at : at + 7])
+            await asyncio.sleep(0.001)
+        status, headers, body = await read_response(reader)
+        assert (status, headers["x-request-id"], doubles(body)) == (200, "second", [4.0, 6.0])
+        writer.write(score_request([4.0], "third", extra=b"X-Request-Timeout-Ms: nope\r\n"))  # headers reach the route
+        status, headers, body = await read_response(reader)
+        assert (status, headers["x-request-id"]) == (400, "third")
+        assert b"X-Request-Timeout-Ms" in body
+        assert taken == [SCORE, SCORE] and served.server.answered == 3 and len(served.server.fast_connections) == 1
+        writer.close()
