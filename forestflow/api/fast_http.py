@@ -459,16 +459,20 @@ class FastProtocol(asyncio.Protocol):
                 exchange.scoring_s,
                 error,
             )
-        await self._write(current, reply, request_id)
+        content = reply.body  # (not `body`: the request's, which read() returns)
+        if reply.compress is not None:
+            compressor = ZLibCompressor(encoding=reply.compress, max_sync_chunk_size=None)
+            content = await compressor.compress(content) + compressor.flush()
+        self._write(current, reply, content, request_id)
 
     @staticmethod
     def _error_reply(error: GatewayError, request_id: str, v2: bool) -> tuple[Reply, tuple[str, str]]:
         status, content, headers = error_parts(error, request_id, v2=v2)
         return Reply(content, JSON, status, headers), (error.code, error.message)
 
-    async def _write(self, current: _Message, reply: Reply, request_id: str) -> None:
-        """The response as aiohttp's ``web.Response`` writes it (the same headers), in one write."""
-        body = reply.body
+    def _write(self, current: _Message, reply: Reply, body: bytes, request_id: str) -> None:
+        """The response as aiohttp's ``web.Response`` writes it (the same headers), in one write;
+        ``body``: the reply's, compressed when it asks to be (a plain call: no coroutine per request)."""
         version = current.version
         key = (version, reply.status, reply.content_type)
         start = _STARTS.get(key)
@@ -485,8 +489,6 @@ class FastProtocol(asyncio.Protocol):
         if not extra or "X-Request-Id" not in extra:
             head.append(f"X-Request-Id: {request_id}\r\n")
         if reply.compress is not None:
-            compressor = ZLibCompressor(encoding=reply.compress, max_sync_chunk_size=None)
-            body = await compressor.compress(body) + compressor.flush()
             head.append(f"Content-Encoding: {reply.compress}\r\n")
         head.append(f"Content-Length: {len(body)}\r\nDate: {rfc822_formatted_time()}\r\nServer: {SERVER_SOFTWARE}\r\n")
         if current.should_close:
