@@ -44,6 +44,12 @@ setup(
             depends=[NDARRAY_H],
             extra_compile_args=WARNINGS + ["-O2"],
         ),
+        # The head of a plain HTTP/1.x scoring request (api/fast_http.py), read without llhttp's callbacks.
+        Extension(
+            "forestflow.api._ffhttp",
+            ["forestflow/api/_ffhttp.c"],
+            extra_compile_args=WARNINGS + ["-O2"],
+        ),
         # GraphPipe flatbuffer string vectors (codecs/graphpipe.py): the per-value loops only.
         Extension(
             "forestflow.codecs._ffgp",

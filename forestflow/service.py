@@ -62,6 +62,8 @@ from forestflow.settings import Settings
 
 log = structlog.get_logger("forestflow.service")
 
+#: LogLevel.NONE, read per request without EnumType's attribute hook (a call on Python 3.11).
+_LOG_NONE = LogLevel.NONE
 #: A restored registry of this many contracts or more is frozen out of the garbage collector's passes.
 FREEZE_AFTER_CONTRACTS = 1000
 
@@ -546,7 +548,7 @@ class Gateway:
     def _remember(self, request_id: str, entry: ServableEntry, configs: dict[str, str], pinned: bool) -> None:
         """Index the answer for reward feedback (with the configs its log key is made of)."""
         logging = entry.settings.logging
-        if logging.log_level is LogLevel.NONE:
+        if logging.log_level is _LOG_NONE:
             key_configs: dict[str, str] = {}
         elif len(features := logging.key_features) == 1:  # the usual key: no comprehension (a function call)
             key_configs = {features[0]: configs[features[0]]} if features[0] in configs else {}
@@ -636,7 +638,7 @@ class Gateway:
         latency = (time.perf_counter() - started) * 1000
         _count_outcome(self.registry, entry, served, error is None, error, latency)
         logging = entry.settings.logging
-        if logging.log_level is LogLevel.NONE:
+        if logging.log_level is _LOG_NONE:
             return latency
         wire = context.wire
         raw_request = raw_response = request_json = None

@@ -39,7 +39,8 @@ import sys
 import forestflow.codecs._ffjson as a, forestflow.codecs._ffgp as b, forestflow.codecs._ffwire as c
 import forestflow.predlog._kafka_records as d, forestflow.runtime._h2o_trees as e
 import forestflow.runtime._forest as f, forestflow.runtime._treeshap as g, forestflow.predlog._jsonl as h
-bad = [m.__file__ for m in (a, b, c, d, e, f, g, h) if not m.__file__.startswith('$WORK/')]
+import forestflow.api._ffhttp as i
+bad = [m.__file__ for m in (a, b, c, d, e, f, g, h, i) if not m.__file__.startswith('$WORK/')]
 sys.exit('not the sanitized build: ' + ', '.join(bad) if bad else 0)"
 
 if [ $# -eq 0 ]; then

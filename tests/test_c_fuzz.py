@@ -12,6 +12,7 @@ AddressSanitizer, where a read one byte out of bounds fails too. Example counts 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import struct
 import zipfile
@@ -21,13 +22,17 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from aiohttp._http_parser import HttpRequestParser
 from aiokafka.record.default_records import DefaultRecordBatch
 from graphpipe import convert
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from multidict import istr
 
 from bench import payloads
 from forestflow._proto import forestflow_pb2 as pb
+from forestflow.api import _ffhttp
+from forestflow.api.fast_http import _HEADER_NAMES
 from forestflow.codecs import _ffgp, _ffjson, _ffwire
 from forestflow.codecs import graphpipe as gp_codec
 from forestflow.codecs.graphpipe import encode_infer_response
@@ -615,6 +620,126 @@ def test_ffgp_grouped_columns_of_any_arguments_stays_in_the_body(
         assert all(len(column) == rows for column in columns.values())
 
 
+# ---- _ffhttp: plain request heads, C against llhttp (aiohttp's request parser) ----------------------------------
+_HEAD_NAMES = [
+    "Host", "host", "Content-Length", "content-length", "CONTENT-LENGTH", "Content-Type", "Connection", "connection",
+    "Transfer-Encoding", "Expect", "Upgrade", "Proxy-Connection", "Sec-WebSocket-Key1", "Content-Encoding",
+    "X-Request-Id", "x-request-id", "X-Request-Timeout-Ms", "Accept", "User-Agent", "X-Forestflow-Release", "A", "x_y",
+    "Bad Name", "Na:me", "N\u00e9", "",
+]  # fmt: skip
+_HEAD_VALUES = [
+    "x", "127.0.0.1:8080", "0", "12", "0012", "-1", "1 2", "99999999999999999999", "close", "Close", "keep-alive",
+    "Keep-Alive", "upgrade", "close, upgrade", "chunked", "gzip", "identity", "100-continue", "websocket",
+    "application/json", "  padded  ", "\tt\tab\t", "a\x00b", "a\x7fb", "caf\u00e9", "a\rb", "a\nb", "", " ", "\t",
+]  # fmt: skip
+
+
+_PLAIN_NAMES = [
+    "Content-Length", "content-length", "Content-Type", "Connection", "X-Request-Id", "x-request-id", "Accept", "A", "x_y",
+]  # fmt: skip
+_PLAIN_VALUES = ["0", "12", "0012", "close", "Keep-Alive", "application/json", "  padded  ", "\tt\tab\t", "a b"]
+
+
+@st.composite
+def request_heads(draw: Any) -> bytes:
+    """Request heads around the plain one: methods, targets, versions, header names and values of
+    every kind that matters to llhttp or aiohttp, line ends, then (half of them) a few random edits."""
+    plain = draw(st.booleans())  # a plain request line, names given once, values llhttp takes: mostly a head C reads too
+    method = "POST" if plain else draw(st.sampled_from(["POST", "GET", "PUT", "post", "POS", "CONNECT"]))
+    targets = ["/acme/fuzz/1/score", "/v2/models/m/infer?x=1#f"] + ([] if plain else ["*", "", "/a b", '/a"b'])
+    versions = ["HTTP/1.1", "HTTP/1.0"] + ([] if plain else ["HTTP/2.0", "HTTP/1.2", "http/1.1", "HTTP/1.1 "])
+    target, version = draw(st.sampled_from(targets)), draw(st.sampled_from(versions))
+    eol = "\r\n" if plain else draw(st.sampled_from(["\r\n"] * 4 + ["\n", "\r"]))
+    lines = [f"{method} {target} {version}"]
+    if draw(st.integers(0, 5)):
+        lines.append("Host: " + draw(st.sampled_from(["h", "127.0.0.1:8080"] + ([] if plain else [""]))))
+    names = st.sampled_from(_PLAIN_NAMES if plain else _HEAD_NAMES)
+    for name in draw(st.lists(names, max_size=6, unique_by=str.lower if plain else lambda n: n)):
+        sep = draw(st.sampled_from([": "] * 6 + [":", ":  ", ":\t"] + ([] if plain else [" : "])))
+        value = draw(st.sampled_from(_PLAIN_VALUES if plain else _HEAD_VALUES))
+        lines.append(name + sep + value)
+    head = "".join(line + draw(st.sampled_from([eol, "\r\n"])) for line in lines) + "\r\n"
+    data = head.encode("utf-8")
+    return draw(mutated(data)) if draw(st.booleans()) else data
+
+
+def _llhttp_head(head: bytes) -> Any:
+    """What aiohttp's C parser (llhttp) makes of a head: its one message, or None (refused, several messages)."""
+
+    class Protocol:
+        _reading_paused = False
+
+    loop = asyncio.new_event_loop()
+    try:
+        parser = HttpRequestParser(Protocol(), loop, 1 << 20, auto_decompress=False)
+        try:
+            messages, upgraded, _ = parser.feed_data(head)
+        except Exception:
+            return None
+        return messages[0][0] if len(messages) == 1 and not upgraded else None
+    finally:
+        loop.close()
+
+
+def request_head(buf: bytes, end: int) -> Any:
+    """``_ffhttp.request_head`` with the names the fast path gives it."""
+    return _ffhttp.request_head(buf, end, _HEADER_NAMES, istr)
+
+
+def _check_request_head(head: bytes) -> None:
+    end = head.find(b"\r\n\r\n")
+    if end < 0:
+        assert request_head(head, len(head)) is None
+        return
+    got = request_head(head + b"next request bytes", end + 4)  # a pipelined request after it is not read
+    if got is None:
+        return  # llhttp reads it (or refuses it) as before
+    if _llhttp_head(b"POST " + got[0].encode() + b" HTTP/1.1\r\nHost: h\r\n\r\n") is None:
+        return  # a target llhttp refuses: never a cached route's, so the fast path never takes its head
+    message = _llhttp_head(head[: end + 4])
+    assert message is not None, head
+    path, minor, should_close, length, headers = got
+    assert (message.method, message.path, message.version, message.should_close) == ("POST", path, (1, minor), should_close)
+    assert (message.compression, message.upgrade, message.chunked) == (None, False, False)
+    assert list(message.headers.items()) == headers
+    assert [type(name) for name in message.headers] == [type(name) for name, _ in headers]
+    assert length == int(message.headers.get("Content-Length", -1))
+    assert "Expect" not in message.headers
+
+
+@FAST
+@given(request_heads())
+def test_ffhttp_request_head_reads_what_llhttp_reads(head: bytes) -> None:
+    _check_request_head(head)
+
+
+@pytest.mark.slow
+@MANY
+@given(request_heads())
+def test_ffhttp_request_head_many_more_heads(head: bytes) -> None:
+    _check_request_head(head)
+
+
+@FAST
+@given(st.binary(max_size=200), st.integers(-2, 220))
+def test_ffhttp_request_head_of_any_bytes_declines_or_agrees(data: bytes, end: int) -> None:
+    got = request_head(data, end)
+    if got is not None:
+        _check_request_head(data[:end])
+
+
+def test_ffhttp_request_head_takes_the_usual_request() -> None:
+    head = b"POST /acme/fuzz/1/score HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\nContent-Length: 27\r\n\r\n"
+    assert request_head(head, len(head)) == (
+        "/acme/fuzz/1/score",
+        1,
+        False,
+        27,
+        [("Host", "h"), ("Content-Type", "application/json"), ("Content-Length", "27")],
+    )
+    _check_request_head(head)
+
+
 # ---- _ffwire: varints and event heads ----------------------------------------------------------------------
 def _varint_oracle(data: bytes, pos: int) -> tuple[int, int] | None:
     value = shift = 0
@@ -781,8 +906,43 @@ def test_h2o_kernel_refuses_or_scores_random_tables(tabs: tuple[np.ndarray, ...]
             np.zeros(rows, dtype=np.uint8),
         )
     except ValueError:
+        scored = False
+    else:
+        scored = True
+        assert checked  # score() accepts only tables check_tables() accepts
+    frozen = [a.copy() for a in (nodes, values, bits, roots, target, dom_len, params, prior, prior)]
+    for array in frozen:
+        array.flags.writeable = False
+    try:
+        held = _h2o_trees.tables(*frozen, width)
+    except ValueError:
+        assert not scored  # tables() refuses what score() refuses, and only that (the rows' shapes aside)
         return
-    assert checked  # score() accepts only tables check_tables() accepts
+    assert scored
+    again = np.zeros((rows, width))
+    _h2o_trees.score_tables(held, X, np.zeros(rows), again, np.zeros(rows, dtype=np.uint8), False)
+    np.testing.assert_array_equal(again, preds)
+
+
+def test_h2o_tables_are_held_read_only_and_rows_checked() -> None:
+    """tables() takes only read-only arrays (what it checked cannot change); score_tables() checks the rows."""
+    nodes = np.array([[0, 0, 0, 0, 0, -1, 0, 0]], dtype=np.int32)  # one leaf, one tree: a GBM regression
+    arrays = [nodes, np.full(1, 0.25), np.zeros(1, dtype=np.uint8), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.int32)]
+    arrays += [np.full(2, -1, dtype=np.int64), np.array([0, 2, 0, 0.5, 1, 1, 0, 0, 0.5, 2]), np.ones(1), np.ones(1)]
+    with pytest.raises(TypeError, match="nodes must be a read-only array"):
+        _h2o_trees.tables(*arrays, 1)
+    for array in arrays:
+        array.flags.writeable = False
+    held = _h2o_trees.tables(*arrays, 1)
+    preds, ties = np.zeros((2, 1)), np.zeros(2, dtype=np.uint8)
+    _h2o_trees.score_tables(held, np.zeros((2, 2)), np.zeros(2), preds, ties, True)  # no layout: the node table
+    np.testing.assert_array_equal(preds, [[0.75], [0.75]])
+    with pytest.raises(ValueError, match="do not fit the tables"):
+        _h2o_trees.score_tables(held, np.zeros((2, 3)), np.zeros(2), preds, ties, False)
+    with pytest.raises(ValueError, match="do not fit the tables"):
+        _h2o_trees.score_tables(held, np.zeros((2, 2)), np.zeros(2), np.zeros((2, 2)), ties, False)
+    with pytest.raises(TypeError, match="takes Tables"):
+        _h2o_trees.score_tables(arrays, np.zeros((2, 2)), np.zeros(2), preds, ties, False)
 
 
 # ---- the H2O reader: mutated tree files and model.ini are refused by name, or read into tables that score ------

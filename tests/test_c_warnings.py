@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [
+    "forestflow/api/_ffhttp.c",
     "forestflow/codecs/_ffgp.c",
     "forestflow/codecs/_ffjson.c",
     "forestflow/codecs/_ffwire.c",

@@ -2,12 +2,13 @@
 and router per request.
 
 Every connection starts with :class:`FastProtocol`. It parses HTTP/1.1 with aiohttp's own C parser
-(llhttp) one request at a time. A request for a scoring route (``/score``, ``/explain``, V2 infer,
-V1 ``:predict``/``:explain``, GraphPipe: those registered with ``common.register_exchange``) is
-read whole, given to the route's protocol-free answer (the one the aiohttp handler calls too), and
-its response is written straight to the transport: status line, headers and body in one write.
-Which route a request target is for is asked of aiohttp's own router once per distinct target and
-kept, so both paths always agree.
+(llhttp) one request at a time; the head of the usual request (a POST with a Content-Length, for a
+target llhttp has read before) is read in C instead (``_ffhttp.request_head``), as llhttp reads it.
+A request for a scoring route (``/score``, ``/explain``, V2 infer, V1 ``:predict``/``:explain``,
+GraphPipe: those registered with ``common.register_exchange``) is read whole, given to the route's
+protocol-free answer (the one the aiohttp handler calls too), and its response is written straight
+to the transport: status line, headers and body in one write. Which route a request target is for is
+asked of aiohttp's own router once per distinct target and kept, so both paths always agree.
 
 Anything else (admin, ops, ``/metrics``, ``/ui``, websockets, a compressed body, an ``Expect``
 other than ``100-continue``, a body over ``max_body_bytes``, a request llhttp refuses, tracing on)
@@ -28,16 +29,18 @@ from http import HTTPStatus
 from typing import Any, cast
 
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.compression_utils import ZLibCompressor
 from aiohttp.helpers import rfc822_formatted_time
-from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
+from aiohttp.http import SERVER_SOFTWARE, HttpVersion10, HttpVersion11
 from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.tcp_helpers import tcp_keepalive
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_urldispatcher import UrlDispatcher
+from multidict import CIMultiDict, CIMultiDictProxy, istr
 
 from forestflow import tracing
+from forestflow.api._ffhttp import request_head
 from forestflow.api.common import EXCHANGE_ROUTES, GATEWAY, SETTINGS, WORKER, Exchange, ExchangeRoute, Reply
 from forestflow.api.middleware import RECORDER, internal_error, request_id_from
 from forestflow.api.responses import JSON, error_parts
@@ -59,6 +62,8 @@ _MAX_TARGETS = 4096
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 #: (HTTP version, status, content type) -> the status line and Content-Type header of a response.
 _STARTS: dict[tuple[Any, int, str], str] = {}
+#: Known header names (lower case) -> the istr aiohttp's parser names them with (request_head).
+_HEADER_NAMES = {name.lower(): name for name in vars(hdrs).values() if isinstance(name, istr)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +150,10 @@ class FastServer(web.Server):
         self._targets[key] = target
         return target
 
+    def cached_target(self, method: str, path: str) -> _Target | None:
+        """The scoring route of ``method path`` when a request for it was routed before, else None."""
+        return self._targets.get((method, path))
+
     def pre_shutdown(self) -> None:
         super().pre_shutdown()
         for conn in list(self.fast_connections):
@@ -157,12 +166,15 @@ class FastServer(web.Server):
 
 @dataclass(slots=True)
 class _Message:
-    """The request being read: its route, parsed head, body stream and where its body ends in the
-    connection's buffer (-1: chunked, found by the parser)."""
+    """The request being read: its route, what its head says, its body stream and where its body
+    ends in the connection's buffer (-1: chunked, found by the parser)."""
 
     target: _Target
-    message: Any  # aiohttp's RawRequestMessage
-    payload: Any  # aiohttp's StreamReader, or EMPTY_PAYLOAD
+    method: str
+    headers: CIMultiDictProxy[str]
+    version: Any  # aiohttp's HttpVersion
+    should_close: bool
+    payload: Any  # aiohttp's StreamReader, EMPTY_PAYLOAD, or None: read from the buffer (a plain head, _plain_request)
     body_end: int
 
 
@@ -289,6 +301,9 @@ class FastProtocol(asyncio.Protocol):
             self._hand_off()
             return None
         head_end = end + 4
+        plain = self._plain_request(head_end)
+        if plain is not None:
+            return plain
         if self._parser is None:
             # The body stream's limit is the body cap: it never asks to pause reading (the body is
             # read whole here, and a body over the cap goes to aiohttp).
@@ -324,7 +339,27 @@ class FastProtocol(asyncio.Protocol):
             assert self.transport is not None
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self._fed = head_end
-        current = self._current = _Message(target, message, payload, body_end)
+        current = self._current = _Message(
+            target, message.method, message.headers, message.version, message.should_close, payload, body_end
+        )
+        return current
+
+    def _plain_request(self, head_end: int) -> _Message | None:
+        """The usual request, its head read in C without llhttp (``_ffhttp.request_head``: a POST with
+        a Content-Length, nothing that changes how it is read), for a target llhttp has read before
+        and found a scoring route for; None: read by llhttp (a head it refuses is read there too)."""
+        head = request_head(self._buf, head_end, _HEADER_NAMES, istr)
+        if head is None:
+            return None
+        path, minor, should_close, length, headers = head
+        target = self._server.cached_target("POST", path)
+        if target is None or length >= self._server.max_body_bytes:  # over the cap: llhttp's path hands it over
+            return None
+        self._fed = head_end
+        version = HttpVersion11 if minor == 1 else HttpVersion10
+        current = self._current = _Message(
+            target, "POST", CIMultiDictProxy(CIMultiDict(headers)), version, should_close, None, head_end + max(length, 0)
+        )
         return current
 
     def _read_body(self, current: _Message) -> bytes | None:
@@ -332,6 +367,12 @@ class FastProtocol(asyncio.Protocol):
         The parser is never fed a byte past the request's end, so the next request's bytes stay
         whole in the buffer (for aiohttp, should it be handed over)."""
         payload = current.payload
+        if payload is None:  # a plain head: the body is the next Content-Length bytes
+            if len(self._buf) < current.body_end:
+                return None
+            body = bytes(self._buf[self._fed : current.body_end])
+            self._fed = current.body_end
+            return body
         if payload is EMPTY_PAYLOAD:
             return b""
         buf, parser = self._buf, self._parser
@@ -376,21 +417,21 @@ class FastProtocol(asyncio.Protocol):
             self._task = None
         if self.transport is not None:
             self._last_seen = self._loop.time()
-            if current.message.should_close:
+            if current.should_close:
                 self._close_transport()
             else:
                 self._process()
 
     async def _answer(self, current: _Message, body: bytes) -> None:
-        server, target, message = self._server, current.target, current.message
+        server, target = self._server, current.target
         server.answered += 1
         started = time.perf_counter()
-        request_id = request_id_from(message.headers.get("X-Request-Id", ""))
+        request_id = request_id_from(current.headers.get("X-Request-Id", ""))
 
         async def read() -> bytes:
             return body
 
-        exchange = Exchange(server.gateway, target.params, message.headers, read, request_id, target.path)
+        exchange = Exchange(server.gateway, target.params, current.headers, read, request_id, target.path)
         status, error = 500, None
         try:
             reply = await target.route.answer(exchange)
@@ -408,7 +449,7 @@ class FastProtocol(asyncio.Protocol):
         finally:
             server.recorder.finish(
                 target.resource,
-                message.method,
+                current.method,
                 target.path,
                 request_id,
                 status,
@@ -418,17 +459,21 @@ class FastProtocol(asyncio.Protocol):
                 exchange.scoring_s,
                 error,
             )
-        await self._write(current, reply, request_id)
+        content = reply.body  # (not `body`: the request's, which read() returns)
+        if reply.compress is not None:
+            compressor = ZLibCompressor(encoding=reply.compress, max_sync_chunk_size=None)
+            content = await compressor.compress(content) + compressor.flush()
+        self._write(current, reply, content, request_id)
 
     @staticmethod
     def _error_reply(error: GatewayError, request_id: str, v2: bool) -> tuple[Reply, tuple[str, str]]:
         status, content, headers = error_parts(error, request_id, v2=v2)
         return Reply(content, JSON, status, headers), (error.code, error.message)
 
-    async def _write(self, current: _Message, reply: Reply, request_id: str) -> None:
-        """The response as aiohttp's ``web.Response`` writes it (the same headers), in one write."""
-        body = reply.body
-        version = current.message.version
+    def _write(self, current: _Message, reply: Reply, body: bytes, request_id: str) -> None:
+        """The response as aiohttp's ``web.Response`` writes it (the same headers), in one write;
+        ``body``: the reply's, compressed when it asks to be (a plain call: no coroutine per request)."""
+        version = current.version
         key = (version, reply.status, reply.content_type)
         start = _STARTS.get(key)
         if start is None:  # the status line and content type, made once per (version, status, type)
@@ -444,11 +489,9 @@ class FastProtocol(asyncio.Protocol):
         if not extra or "X-Request-Id" not in extra:
             head.append(f"X-Request-Id: {request_id}\r\n")
         if reply.compress is not None:
-            compressor = ZLibCompressor(encoding=reply.compress, max_sync_chunk_size=None)
-            body = await compressor.compress(body) + compressor.flush()
             head.append(f"Content-Encoding: {reply.compress}\r\n")
         head.append(f"Content-Length: {len(body)}\r\nDate: {rfc822_formatted_time()}\r\nServer: {SERVER_SOFTWARE}\r\n")
-        if current.message.should_close:
+        if current.should_close:
             if version == HttpVersion11:
                 head.append("Connection: close\r\n")
         elif version != HttpVersion11:

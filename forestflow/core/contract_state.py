@@ -43,6 +43,8 @@ from forestflow.core.sticky import sticky_pick
 
 #: Routed requests between two recomputations of a bandit's shares (when its rewards moved).
 BANDIT_REFRESH_EVERY = 16
+#: RouterType.STICKY, read per request without EnumType's attribute hook (a call on Python 3.11).
+_STICKY = RouterType.STICKY
 
 
 @dataclass(slots=True)
@@ -201,7 +203,7 @@ class ContractState:
     def sticky_key(self) -> str | None:
         """The ``configs`` name whose value keeps a caller on one release (sticky routers only)."""
         params = self.settings.router_params
-        return params.key if self.settings.router is RouterType.STICKY and isinstance(params, StickyParams) else None
+        return params.key if self.settings.router is _STICKY and isinstance(params, StickyParams) else None
 
     # ---- per request --------------------------------------------------------------------------
     def route(self, sticky_value: str | None = None, rewards: Mapping[str, RewardStats] | None = None) -> str | None:
@@ -213,7 +215,7 @@ class ContractState:
         """
         self.request_count += 1
         router = self.settings.router
-        if router is RouterType.STICKY and sticky_value is not None:
+        if router is _STICKY and sticky_value is not None:
             weights = [(i.key, i.weight) for i in self.picker.items if i.key in self.servables]
             return sticky_pick(sticky_value, weights, str(self.contract))
         if router.is_bandit and rewards is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -79,12 +79,21 @@ class Frame:
     loose_datatypes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
+        # A plain loop (no set comprehension, a call of its own): this runs for every frame made.
+        rows = -1
+        for col in self.columns.values():
+            if not col.ndim or (rows != -1 and len(col) != rows):
+                self._refuse()
+            rows = len(col)
+
+    def _refuse(self) -> NoReturn:
+        """The error of columns without a row axis or of unequal lengths (the first applies if both do):
+        called only when one of them is the case."""
         lengths = {len(col) if col.ndim else -1 for col in self.columns.values()}
         if -1 in lengths:
             raise InvalidInput("every column needs a row axis (arrays of rank >= 1)")
-        if len(lengths) > 1:
-            detail = ", ".join(f"{name}={len(col)}" for name, col in self.columns.items())
-            raise InvalidInput(f"all columns must have the same number of rows, got {detail}")
+        detail = ", ".join(f"{name}={len(col)}" for name, col in self.columns.items())
+        raise InvalidInput(f"all columns must have the same number of rows, got {detail}")
 
     @property
     def num_rows(self) -> int:

@@ -174,7 +174,12 @@ class RouterType(enum.Enum):
     @property
     def is_bandit(self) -> bool:
         """Whether the router learns from rewards."""
-        return self in (RouterType.THOMPSON, RouterType.EPSILON_GREEDY)
+        return self in _BANDIT_ROUTERS
+
+
+#: The routers that learn from rewards (a member read through its Enum class costs a call of
+#: EnumType's attribute hook on Python 3.11: is_bandit runs twice per request).
+_BANDIT_ROUTERS = (RouterType.THOMPSON, RouterType.EPSILON_GREEDY)
 
 
 @dataclass(frozen=True, slots=True)

@@ -744,8 +744,193 @@ done:
     return left;
 }
 
+/* ---- tables checked once: Tables (tables()) and score_tables() ------------------------------------------ */
+
+/* The arrays of tables(), in its argument order. */
+enum { T_NODES, T_VALUES, T_BITS, T_ROOTS, T_TARGET, T_DOM_LEN, T_PARAMS, T_PRIOR, T_DISTRIB, T_COUNT };
+
+/* One model's tables, held read-only and checked once: score() checks them on every call (a walk
+ * over the whole node table and a buffer per array), score_tables() reads them from here. */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer views[T_COUNT];
+    int got;
+    Py_buffer layout_v[L_COUNT];
+    int layout_got;
+    int padded; /* the layout is there and usable (slot offsets fit int32) */
+    Layout layout;
+    Model m; /* the tables' fields; the rows' (X, offsets, preds, ties) are set per call */
+} Tables;
+
+static void tables_dealloc(Tables *self) {
+    while (self->layout_got > 0)
+        PyBuffer_Release(&self->layout_v[--self->layout_got]);
+    while (self->got > 0)
+        PyBuffer_Release(&self->views[--self->got]);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject TablesType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "forestflow.runtime._h2o_trees.Tables",
+    .tp_basicsize = sizeof(Tables),
+    .tp_dealloc = (destructor)tables_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = PyDoc_STR("One model's tables, checked once (made by tables(), read by score_tables())."),
+};
+
+/* get_array() of a read-only array: what is held must not change after it was checked. */
+static int get_frozen(PyObject *obj, Py_buffer *view, const char *name, char code, Py_ssize_t itemsize, int ndim) {
+    if (get_array(obj, view, name, code, itemsize, ndim, 0) < 0)
+        return -1;
+    if (!view->readonly) {
+        PyErr_Format(PyExc_TypeError, "%s must be a read-only array (flags.writeable = False)", name);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(tables_doc,
+"tables(nodes, values, bits, roots, target, dom_len, params, prior, model_distrib, width[, layout]) -> Tables\n\n"
+"The tables score() takes, held and checked once as score() checks them (ValueError, TypeError): every\n"
+"array read-only (flags.writeable = False); width is the prediction width (preds' columns), layout as score()'s.");
+
+static PyObject *tables(PyObject *Py_UNUSED(self), PyObject *args) {
+    static const struct { const char *name; char code; Py_ssize_t size; int ndim; } spec[T_COUNT] = {
+        {"nodes", 'i', 4, 2}, {"values", 'd', 8, 1}, {"bits", 'B', 1, 1}, {"roots", 'i', 4, 1}, {"target", 'i', 4, 1},
+        {"dom_len", 'q', 8, 1}, {"params", 'd', 8, 1}, {"prior", 'd', 8, 1}, {"model_distrib", 'd', 8, 1},
+    };
+    PyObject *objs[T_COUNT], *o_layout = NULL;
+    Py_ssize_t width;
+    Tables *t;
+    Model *m;
+    const char *error;
+
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOn|O:tables", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6],
+                          &objs[7], &objs[8], &width, &o_layout))
+        return NULL;
+    t = PyObject_New(Tables, &TablesType);
+    if (t == NULL)
+        return NULL;
+    t->got = t->layout_got = t->padded = 0;
+    for (; t->got < T_COUNT; t->got++)
+        if (get_frozen(objs[t->got], &t->views[t->got], spec[t->got].name, spec[t->got].code, spec[t->got].size, spec[t->got].ndim) < 0)
+            goto fail;
+    m = &t->m;
+    memset(m, 0, sizeof(*m));
+    m->nodes = t->views[T_NODES].buf;
+    m->n_nodes = dim(&t->views[T_NODES], 0);
+    m->values = t->views[T_VALUES].buf;
+    m->bits = t->views[T_BITS].buf;
+    m->n_bits = dim(&t->views[T_BITS], 0);
+    m->roots = t->views[T_ROOTS].buf;
+    m->target = t->views[T_TARGET].buf;
+    m->n_trees = dim(&t->views[T_ROOTS], 0);
+    m->dom_len = t->views[T_DOM_LEN].buf;
+    m->n_features = dim(&t->views[T_DOM_LEN], 0);
+    m->params = t->views[T_PARAMS].buf;
+    m->prior = t->views[T_PRIOR].buf;
+    m->model_distrib = t->views[T_DISTRIB].buf;
+    m->n_prior = dim(&t->views[T_PRIOR], 0);
+    m->width = width;
+    /* score()'s checks of the tables' shapes, parameters and contents (its rows' shapes: score_tables()). */
+    if (dim(&t->views[T_NODES], 1) != N_WIDTH || dim(&t->views[T_VALUES], 0) != m->n_nodes || dim(&t->views[T_TARGET], 0) != m->n_trees ||
+        dim(&t->views[T_PARAMS], 0) != P_COUNT || m->width < 1 || dim(&t->views[T_DISTRIB], 0) != m->n_prior ||
+        (m->params[P_BALANCE] != 0 && m->n_prior < m->width - 1)) {
+        PyErr_SetString(PyExc_ValueError, "tables(): array shapes do not fit one another");
+        goto fail;
+    }
+    error = check_params(m->params, m->width);
+    if (error == NULL)
+        error = check_layout(m->nodes, m->n_nodes, m->n_bits, m->roots, m->target, m->n_trees, m->n_features, m->width);
+    if (error == NULL && o_layout != NULL && o_layout != Py_None) {
+        if (get_layout(o_layout, t->layout_v, &t->layout_got, 0, &t->layout) < 0)
+            goto fail;
+        for (int k = 0; k < L_COUNT; k++)
+            if (!t->layout_v[k].readonly) {
+                PyErr_Format(PyExc_TypeError, "%s must be a read-only array (flags.writeable = False)", layout_spec[k].name);
+                goto fail;
+            }
+        error = check_padded(m, &t->layout);
+        t->padded = error == NULL && t->layout.n_slots < (1 << 24); /* slot offsets are int32: else the node table */
+    }
+    if (error != NULL) {
+        PyErr_Format(PyExc_ValueError, "tables(): %s", error);
+        goto fail;
+    }
+    return (PyObject *)t;
+
+fail:
+    Py_DECREF(t);
+    return NULL;
+}
+
+PyDoc_STRVAR(score_tables_doc,
+"score_tables(tables, X, offsets, preds, ties, padded)\n\n"
+"score() of the rows X (float64, rows x features) against tables checked by tables(): the same sums and\n"
+"unifyPreds into preds (float64, rows x width, zeroed), ties as score()'s; padded: the trees the layout\n"
+"holds walked padded (when tables() was given one). Only the rows' shapes are checked here.");
+
+static PyObject *score_tables(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    enum { S_X, S_OFFSETS, S_PREDS, S_TIES, S_COUNT };
+    static const struct { const char *name; char code; Py_ssize_t size; int ndim, writable; } spec[S_COUNT] = {
+        {"X", 'd', 8, 2, 0}, {"offsets", 'd', 8, 1, 0}, {"preds", 'd', 8, 2, 1}, {"ties", 'B', 1, 1, 1},
+    };
+    Py_buffer views[S_COUNT];
+    int got = 0, ok = 0, padded;
+    Tables *t;
+    Model m;
+    double *xs = NULL;
+
+    if (nargs != 6 || !PyObject_TypeCheck(args[0], &TablesType)) {
+        PyErr_SetString(PyExc_TypeError, "score_tables() takes Tables, X, offsets, preds, ties and padded");
+        return NULL;
+    }
+    t = (Tables *)args[0];
+    padded = PyObject_IsTrue(args[5]);
+    if (padded < 0)
+        return NULL;
+    for (; got < S_COUNT; got++)
+        if (get_array(args[1 + got], &views[got], spec[got].name, spec[got].code, spec[got].size, spec[got].ndim, spec[got].writable) < 0)
+            goto done;
+    m = t->m;
+    m.X = views[S_X].buf;
+    m.n_rows = dim(&views[S_X], 0);
+    m.offsets = views[S_OFFSETS].buf;
+    m.preds = views[S_PREDS].buf;
+    m.ties = views[S_TIES].buf;
+    if (dim(&views[S_X], 1) != m.n_features || dim(&views[S_OFFSETS], 0) != m.n_rows || dim(&views[S_PREDS], 0) != m.n_rows ||
+        dim(&views[S_PREDS], 1) != m.width || dim(&views[S_TIES], 0) != m.n_rows) {
+        PyErr_SetString(PyExc_ValueError, "score_tables(): array shapes do not fit the tables");
+        goto done;
+    }
+    padded = padded && t->padded;
+    if (padded && (xs = malloc((size_t)BLOCK * (size_t)(t->layout.n_slots + 1) * sizeof(double))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (padded)
+        sum_trees_padded(&m, &t->layout, xs);
+    else
+        sum_trees(&m);
+    unify_rows(&m);
+    Py_END_ALLOW_THREADS
+    ok = 1;
+
+done:
+    free(xs);
+    while (got-- > 0)
+        PyBuffer_Release(&views[got]);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"score", score, METH_VARARGS, score_doc},
+    {"tables", tables, METH_VARARGS, tables_doc},
+    {"score_tables", (PyCFunction)(void (*)(void))score_tables, METH_FASTCALL, score_tables_doc},
     {"check_tables", check_tables, METH_VARARGS, check_tables_doc},
     {"decisions", decisions, METH_VARARGS, decisions_doc},
     {"level_codes", (PyCFunction)(void (*)(void))level_codes, METH_FASTCALL, level_codes_doc},
@@ -757,4 +942,18 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_h2o_trees", "genmodel's score0 for H2O GBM and DRF MOJOs, in C.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__h2o_trees(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__h2o_trees(void) {
+    PyObject *mod;
+    if (PyType_Ready(&TablesType) < 0)
+        return NULL;
+    mod = PyModule_Create(&module);
+    if (mod == NULL)
+        return NULL;
+    Py_INCREF(&TablesType);
+    if (PyModule_AddObject(mod, "Tables", (PyObject *)&TablesType) < 0) {
+        Py_DECREF(&TablesType);
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}

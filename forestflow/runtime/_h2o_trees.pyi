@@ -2,6 +2,26 @@
 
 import numpy as np
 
+class Tables:
+    """One model's tables, checked once (made by tables(), read by score_tables())."""
+
+def tables(
+    nodes: np.ndarray,
+    values: np.ndarray,
+    bits: np.ndarray,
+    roots: np.ndarray,
+    target: np.ndarray,
+    dom_len: np.ndarray,
+    params: np.ndarray,
+    prior: np.ndarray,
+    model_distrib: np.ndarray,
+    width: int,
+    layout: tuple[np.ndarray, ...] | None = None,
+    /,
+) -> Tables: ...
+def score_tables(
+    tables: Tables, X: np.ndarray, offsets: np.ndarray, preds: np.ndarray, ties: np.ndarray, padded: bool, /
+) -> None: ...
 def score(
     X: np.ndarray,
     offsets: np.ndarray | None,

@@ -172,7 +172,8 @@ def build_matrix(
     """
     if index is None:
         index = {c.name: j for j, c in enumerate(columns)}
-    X = np.full((frame.num_rows, len(columns)), NA)
+    X = np.empty((frame.num_rows, len(columns)))
+    X.fill(NA)  # (np.full's Python wrapper and its copyto cost ~4k instructions more per call)
     arrays: list[np.ndarray | None] = [None] * len(columns)
     offsets = None
     unknown: list[str] = []

@@ -101,6 +101,9 @@ class H2OMojoServable(Servable):
         self._requires_offset = False
         self._response: str | None = None
         self._classes: np.ndarray | None = None
+        #: The probability columns' names (``str`` of each class), made once: iterating the object
+        #: array per request went through numpy's sequence protocol and its IndexError at the end.
+        self._class_names: tuple[str, ...] = ()
         self._preds_size = 0
         self._batch = True
         self._meta: ServableMetadata | None = None
@@ -189,7 +192,7 @@ class H2OMojoServable(Servable):
         self._preds_size = model.preds_size
         if model.category in ("Binomial", "Multinomial"):
             domain = model.domains[-1] if model.response is not None else None
-            self._classes = np.array(list(domain) if domain is not None else ["0", "1"], dtype=object)
+            self._set_classes(list(domain) if domain is not None else ["0", "1"])
         self._batch = True
         self._native = scorer
         explains = self._load_shap_forest(model)
@@ -279,7 +282,7 @@ class H2OMojoServable(Servable):
         if category in ("Binomial", "Multinomial"):
             domain = model.getDomainValues(model.getResponseIdx())
             labels = [str(d) for d in domain] if domain is not None else ["0", "1"]  # quasibinomial: no domain
-            self._classes = np.array(labels, dtype=object)
+            self._set_classes(labels)
         facts = {
             "category": category,
             "algorithm": str(model._algoName),
@@ -426,6 +429,10 @@ class H2OMojoServable(Servable):
                 preds[i] = np.asarray(p.toPreds())
         return preds
 
+    def _set_classes(self, labels: list[Any]) -> None:
+        self._classes = np.array(labels, dtype=object)
+        self._class_names = tuple(str(label) for label in self._classes)
+
     def _outputs(self, preds: np.ndarray) -> dict[str, np.ndarray]:
         """Output columns, like H2O's prediction frame, from raw genmodel predictions."""
         cat = self._category
@@ -434,8 +441,8 @@ class H2OMojoServable(Servable):
         if cat in ("Binomial", "Multinomial"):
             assert self._classes is not None
             out = {"predict": self._classes[preds[:, 0].astype(np.intp)]}
-            for k, label in enumerate(self._classes):
-                out[str(label)] = preds[:, 1 + k].copy()
+            for k, name in enumerate(self._class_names):
+                out[name] = preds[:, 1 + k].copy()
             return out
         if cat == "Clustering":
             return {"cluster": preds[:, 0].astype(np.int32)}

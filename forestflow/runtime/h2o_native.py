@@ -144,8 +144,27 @@ class NativeTreeScorer:
         self.preds_size = width
         self.n_features = model.n_features
         _h2o_trees.check_tables(self._nodes, self._values, self._bits, self._roots, self._target, self.n_features, width)
-        #: The padded trees (checked by every score() call, as the tables are).
+        #: The padded trees.
         self.layout = h2o_layout(t, self._dom_len, version)
+        self._tables, self._layout_error = self._checked_tables(width)
+
+    def _checked_tables(self, width: int) -> tuple[_h2o_trees.Tables, str | None]:
+        """The C kernel's tables, held read-only and checked once (``_h2o_trees.tables``) rather than by
+        every call (a walk over the node table and a buffer per array), and the error of a layout the
+        check refuses (then every padded call fails with it, as it did when each call checked it)."""
+        self._values, self._bits, self._roots, self._target = (
+            np.array(a) for a in (self._values, self._bits, self._roots, self._target)
+        )  # copies: the tree model's own arrays stay writable
+        arrays = (
+            self._nodes, self._values, self._bits, self._roots, self._target,
+            self._dom_len, self._params, self._prior, self._model_distrib,
+        )  # fmt: skip
+        for array in (*arrays, *self.layout.tables):
+            array.flags.writeable = False
+        try:
+            return _h2o_trees.tables(*arrays, width, self.layout.tables), None
+        except ValueError as error:
+            return _h2o_trees.tables(*arrays, width), str(error).replace("tables():", "score():", 1)
 
     def score(self, X: np.ndarray, offsets: np.ndarray | None = None, padded: bool = True) -> np.ndarray:
         """``score0`` of every row of ``X`` (``n x n_features``, NaN = NA): ``(n, preds_size)``;
@@ -157,22 +176,10 @@ class NativeTreeScorer:
         offs = np.zeros(n) if offsets is None else np.ascontiguousarray(offsets, dtype=np.float64)
         preds = np.zeros((n, self.preds_size))
         ties = np.zeros(n, dtype=np.uint8)
-        _h2o_trees.score(
-            X,
-            offs,
-            self._nodes,
-            self._values,
-            self._bits,
-            self._roots,
-            self._target,
-            self._dom_len,
-            self._params,
-            self._prior,
-            self._model_distrib,
-            preds,
-            ties,
-            *((self.layout.tables,) if padded and n >= PADDED_FROM_ROWS else ()),
-        )
+        padded = padded and n >= PADDED_FROM_ROWS
+        if padded and self._layout_error is not None:
+            raise ValueError(self._layout_error)
+        _h2o_trees.score_tables(self._tables, X, offs, preds, ties, padded)
         if self.preds_size > 3 and ties.any():
             prior = self.model.prior_class_distrib
             for i in np.flatnonzero(ties).tolist():

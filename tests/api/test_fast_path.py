@@ -9,6 +9,7 @@ and check the fast path really answered (its connections are counted by the serv
 from __future__ import annotations
 
 import asyncio
+import gzip
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -271,3 +272,56 @@ async def test_a_large_body_is_read_whole_on_the_fast_path(tmp_path: Path) -> No
         assert (status, headers["x-request-id"]) == (200, "small")
         assert served.server.answered == 2
         writer.close()
+
+
+async def test_plain_heads_are_read_in_c_once_llhttp_has_read_their_target(tmp_path: Path, monkeypatch: Any) -> None:
+    """The first request for a target is read by llhttp (which routes it); later plain ones by
+    _ffhttp.request_head, their bodies taken from the buffer however they arrive, headers kept."""
+    taken: list[str] = []  # the targets of the heads read in C and routed from the cache
+
+    def cached(server: FastServer, method: str, path: str) -> Any:
+        target = cached_target(server, method, path)
+        if target is not None:
+            taken.append(path)
+        return target
+
+    cached_target = FastServer.cached_target
+    monkeypatch.setattr(FastServer, "cached_target", cached)
+    async with gateway(tmp_path) as served:
+        reader, writer = await asyncio.open_connection(served.host, served.port)
+        writer.write(score_request([1.0], "first"))
+        status, headers, body = await read_response(reader)
+        assert (status, headers["x-request-id"], doubles(body)) == (200, "first", [2.0])
+        second = score_request([2.0, 3.0], "second", extra=b"X-Request-Timeout-Ms: 5000\r\n")
+        for at in range(0, len(second), 7):  # the head and the body in pieces, a read each
+            writer.write(second[at : at + 7])
+            await asyncio.sleep(0.001)
+        status, headers, body = await read_response(reader)
+        assert (status, headers["x-request-id"], doubles(body)) == (200, "second", [4.0, 6.0])
+        writer.write(score_request([4.0], "third", extra=b"X-Request-Timeout-Ms: nope\r\n"))  # headers reach the route
+        status, headers, body = await read_response(reader)
+        assert (status, headers["x-request-id"]) == (400, "third")
+        assert b"X-Request-Timeout-Ms" in body
+        assert taken == [SCORE, SCORE] and served.server.answered == 3 and len(served.server.fast_connections) == 1
+        writer.close()
+
+
+async def test_a_compressed_answer_is_the_one_aiohttp_writes(tmp_path: Path) -> None:
+    """A V2 answer the client accepts gzipped: compressed on the fast path as aiohttp compresses it."""
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": [300], "datatype": "FP64", "data": [float(i) for i in range(300)]}]})
+    request = (
+        f"POST /v2/models/acme.fast.1/infer HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\nX-Request-Id: z\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    answers = []
+    for fast in (True, False):
+        async with gateway(tmp_path / str(fast), http_fast_path=fast) as served:
+            reader, writer = await asyncio.open_connection(served.host, served.port)
+            writer.write(request + request)  # the second: a head read in C on the fast path
+            for _ in range(2):
+                status, headers, answer = await read_response(reader)
+                assert (status, headers["content-encoding"], headers["x-request-id"]) == (200, "gzip", "z")
+                answers.append((gzip.decompress(answer), headers["content-type"]))
+            writer.close()
+    assert answers[0] == answers[1] == answers[2] == answers[3]
+    assert orjson.loads(answers[0][0])["outputs"][0]["data"] == [2.0 * i for i in range(300)]

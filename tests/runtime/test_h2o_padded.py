@@ -167,6 +167,13 @@ def test_a_layout_that_points_outside_the_tables_is_refused() -> None:
                 X, np.zeros(len(X)), scorer._nodes, scorer._values, scorer._bits, scorer._roots, scorer._target, scorer._dom_len,
                 scorer._params, scorer._prior, scorer._model_distrib, preds, np.zeros(len(X), dtype=np.uint8), tuple(bad),
             )  # fmt: skip
+        for array in bad:
+            array.flags.writeable = False
+        with pytest.raises(ValueError, match=match):  # the tables held once are checked alike
+            _h2o_trees.tables(
+                scorer._nodes, scorer._values, scorer._bits, scorer._roots, scorer._target, scorer._dom_len, scorer._params,
+                scorer._prior, scorer._model_distrib, scorer.preds_size, tuple(bad),
+            )  # fmt: skip
 
     n_features, n_nodes = scorer.n_features, len(scorer._nodes)
     decision = int(tables[5][2])  # the first decision slot
