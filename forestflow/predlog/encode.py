@@ -19,7 +19,7 @@ import orjson
 from google.protobuf import json_format
 
 from forestflow._proto import forestflow_pb2 as pb
-from forestflow.codecs._ffwire import wire_event
+from forestflow.codecs._ffwire import graphpipe_event, wire_event
 from forestflow.codecs.ff_protobuf import (
     embedded,
     fqrv_bytes,
@@ -81,6 +81,8 @@ class _ServableFields:
     fqrv_field: bytes
     #: A Prediction's fqrv field (field 1 of the Prediction message).
     prediction_fqrv: bytes
+    #: A GraphPipe Prediction's fqrv field (field 2 of PredictionEventGP's prediction).
+    graphpipe_fqrv: bytes
     logging_json: orjson.Fragment
     fqrv_json: orjson.Fragment
     #: The same two as JSON bytes (what the C line writer takes).
@@ -112,6 +114,7 @@ def _servable_fields(logging: LoggingSettings, fqrv: FQRV) -> _ServableFields:
             _SERVED[False] + logging_field,
             embedded(12, fqrv_bytes(fqrv)),
             prediction_fqrv_field(fqrv),
+            embedded(2, fqrv_bytes(fqrv)),
             orjson.Fragment(logging_json),
             orjson.Fragment(fqrv_json),
             logging_json,
@@ -209,12 +212,20 @@ def _event(record: PredictionRecord, fields: _ServableFields) -> bytes:
         response = record.response_json
         response_length = response.json_length if isinstance(response, WireBody) else None
         return _common_fields(record, fields, request, response, request.json_length, response_length)
+    if record.raw_request is not None:  # GraphPipe: the head, the request and the answer's message, in one call
+        return graphpipe_event(
+            fields.served_head if record.served else fields.shadow_head,
+            record.event_time_ms,
+            record.request_id,
+            fields.fqrv_field,
+            record.latency_ms,
+            record.status,
+            _tail(record),
+            record.raw_request,
+            record.raw_response,
+            fields.graphpipe_fqrv,
+        )
     payload = _common_fields(record, fields)
-    if record.raw_request is not None:  # GraphPipe
-        payload += embedded(3, record.raw_request)
-        if record.raw_response is not None:
-            payload += embedded(1, embedded(1, record.raw_response) + embedded(2, fqrv_bytes(record.fqrv)))
-        return payload
     if record.response is None:
         return payload + inference_request_bytes(record.request, record.configs, _INFERENCE_REQUEST)
     # The request written between the head and the answer in one buffer (no join copying it again:

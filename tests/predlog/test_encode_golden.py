@@ -22,9 +22,6 @@ from forestflow.predlog.record import PredictionRecord
 from tests.predlog import make_record
 from tests.predlog.test_encode_json import records as json_records
 
-# graphpipe's client (the bench's GraphPipe request) passes numElems to EndVector, which flatbuffers >= 2 deprecates.
-pytestmark = pytest.mark.filterwarnings("ignore:numElems is deprecated:DeprecationWarning")
-
 
 def golden_records() -> dict[str, PredictionRecord]:
     """Records of every shape the log writes: the bench's /score and V2 requests at 1 and 100 rows,
