@@ -1,7 +1,7 @@
 """Types of the C extension forestflow/predlog/_jsonl.c."""
 
 def usual_line(
-    wire: bool,
+    kind: int,
     key: str | None,
     request: bytes,
     response: bytes,

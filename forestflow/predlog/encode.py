@@ -304,11 +304,15 @@ def event_to_dict(payload: bytes, graphpipe: bool = False) -> dict[str, Any]:
 _KEY_OF_RECORD: Any = object()
 
 
-def _usual_line(record: PredictionRecord, fields: _ServableFields, wire: bool, kafka_key: str | None) -> bytes | None:
+#: The kinds of event :func:`_usual_line` writes (``usual_line``'s first argument).
+_SCORE, _WIRE, _GRAPHPIPE = 0, 1, 2
+
+
+def _usual_line(record: PredictionRecord, fields: _ServableFields, kind: int, kafka_key: str | None) -> bytes | None:
     """The JSON line of the events nearly every request makes, in one C call: a /score answer with its
-    JSON bodies, or a V2 REST one (no error, pin, trace or pipeline extras). None for any other event,
-    and when the C writer leaves the line to orjson (:func:`encode_event_json` builds those field by
-    field, in the same order, to the same bytes)."""
+    JSON bodies, a V2 REST one, or a GraphPipe answer (``kind``; no error, pin, trace or pipeline extras).
+    None for any other event, and when the C writer leaves the line to orjson (:func:`encode_event_json`
+    builds those field by field, in the same order, to the same bytes)."""
     if record.error or record.pinned or record.trace_id or record.feedback is not None:
         return None
     response = record.response
@@ -317,20 +321,23 @@ def _usual_line(record: PredictionRecord, fields: _ServableFields, wire: bool, k
     parameters = response.parameters if response is not None else None
     if parameters and (parameters.get("metadata") or parameters.get("intermediate")):
         return None
-    request_json, response_json = record.request_json, record.response_json
-    if request_json is None or response_json is None:
+    if kind == _GRAPHPIPE:  # the flatbuffers, written as base64 in C
+        request, answer = record.raw_request, record.raw_response
+    else:
+        request, answer = record.request_json, record.response_json
+    if request is None or answer is None:
         return None
-    if wire and (
+    if kind == _WIRE and (
         record.protocol != "v2"
-        or request_json.json_length is not None  # type: ignore[attr-defined]  # a WireBody (``wire``)
-        or (isinstance(response_json, WireBody) and response_json.json_length is not None)
+        or request.json_length is not None  # type: ignore[attr-defined]  # a WireBody (``kind``)
+        or (isinstance(answer, WireBody) and answer.json_length is not None)
     ):
         return None
     return usual_line(
-        wire,
+        kind,
         kafka_key,
-        request_json,
-        response_json,
+        request,
+        answer,
         record.served,
         fields.logging_json_bytes,
         record.event_time_ms,
@@ -351,10 +358,9 @@ def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_
     graphpipe, wire = record.raw_request is not None, isinstance(record.request_json, WireBody)
     if kafka_key is _KEY_OF_RECORD:
         kafka_key = record.key
-    if not graphpipe:
-        usual = _usual_line(record, fields, wire, kafka_key)
-        if usual is not None:
-            return usual
+    usual = _usual_line(record, fields, _GRAPHPIPE if graphpipe else _WIRE if wire else _SCORE, kafka_key)
+    if usual is not None:
+        return usual
     if record.feedback is not None:
         return orjson.dumps({"topic": "basic", "key": kafka_key, "event": _feedback_event_json(record, fields)})
     event: dict[str, Any] = {}
