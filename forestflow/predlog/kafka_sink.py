@@ -313,21 +313,26 @@ class KafkaSink:
     async def _pack_usual(
         self, producer: AIOKafkaProducer, entries: list[LogEntry]
     ) -> list[tuple[tuple[str, int], Any, list[LogEntry]]] | None:
-        """:meth:`_pack` of the usual batch without a Python step per entry: no GraphPipe event, none near
-        the size limit, every key's partition cached and all of them on one partition, the whole within
-        one record batch (the loops below run in C). None for any other batch (``_pack`` sorts it)."""
-        if not entries or any(map(_GRAPHPIPE, entries)):
+        """:meth:`_pack` of the usual batch without a Python step per entry: every event of one topic (all
+        GraphPipe or none), none near the size limit, every key's partition cached and all of them on one
+        partition, the whole within one record batch (the loops below run in C). None for any other batch
+        (``_pack`` sorts it)."""
+        if not entries:
+            return None
+        graphpipe = any(map(_GRAPHPIPE, entries))
+        if graphpipe and not all(map(_GRAPHPIPE, entries)):
             return None
         sizes = list(map(_SIZE, entries))
         total = _BATCH_HEADER + sum(sizes) + len(entries) * (_RECORD_OVERHEAD - EVENT_OVERHEAD_BYTES)
         if max(sizes) > self.max_request_size - 128 + EVENT_OVERHEAD_BYTES or total > self._batch_bytes:
             return None
-        known = await self._partitions(producer, self.topic)
+        topic = self.gp_topic if graphpipe else self.topic
+        known = await self._partitions(producer, topic)
         partitions = set(map(known[1].get, map(_KEY, entries)))  # None: a key not cached yet, or no key
         partition = partitions.pop() if len(partitions) == 1 else None
         if partition is None:
             return None
-        return [((self.topic, partition), RecordBatch(entries, self.compression), entries)]
+        return [((topic, partition), RecordBatch(entries, self.compression), entries)]
 
     async def _partitions(self, producer: AIOKafkaProducer, topic: str) -> tuple[list[int], dict[bytes, int]]:
         """The topic's partitions and its key cache, emptied when the partitions change."""

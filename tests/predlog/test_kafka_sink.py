@@ -365,6 +365,13 @@ async def test_the_usual_batch_is_packed_as_the_general_loop_packs_it() -> None:
     assert await sink._pack_usual(producer, spread) is None
     assert await sink._pack_usual(producer, [entry(make_record(0, {}))]) is None  # no key: a random partition
     assert await sink._pack_usual(producer, [*same, entry(make_record(1, {"user": "u1"}, graphpipe=True))]) is None
+    # A batch of GraphPipe events alone: its own topic, packed as the general loop packs it.
+    gp = [entry(make_record(i, {"user": "u1"}, graphpipe=True)) for i in range(20)]
+    assert await sink._pack_usual(producer, gp) is None  # the key not cached for that topic yet
+    general = await sink._pack(producer, gp, set())
+    assert [where for where, _, _ in general] == [("b", general[0][0][1])]
+    assert await sink._pack_usual(producer, gp) is not None
+    assert packed(await sink._pack(producer, gp, set())) == packed(general)
     big = [entry(make_record(i, {"user": "u1"}, pad=3000)) for i in range(400)]  # more than one record batch
     assert await sink._pack_usual(producer, big) is None
     assert len(await sink._pack(producer, big, set())) > 1
