@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from bench import predlog_encode
 from forestflow.core.frame import Frame
-from forestflow.predlog._jsonl import usual_line
+from forestflow.predlog._jsonl import _set_simd, usual_line
 from forestflow.predlog.encode import _servable_fields, _usual_line, encode_event_json, one_line_json
 from forestflow.predlog.record import WireBody
 from tests.tiers import examples
@@ -132,9 +132,18 @@ def test_usual_values_are_written_in_c(latency: float) -> None:
     assert check((2, None, b"\x00\xff" * 50, b"\x10", *args[4:11], "graphpipe")) is not None
 
 
-#: Lengths around base64's steps: 8 bytes read 6 at a time, then 3 at a time, then 1 or 2 padded.
-@pytest.mark.parametrize("length", [*range(0, 20), 127, 128, 129, 7000, 7001, 7002])
-def test_graphpipe_flatbuffers_are_base64_text(length: int) -> None:
+@pytest.fixture(params=[True, False], ids=["simd", "plain"])
+def simd(request: pytest.FixtureRequest) -> Any:
+    """Base64 written with SSSE3 (where the CPU has it) and with the plain loop."""
+    was = _set_simd(request.param)
+    yield request.param
+    _set_simd(was)
+
+
+#: Lengths around base64's steps: 16 bytes read 12 at a time (SSSE3), 8 read 6 at a time, then 3 at a
+#: time, then 1 or 2 padded.
+@pytest.mark.parametrize("length", [*range(0, 40), 127, 128, 129, 7000, 7001, 7002])
+def test_graphpipe_flatbuffers_are_base64_text(length: int, simd: bool) -> None:
     request = bytes((i * 37 + 11) % 256 for i in range(length))
     response = request[::-1] + b"\xfb\xff"
     args = (2, "u42", request, response, False, LOGGING, 1_790_000_000_000, "7f3a", FQRV, 0.4, 200, "graphpipe")
@@ -145,11 +154,28 @@ def test_graphpipe_flatbuffers_are_base64_text(length: int) -> None:
     assert base64.b64decode(event["prediction"]["inferResponse"], validate=True) == response
 
 
-@FUZZ
-@given(request=st.binary(max_size=600), response=st.binary(max_size=600))
-def test_fuzzed_graphpipe_lines_equal_orjson(request: bytes, response: bytes) -> None:
-    args = (2, "k", request, response, True, LOGGING, 1_790_000_000_000, "r", FQRV, 1.25, 200, "graphpipe")
-    assert check(args) is not None
+@pytest.mark.parametrize("on", [True, False], ids=["simd", "plain"])
+def test_fuzzed_graphpipe_lines_equal_orjson(on: bool) -> None:
+    @FUZZ
+    @given(request=st.binary(max_size=600), response=st.binary(max_size=600))
+    def lines(request: bytes, response: bytes) -> None:
+        args = (2, "k", request, response, True, LOGGING, 1_790_000_000_000, "r", FQRV, 1.25, 200, "graphpipe")
+        assert check(args) is not None
+
+    was = _set_simd(on)
+    try:
+        lines()
+    finally:
+        _set_simd(was)
+
+
+def test_simd_can_be_switched() -> None:
+    was = _set_simd(False)
+    try:
+        assert _set_simd(True) is False
+        assert _set_simd(True) in (True, False)  # False where the CPU has no SSSE3
+    finally:
+        _set_simd(was)
 
 
 @pytest.mark.parametrize(
