@@ -90,6 +90,16 @@ static Py_ssize_t decimal(char *buf, long long value) {
     return len;
 }
 
+/* An int as a long long: through PyLong_AsLong where long is as wide (CPython 3.11's PyLong_AsLongLong
+ * converts every int past 30 bits, e.g. a time in ms, through _PyLong_AsByteArray). */
+static inline long long as_long_long(PyObject *o) {
+#if LONG_MAX == LLONG_MAX
+    return PyLong_AsLong(o);
+#else
+    return PyLong_AsLongLong(o);
+#endif
+}
+
 #define PUT_LITERAL(out, literal) put((out), (literal), (Py_ssize_t)(sizeof(literal) - 1))
 
 static const char BASE64_ALPHABET[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -252,8 +262,8 @@ static PyObject *usual_line(PyObject *Py_UNUSED(self), PyObject *const *args, Py
         (request_id = plain_text(args[7], &request_id_len)) == NULL || (protocol = plain_text(args[11], &protocol_len)) == NULL ||
         !PyLong_CheckExact(args[6]) || !PyLong_CheckExact(args[10]))
         Py_RETURN_NONE;
-    event_time = PyLong_AsLongLong(args[6]);
-    status = PyLong_AsLongLong(args[10]);
+    event_time = as_long_long(args[6]);
+    status = as_long_long(args[10]);
     if (PyErr_Occurred()) { /* beyond 64 bits: orjson's business */
         PyErr_Clear();
         Py_RETURN_NONE;
