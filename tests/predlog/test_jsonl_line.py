@@ -132,18 +132,23 @@ def test_usual_values_are_written_in_c(latency: float) -> None:
     assert check((2, None, b"\x00\xff" * 50, b"\x10", *args[4:11], "graphpipe")) is not None
 
 
-@pytest.fixture(params=[True, False], ids=["simd", "plain"])
-def simd(request: pytest.FixtureRequest) -> Any:
-    """Base64 written with SSSE3 (where the CPU has it) and with the plain loop."""
-    was = _set_simd(request.param)
-    yield request.param
+#: Base64's paths: AVX2 then SSSE3, SSSE3, the plain loop (a level the CPU lacks runs as the best it has).
+SIMD_LEVELS = pytest.mark.parametrize("level", [2, 1, 0], ids=["avx2", "ssse3", "plain"])
+
+
+@pytest.fixture
+def simd(level: int) -> Any:
+    """Base64 written at ``level`` for the test, the level before restored after it."""
+    was = _set_simd(level)
+    yield level
     _set_simd(was)
 
 
-#: Lengths around base64's steps: 16 bytes read 12 at a time (SSSE3), 8 read 6 at a time, then 3 at a
-#: time, then 1 or 2 padded.
-@pytest.mark.parametrize("length", [*range(0, 40), 127, 128, 129, 7000, 7001, 7002])
-def test_graphpipe_flatbuffers_are_base64_text(length: int, simd: bool) -> None:
+#: Lengths around base64's steps: 28 bytes read 24 at a time (AVX2), 16 read 12 at a time (SSSE3), 8 read
+#: 6 at a time, then 3 at a time, then 1 or 2 padded.
+@SIMD_LEVELS
+@pytest.mark.parametrize("length", [*range(0, 60), 127, 128, 129, 7000, 7001, 7002])
+def test_graphpipe_flatbuffers_are_base64_text(length: int, simd: int) -> None:
     request = bytes((i * 37 + 11) % 256 for i in range(length))
     response = request[::-1] + b"\xfb\xff"
     args = (2, "u42", request, response, False, LOGGING, 1_790_000_000_000, "7f3a", FQRV, 0.4, 200, "graphpipe")
@@ -154,28 +159,29 @@ def test_graphpipe_flatbuffers_are_base64_text(length: int, simd: bool) -> None:
     assert base64.b64decode(event["prediction"]["inferResponse"], validate=True) == response
 
 
-@pytest.mark.parametrize("on", [True, False], ids=["simd", "plain"])
-def test_fuzzed_graphpipe_lines_equal_orjson(on: bool) -> None:
+@SIMD_LEVELS
+def test_fuzzed_graphpipe_lines_equal_orjson(level: int) -> None:
     @FUZZ
     @given(request=st.binary(max_size=600), response=st.binary(max_size=600))
     def lines(request: bytes, response: bytes) -> None:
         args = (2, "k", request, response, True, LOGGING, 1_790_000_000_000, "r", FQRV, 1.25, 200, "graphpipe")
         assert check(args) is not None
 
-    was = _set_simd(on)
+    was = _set_simd(level)
     try:
         lines()
     finally:
         _set_simd(was)
 
 
-def test_simd_can_be_switched() -> None:
-    was = _set_simd(False)
+def test_simd_levels_are_capped_by_the_cpu() -> None:
+    best = _set_simd(99)  # the import's choice: the CPU's best
     try:
-        assert _set_simd(True) is False
-        assert _set_simd(True) in (True, False)  # False where the CPU has no SSSE3
+        assert _set_simd(0) == best and best in (0, 1, 2)
+        assert _set_simd(-5) == 0
+        assert _set_simd(1) == 0 and _set_simd(1) == min(1, best)
     finally:
-        _set_simd(was)
+        _set_simd(best)
 
 
 @pytest.mark.parametrize(
