@@ -1,8 +1,8 @@
 /*
  * forestflow.predlog._jsonl: the file log's JSON line of the usual event, in one call.
  *
- * Nearly every logged request is a /score answer with its JSON bodies, or a V2 REST one with its wire
- * bodies. Their line is a fixed frame around the bodies as they were on the wire; orjson built it
+ * Nearly every logged request is a /score answer with its JSON bodies, a V2 REST one with its wire
+ * bodies, or a GraphPipe one with its flatbuffers. Their line is a fixed frame around the bodies as they were on the wire; orjson built it
  * from a dict display of Fragments, growing its buffer while copying each body (kilobytes at 100
  * rows) more than once. Here every piece is sized first and copied once into the line's bytes:
  *
@@ -17,13 +17,13 @@
  *           "fqrv":F,"latencyMs":X,"status":S,"protocol":P}}
  *
  * exactly the bytes orjson writes for the same dict (tests/predlog compares them). A GraphPipe event's
- * flatbuffers are written as base64 (the standard alphabet, padded: what base64.b64encode gives), straight
- * into the line: binascii's encoder costs ~17 instructions a byte, then its text is decoded to a str and
- * copied again by orjson (kilobytes at 100 rows). The JSON bodies have CR
- * and LF turned into spaces (encode.one_line_json); the latency comes written by orjson (its shortest
- * float form: Python's repr() costs 5-7k instructions for a 17-digit latency). None, so the caller
- * builds the line with orjson, whenever this writer could differ from orjson: a text that needs
- * escaping (a quote, a backslash, a control character) or is not valid UTF-8.
+ * flatbuffers are written as base64 (the standard alphabet, padded: what base64.b64encode gives) straight
+ * into the line, with AVX2 or SSSE3 where the CPU has them: binascii's encoder costs ~17 instructions a
+ * byte, then its text was decoded to a str and copied again by orjson (kilobytes at 100 rows). The JSON
+ * bodies have CR and LF turned into spaces (encode.one_line_json); the latency comes written by orjson
+ * (its shortest float form: Python's repr() costs 5-7k instructions for a 17-digit latency). None, so
+ * the caller builds the line with orjson, whenever this writer could differ from orjson: a text that
+ * needs escaping (a quote, a backslash, a control character) or is not valid UTF-8.
  */
 
 #define PY_SSIZE_T_CLEAN
