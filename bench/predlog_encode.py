@@ -2,8 +2,9 @@
 
 For the bench's prostate rows (1 and 100 per request) and a binomial answer: what ``emit`` spends
 encoding one event for the file (JSON line) and for Kafka (protobuf), for a /score request (its
-body and Prediction JSON reused) and for a V2 REST request, both as it was encoded before
-(frames re-encoded into ForestFlow's shape) and as it is now (the wire bodies copied).
+body and Prediction JSON reused), for a V2 REST request, both as it was encoded before
+(frames re-encoded into ForestFlow's shape) and as it is now (the wire bodies copied), and for a
+GraphPipe request (its flatbuffers as they were on the wire; when the graphpipe client is installed).
 
     python bench/predlog_encode.py
 """
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import payloads  # noqa: E402
+from forestflow.codecs.graphpipe import encode_infer_response, parse_config  # noqa: E402
 from forestflow.codecs.schema_datum import frame_from_json, prediction_json  # noqa: E402
 from forestflow.core.frame import Frame  # noqa: E402
 from forestflow.core.ids import FQRV  # noqa: E402
@@ -58,7 +60,7 @@ def records(rows: int) -> dict[str, PredictionRecord]:
         latency_ms=0.4,
         response=answer,
     )
-    return {
+    out = {
         "score": dataclasses.replace(base, request_json=score_body, response_json=prediction_json(fqrv, answer)),
         "v2-frames (before)": dataclasses.replace(base, protocol="v2"),
         "v2-wire (now)": dataclasses.replace(
@@ -68,6 +70,16 @@ def records(rows: int) -> dict[str, PredictionRecord]:
             response_json=WireBody.of(v2_response(rows, p1)),
         ),
     }
+    gp_body = payloads.graphpipe_body(rows)
+    if gp_body is not None:  # the request as the official client writes it, the answer as the front-end does
+        out["graphpipe"] = dataclasses.replace(
+            base,
+            configs=parse_config("reqid:bench"),
+            protocol="graphpipe",
+            raw_request=gp_body,
+            raw_response=encode_infer_response(fqrv, answer),
+        )
+    return out
 
 
 def cpu_us(fn, record: PredictionRecord, min_s: float = 0.3) -> float:

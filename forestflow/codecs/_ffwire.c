@@ -846,6 +846,14 @@ PyDoc_STRVAR(wire_event_doc,
 "and the JSON lengths (20, 21), each unless None, in one buffer: a wire event whole, or event_head()'s\n"
 "bytes when all four are None.");
 
+PyDoc_STRVAR(graphpipe_event_doc,
+"graphpipe_event(head, event_time_ms, request_id, fqrv_field, latency_ms, status, tail, infer_bytes,\n"
+"                infer_response, prediction_fqrv) -> bytes\n\n"
+"A whole PredictionEventGP in one buffer: event_head()'s fields, then inferBytes (3, ``infer_bytes``, the\n"
+"GraphPipe request as it came) and, unless ``infer_response`` is None, prediction (1): a message of\n"
+"inferResponse (1, ``infer_response``) and ``prediction_fqrv`` (its fqrv field 2, as written). The\n"
+"fields come in that order (3 after 17, 1 last), as the events were always written.");
+
 /* A wire body or None (absent): its bytes. */
 static int optional_bytes(const char *fn, int at, PyObject *arg, const char **data, Py_ssize_t *len) {
     if (arg == Py_None) {
@@ -863,9 +871,14 @@ static int optional_long(const char *fn, int at, PyObject *arg, long long *value
     return long_arg(fn, at, arg, value) < 0 ? -1 : 1;
 }
 
-static PyObject *head_and_wire(const char *fn, PyObject *const *args, Py_ssize_t nargs, int wire) {
-    const char *head, *request_id, *fqrv, *tail, *request = NULL, *response = NULL;
-    Py_ssize_t head_len, request_id_len, fqrv_len, tail_len, request_len = 0, response_len = 0, size;
+/* What follows event_head()'s fields: nothing, a V2 event's wire fields, or a GraphPipe event's fields. */
+enum { EVENT_HEAD, EVENT_WIRE, EVENT_GRAPHPIPE };
+
+static PyObject *head_and_wire(const char *fn, PyObject *const *args, Py_ssize_t nargs, int kind) {
+    const char *head, *request_id, *fqrv, *tail, *request = NULL, *response = NULL, *prediction_fqrv = NULL;
+    Py_ssize_t head_len, request_id_len, fqrv_len, tail_len, request_len = 0, response_len = 0, prediction_fqrv_len = 0, size;
+    Py_ssize_t prediction_len = 0; /* a GraphPipe event's prediction message */
+    const int wire = kind == EVENT_WIRE;
     long long event_time, status_arg, request_json_length = 0, response_json_length = 0;
     int has_request_json = 0, has_response_json = 0;
     double latency;
@@ -873,7 +886,8 @@ static PyObject *head_and_wire(const char *fn, PyObject *const *args, Py_ssize_t
     uint64_t latency_bits;
     PyObject *result;
     char *out;
-    if (arg_count(fn, nargs, wire ? 11 : 7) < 0 || bytes_arg(fn, 1, args[0], &head, &head_len) < 0 ||
+    if (arg_count(fn, nargs, kind == EVENT_WIRE ? 11 : kind == EVENT_GRAPHPIPE ? 10 : 7) < 0 ||
+        bytes_arg(fn, 1, args[0], &head, &head_len) < 0 ||
         long_arg(fn, 2, args[1], &event_time) < 0)
         return NULL;
     if (!PyUnicode_Check(args[2])) {
@@ -908,6 +922,15 @@ static PyObject *head_and_wire(const char *fn, PyObject *const *args, Py_ssize_t
             size += 2 + (Py_ssize_t)varint_len((uint64_t)request_json_length);
         if (has_response_json)
             size += 2 + (Py_ssize_t)varint_len((uint64_t)response_json_length);
+    } else if (kind == EVENT_GRAPHPIPE) {
+        if (bytes_arg(fn, 8, args[7], &request, &request_len) < 0 || optional_bytes(fn, 9, args[8], &response, &response_len) < 0 ||
+            bytes_arg(fn, 10, args[9], &prediction_fqrv, &prediction_fqrv_len) < 0)
+            return NULL;
+        size += 1 + (Py_ssize_t)varint_len((uint64_t)request_len) + request_len;
+        if (response != NULL) {
+            prediction_len = 1 + (Py_ssize_t)varint_len((uint64_t)response_len) + response_len + prediction_fqrv_len;
+            size += 1 + (Py_ssize_t)varint_len((uint64_t)prediction_len) + prediction_len;
+        }
     }
     result = PyBytes_FromStringAndSize(NULL, size);
     if (result == NULL)
@@ -952,16 +975,35 @@ static PyObject *head_and_wire(const char *fn, PyObject *const *args, Py_ssize_t
             *out++ = (char)0xA8, *out++ = 0x01; /* 21: wireResponseJsonLength, varint */
             out = put_varint(out, (uint64_t)response_json_length);
         }
+    } else if (kind == EVENT_GRAPHPIPE) {
+        *out++ = 0x1A; /* 3: inferBytes, length-delimited */
+        out = put_varint(out, (uint64_t)request_len);
+        memcpy(out, request, (size_t)request_len);
+        out += request_len;
+        if (response != NULL) {
+            *out++ = 0x0A; /* 1: prediction, length-delimited */
+            out = put_varint(out, (uint64_t)prediction_len);
+            *out++ = 0x0A; /* its 1: inferResponse, length-delimited */
+            out = put_varint(out, (uint64_t)response_len);
+            memcpy(out, response, (size_t)response_len);
+            out += response_len;
+            memcpy(out, prediction_fqrv, (size_t)prediction_fqrv_len);
+            out += prediction_fqrv_len;
+        }
     }
     return result;
 }
 
 static PyObject *event_head(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    return head_and_wire("event_head", args, nargs, 0);
+    return head_and_wire("event_head", args, nargs, EVENT_HEAD);
 }
 
 static PyObject *wire_event(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    return head_and_wire("wire_event", args, nargs, 1);
+    return head_and_wire("wire_event", args, nargs, EVENT_WIRE);
+}
+
+static PyObject *graphpipe_event(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    return head_and_wire("graphpipe_event", args, nargs, EVENT_GRAPHPIPE);
 }
 
 PyDoc_STRVAR(read_varint_doc,
@@ -997,6 +1039,7 @@ static PyMethodDef methods[] = {
     {"message", (PyCFunction)(void (*)(void))message, METH_FASTCALL, message_doc},
     {"event_head", (PyCFunction)(void (*)(void))event_head, METH_FASTCALL, event_head_doc},
     {"wire_event", (PyCFunction)(void (*)(void))wire_event, METH_FASTCALL, wire_event_doc},
+    {"graphpipe_event", (PyCFunction)(void (*)(void))graphpipe_event, METH_FASTCALL, graphpipe_event_doc},
     {"set_types", set_types, METH_O, set_types_doc},
     {"varint", varint, METH_O, varint_doc},
     {NULL, NULL, 0, NULL},

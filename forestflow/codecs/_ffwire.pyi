@@ -37,3 +37,16 @@ def wire_event(
     response_json_length: int | None,
     /,
 ) -> bytes: ...
+def graphpipe_event(
+    head: bytes,
+    event_time_ms: int,
+    request_id: str,
+    fqrv_field: bytes,
+    latency_ms: float,
+    status: int,
+    tail: bytes,
+    infer_bytes: bytes,
+    infer_response: bytes | None,
+    prediction_fqrv: bytes,
+    /,
+) -> bytes: ...

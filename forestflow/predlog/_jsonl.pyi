@@ -1,7 +1,7 @@
 """Types of the C extension forestflow/predlog/_jsonl.c."""
 
 def usual_line(
-    wire: bool,
+    kind: int,
     key: str | None,
     request: bytes,
     response: bytes,
@@ -15,3 +15,4 @@ def usual_line(
     protocol: str,
     /,
 ) -> bytes | None: ...
+def _set_simd(level: int, /) -> int: ...

@@ -19,7 +19,7 @@ import orjson
 from google.protobuf import json_format
 
 from forestflow._proto import forestflow_pb2 as pb
-from forestflow.codecs._ffwire import wire_event
+from forestflow.codecs._ffwire import graphpipe_event, wire_event
 from forestflow.codecs.ff_protobuf import (
     embedded,
     fqrv_bytes,
@@ -81,6 +81,8 @@ class _ServableFields:
     fqrv_field: bytes
     #: A Prediction's fqrv field (field 1 of the Prediction message).
     prediction_fqrv: bytes
+    #: A GraphPipe Prediction's fqrv field (field 2 of PredictionEventGP's prediction).
+    graphpipe_fqrv: bytes
     logging_json: orjson.Fragment
     fqrv_json: orjson.Fragment
     #: The same two as JSON bytes (what the C line writer takes).
@@ -112,6 +114,7 @@ def _servable_fields(logging: LoggingSettings, fqrv: FQRV) -> _ServableFields:
             _SERVED[False] + logging_field,
             embedded(12, fqrv_bytes(fqrv)),
             prediction_fqrv_field(fqrv),
+            embedded(2, fqrv_bytes(fqrv)),
             orjson.Fragment(logging_json),
             orjson.Fragment(fqrv_json),
             logging_json,
@@ -209,12 +212,20 @@ def _event(record: PredictionRecord, fields: _ServableFields) -> bytes:
         response = record.response_json
         response_length = response.json_length if isinstance(response, WireBody) else None
         return _common_fields(record, fields, request, response, request.json_length, response_length)
+    if record.raw_request is not None:  # GraphPipe: the head, the request and the answer's message, in one call
+        return graphpipe_event(
+            fields.served_head if record.served else fields.shadow_head,
+            record.event_time_ms,
+            record.request_id,
+            fields.fqrv_field,
+            record.latency_ms,
+            record.status,
+            _tail(record),
+            record.raw_request,
+            record.raw_response,
+            fields.graphpipe_fqrv,
+        )
     payload = _common_fields(record, fields)
-    if record.raw_request is not None:  # GraphPipe
-        payload += embedded(3, record.raw_request)
-        if record.raw_response is not None:
-            payload += embedded(1, embedded(1, record.raw_response) + embedded(2, fqrv_bytes(record.fqrv)))
-        return payload
     if record.response is None:
         return payload + inference_request_bytes(record.request, record.configs, _INFERENCE_REQUEST)
     # The request written between the head and the answer in one buffer (no join copying it again:
@@ -293,11 +304,15 @@ def event_to_dict(payload: bytes, graphpipe: bool = False) -> dict[str, Any]:
 _KEY_OF_RECORD: Any = object()
 
 
-def _usual_line(record: PredictionRecord, fields: _ServableFields, wire: bool, kafka_key: str | None) -> bytes | None:
+#: The kinds of event :func:`_usual_line` writes (``usual_line``'s first argument).
+_SCORE, _WIRE, _GRAPHPIPE = 0, 1, 2
+
+
+def _usual_line(record: PredictionRecord, fields: _ServableFields, kind: int, kafka_key: str | None) -> bytes | None:
     """The JSON line of the events nearly every request makes, in one C call: a /score answer with its
-    JSON bodies, or a V2 REST one (no error, pin, trace or pipeline extras). None for any other event,
-    and when the C writer leaves the line to orjson (:func:`encode_event_json` builds those field by
-    field, in the same order, to the same bytes)."""
+    JSON bodies, a V2 REST one, or a GraphPipe answer (``kind``; no error, pin, trace or pipeline extras).
+    None for any other event, and when the C writer leaves the line to orjson (:func:`encode_event_json`
+    builds those field by field, in the same order, to the same bytes)."""
     if record.error or record.pinned or record.trace_id or record.feedback is not None:
         return None
     response = record.response
@@ -306,20 +321,23 @@ def _usual_line(record: PredictionRecord, fields: _ServableFields, wire: bool, k
     parameters = response.parameters if response is not None else None
     if parameters and (parameters.get("metadata") or parameters.get("intermediate")):
         return None
-    request_json, response_json = record.request_json, record.response_json
-    if request_json is None or response_json is None:
+    if kind == _GRAPHPIPE:  # the flatbuffers, written as base64 in C
+        request, answer = record.raw_request, record.raw_response
+    else:
+        request, answer = record.request_json, record.response_json
+    if request is None or answer is None:
         return None
-    if wire and (
+    if kind == _WIRE and (
         record.protocol != "v2"
-        or request_json.json_length is not None  # type: ignore[attr-defined]  # a WireBody (``wire``)
-        or (isinstance(response_json, WireBody) and response_json.json_length is not None)
+        or request.json_length is not None  # type: ignore[attr-defined]  # a WireBody (``kind``)
+        or (isinstance(answer, WireBody) and answer.json_length is not None)
     ):
         return None
     return usual_line(
-        wire,
+        kind,
         kafka_key,
-        request_json,
-        response_json,
+        request,
+        answer,
         record.served,
         fields.logging_json_bytes,
         record.event_time_ms,
@@ -340,10 +358,9 @@ def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_
     graphpipe, wire = record.raw_request is not None, isinstance(record.request_json, WireBody)
     if kafka_key is _KEY_OF_RECORD:
         kafka_key = record.key
-    if not graphpipe:
-        usual = _usual_line(record, fields, wire, kafka_key)
-        if usual is not None:
-            return usual
+    usual = _usual_line(record, fields, _GRAPHPIPE if graphpipe else _WIRE if wire else _SCORE, kafka_key)
+    if usual is not None:
+        return usual
     if record.feedback is not None:
         return orjson.dumps({"topic": "basic", "key": kafka_key, "event": _feedback_event_json(record, fields)})
     event: dict[str, Any] = {}

@@ -20,8 +20,10 @@ everything it still cares about has either been confirmed or been counted.
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_right
 from collections.abc import Sequence
-from operator import attrgetter
+from itertools import accumulate, repeat
+from operator import add, attrgetter
 from typing import Any
 
 import structlog
@@ -313,21 +315,39 @@ class KafkaSink:
     async def _pack_usual(
         self, producer: AIOKafkaProducer, entries: list[LogEntry]
     ) -> list[tuple[tuple[str, int], Any, list[LogEntry]]] | None:
-        """:meth:`_pack` of the usual batch without a Python step per entry: no GraphPipe event, none near
-        the size limit, every key's partition cached and all of them on one partition, the whole within
-        one record batch (the loops below run in C). None for any other batch (``_pack`` sorts it)."""
-        if not entries or any(map(_GRAPHPIPE, entries)):
+        """:meth:`_pack` of the usual batch without a Python step per entry: every event of one topic (all
+        GraphPipe or none), none near the size limit, every key's partition cached and all of them on one
+        partition (the loops below run in C). Cut into record batches where the general loop cuts it: a
+        batch ends before the event that would take it past ``_batch_bytes`` (found by bisection over the
+        running total, a step per record batch). None for any other batch (``_pack`` sorts it)."""
+        if not entries:
+            return None
+        graphpipe = any(map(_GRAPHPIPE, entries))
+        if graphpipe and not all(map(_GRAPHPIPE, entries)):
             return None
         sizes = list(map(_SIZE, entries))
-        total = _BATCH_HEADER + sum(sizes) + len(entries) * (_RECORD_OVERHEAD - EVENT_OVERHEAD_BYTES)
-        if max(sizes) > self.max_request_size - 128 + EVENT_OVERHEAD_BYTES or total > self._batch_bytes:
+        if max(sizes) > self.max_request_size - 128 + EVENT_OVERHEAD_BYTES:
             return None
-        known = await self._partitions(producer, self.topic)
+        topic = self.gp_topic if graphpipe else self.topic
+        known = await self._partitions(producer, topic)
         partitions = set(map(known[1].get, map(_KEY, entries)))  # None: a key not cached yet, or no key
         partition = partitions.pop() if len(partitions) == 1 else None
         if partition is None:
             return None
-        return [((self.topic, partition), RecordBatch(entries, self.compression), entries)]
+        # ends[k]: the bytes of the first k records (key and value bytes, and each record's own).
+        ends = list(accumulate(map(add, sizes, repeat(_RECORD_OVERHEAD - EVENT_OVERHEAD_BYTES)), initial=0))
+        room, count = self._batch_bytes - _BATCH_HEADER, len(entries)
+        if ends[count] <= room:  # the usual batch: one record batch
+            return [((topic, partition), RecordBatch(entries, self.compression), entries)]
+        packed: list[tuple[tuple[str, int], Any, list[LogEntry]]] = []
+        start = 0
+        while start < count:
+            # The records after ``start`` while they fit; a first record always does.
+            stop = max(start + 1, bisect_right(ends, ends[start] + room, start + 1) - 1)
+            members = entries[start:stop]
+            packed.append(((topic, partition), RecordBatch(members, self.compression), members))
+            start = stop
+        return packed
 
     async def _partitions(self, producer: AIOKafkaProducer, topic: str) -> tuple[list[int], dict[bytes, int]]:
         """The topic's partitions and its key cache, emptied when the partitions change."""

@@ -36,7 +36,30 @@ def golden_records() -> dict[str, PredictionRecord]:
     wide |= {f"i{j}": np.arange(40, dtype=np.int32) * (j - 5) for j in range(4)}
     wide["h"] = np.linspace(-2, 2, 40).astype(np.float16)
     out["wide-40"] = dataclasses.replace(make_record(9, {"user": "w", "session": "s"}), request=Frame.from_columns(wide))
+    out |= graphpipe_records()
     return out
+
+
+def graphpipe_records() -> dict[str, PredictionRecord]:
+    """PredictionEventGP records beside the bench's (``graphpipe-1``, ``graphpipe-100``): a shadow copy,
+    a failure, a pinned and traced answer, texts that JSON escapes, no key, an empty request, a pipeline's
+    extras (pinned before the GraphPipe encoders' C rewrite, 2026-11-27, from 85afed0)."""
+    bench = predlog_encode.records(100).get("graphpipe")
+    if bench is None:  # no graphpipe client to write the request
+        return {}
+    small = predlog_encode.records(1)["graphpipe"]
+    piped = Frame(dict(small.response.columns), {"metadata": {"steps": ["impute", "gbm"]}})  # type: ignore[union-attr]
+    return {
+        "gp-shadow-100": dataclasses.replace(bench, served=False, latency_ms=12.0625),
+        "gp-failed-1": dataclasses.replace(
+            small, response=None, raw_response=None, status=503, error="servable not ready", error_code="ServableNotReady"
+        ),
+        "gp-pinned-traced-1": dataclasses.replace(small, pinned=True, trace_id="0af7651916cd43dd8448eb211c80319c"),
+        "gp-escaped-1": dataclasses.replace(small, request_id='r"\\\u00e9\n', configs={"reqid": 'caf\u00e9 "x"'}),
+        "gp-no-key-1": dataclasses.replace(small, configs={}, event_time_ms=0, latency_ms=1e-7),
+        "gp-empty-1": dataclasses.replace(small, raw_request=b"", raw_response=b""),
+        "gp-pipeline-1": dataclasses.replace(small, response=piped),
+    }
 
 
 def digest(record: PredictionRecord) -> str:
@@ -52,8 +75,18 @@ def digest(record: PredictionRecord) -> str:
     return hashlib.sha256(kafka + b"\n" + encode_event_json(record)).hexdigest()[:24]
 
 
-#: Written by the encoders as they were before the rewrite (a checkout of 38a5ca0).
+#: Written by the encoders as they were before the rewrite (a checkout of 38a5ca0); the GraphPipe
+#: records' (``gp-*``, ``graphpipe-*``) by those of 85afed0, before the GraphPipe event's rewrite.
 GOLDEN = {
+    "gp-empty-1": "47ec0b646364f9d7e27f3664",
+    "gp-escaped-1": "fa449aa3068550f70720aacc",
+    "gp-failed-1": "f721f3d2772114970fcddabe",
+    "gp-no-key-1": "8db5611addf17919c5236f3f",
+    "gp-pinned-traced-1": "0a24b04777378a363ea5a3bb",
+    "gp-pipeline-1": "2206e9f5fb292d007e6c224d",
+    "gp-shadow-100": "283a585ac0e79f6115600865",
+    "graphpipe-1": "32708ceae8647b163d0ffc60",
+    "graphpipe-100": "184e4de227f5d34a4836382c",
     "json-0": "e6d90449cfa473ec32e276c7",
     "json-1": "d42f0bd909d093566a85893a",
     "json-2": "393fc5741a191da47fb0a023",

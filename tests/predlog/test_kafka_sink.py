@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import json
+import random
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from forestflow._proto import forestflow_pb2 as pb
 from forestflow.predlog.encode import encode_event
 from forestflow.predlog.kafka_sink import KafkaSink
-from forestflow.predlog.log import LogEntry
+from forestflow.predlog.log import EVENT_OVERHEAD_BYTES, LogEntry
 from forestflow.predlog.record import PredictionRecord
 from forestflow.predlog.tail import add_tail_arguments, run_tail, tail
 from forestflow.settings import Settings
@@ -365,10 +366,51 @@ async def test_the_usual_batch_is_packed_as_the_general_loop_packs_it() -> None:
     assert await sink._pack_usual(producer, spread) is None
     assert await sink._pack_usual(producer, [entry(make_record(0, {}))]) is None  # no key: a random partition
     assert await sink._pack_usual(producer, [*same, entry(make_record(1, {"user": "u1"}, graphpipe=True))]) is None
-    big = [entry(make_record(i, {"user": "u1"}, pad=3000)) for i in range(400)]  # more than one record batch
-    assert await sink._pack_usual(producer, big) is None
-    assert len(await sink._pack(producer, big, set())) > 1
+    # A batch of GraphPipe events alone: its own topic, packed as the general loop packs it.
+    gp = [entry(make_record(i, {"user": "u1"}, graphpipe=True)) for i in range(20)]
+    assert await sink._pack_usual(producer, gp) is None  # the key not cached for that topic yet
+    general = await sink._pack(producer, gp, set())
+    assert [where for where, _, _ in general] == [("b", general[0][0][1])]
+    assert await sink._pack_usual(producer, gp) is not None
+    assert packed(await sink._pack(producer, gp, set())) == packed(general)
     assert await sink._pack_usual(producer, []) is None
+
+
+async def _cut(entries: list[LogEntry], batch_bytes: int | None = None) -> list[list[LogEntry]]:
+    """The record batches of ``entries`` as the general loop cuts them (a sink without cached keys) and,
+    checked to be the same batches, as _pack_usual cuts them (the keys cached by then)."""
+
+    class Partitions:  # stands in for the producer's metadata: only partitions_for() is read
+        async def partitions_for(self, topic: str) -> set[int]:
+            return {0, 1, 2}
+
+    sink, producer = KafkaSink("x:1", "a", "b", enable_idempotence=False), Partitions()
+    if batch_bytes is not None:
+        sink._batch_bytes = batch_bytes
+    general = [(where, members, batch._body) for where, batch, members in await sink._pack(producer, entries, set())]
+    usual = await sink._pack_usual(producer, entries)
+    assert usual is not None
+    assert [(where, members, batch._body) for where, batch, members in usual] == general
+    return [members for _, members, _ in general]
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_a_batch_past_one_record_batch_is_cut_where_the_general_loop_cuts_it(seed: int) -> None:
+    """Events of one partition worth several record batches: _pack_usual cuts them by bisection where
+    the general loop, a step per event, cuts them."""
+    rng = random.Random(seed)
+    pads = [rng.choice([0, 10, 3000, 9000, 40000]) for _ in range(rng.randint(1, 120))]
+    entries = [entry(make_record(i, {"user": "u1"}, pad=pad, graphpipe=seed % 2 == 1)) for i, pad in enumerate(pads)]
+    batches = await _cut(entries)
+    assert [e for members in batches for e in members] == entries
+
+
+async def test_a_record_batch_filled_to_the_byte_is_cut_after_its_last_event() -> None:
+    entries = [entry(make_record(i, {"user": "u1"})) for i in range(3)]
+    exact = 61 + sum(e.size + 24 - EVENT_OVERHEAD_BYTES for e in entries[:2])  # the header and the first two records
+    assert [len(members) for members in await _cut(entries, exact)] == [2, 1]
+    assert [len(members) for members in await _cut(entries, exact - 1)][0] == 1
+    assert [len(members) for members in await _cut(entries, 10)] == [1, 1, 1]  # a first record always fits
 
 
 async def test_refused_entry_then_partitions_timeout_is_counted_once(broker: KafkaBroker, topic: str) -> None:
