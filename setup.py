@@ -11,6 +11,8 @@ from setuptools import Extension, setup
 
 #: The varint writers both serializers share.
 VARINT_H = "forestflow/codecs/varint.h"
+#: Python ints read as C integers (the event writers).
+PYLONG_H = "forestflow/codecs/pylong.h"
 #: numpy arrays made and read without numpy's headers (the codecs).
 NDARRAY_H = "forestflow/codecs/ndarray.h"
 #: The buffer-protocol array readers of the runtime's extensions.
@@ -33,7 +35,7 @@ setup(
         Extension(
             "forestflow.codecs._ffwire",
             ["forestflow/codecs/_ffwire.c"],
-            depends=[VARINT_H, NDARRAY_H],
+            depends=[VARINT_H, NDARRAY_H, PYLONG_H],
             extra_compile_args=WARNINGS + ["-O2"],
         ),
         # Request JSON bodies (BASIC /score, V2 infer) read straight into typed numpy columns
@@ -69,6 +71,8 @@ setup(
         Extension(
             "forestflow.predlog._jsonl",
             ["forestflow/predlog/_jsonl.c"],
+            include_dirs=["forestflow/codecs"],
+            depends=[PYLONG_H],
             extra_compile_args=WARNINGS + ["-O2"],
         ),
         # The native H2O tree scorer (runtime/h2o_native.py): plain IEEE doubles (no fused multiply-add,

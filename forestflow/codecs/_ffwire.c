@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "ndarray.h"
+#include "pylong.h"
 #include "varint.h"
 
 /* The byte loops copying a few bytes (a tag, a category level) stay loops: GCC otherwise turns them into
@@ -504,16 +505,6 @@ PyDoc_STRVAR(message_doc,
 "With an eighth argument ``flat_only`` true, None also when a column has more than one dimension.\n"
 "With ``before`` and ``after`` (bytes), the message comes between them in one buffer (an event's\n"
 "head and its next field: the event without a join copying the message again).");
-
-/* An int as a long long: through PyLong_AsLong where long is as wide (CPython 3.11's PyLong_AsLongLong
- * converts every int past 30 bits, e.g. a time in ms, through _PyLong_AsByteArray, several times the cost). */
-static inline long long as_long_long(PyObject *o) {
-#if LONG_MAX == LLONG_MAX
-    return PyLong_AsLong(o);
-#else
-    return PyLong_AsLongLong(o);
-#endif
-}
 
 /* METH_FASTCALL arguments, checked one by one: PyArg_ParseTuple's format parsing costs more than a
  * small message's writing (these run once or twice per logged prediction). */

@@ -30,6 +30,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include "pylong.h"
 
 /* A str that JSON needs no escape for, as its UTF-8; NULL (no exception set) otherwise. */
 static const char *plain_text(PyObject *text, Py_ssize_t *len) {
@@ -88,16 +89,6 @@ static Py_ssize_t decimal(char *buf, long long value) {
     while (n > 0)
         buf[len++] = digits[--n];
     return len;
-}
-
-/* An int as a long long: through PyLong_AsLong where long is as wide (CPython 3.11's PyLong_AsLongLong
- * converts every int past 30 bits, e.g. a time in ms, through _PyLong_AsByteArray). */
-static inline long long as_long_long(PyObject *o) {
-#if LONG_MAX == LLONG_MAX
-    return PyLong_AsLong(o);
-#else
-    return PyLong_AsLongLong(o);
-#endif
 }
 
 #define PUT_LITERAL(out, literal) put((out), (literal), (Py_ssize_t)(sizeof(literal) - 1))

@@ -326,13 +326,31 @@ PyDoc_STRVAR(score_doc,
 "nodes is int32 (nodes x 8), values float64 (nodes), bits uint8, roots and target int32 (trees),\n"
 "dom_len int64 (features), params float64 (10), prior and model_distrib float64 (classes).");
 
+/* The rows' sums and unifyPreds, the trees walked padded in ``layout`` (NULL: the node table), the GIL
+ * released; -1 with MemoryError set when the padded walk's scratch rows cannot be had. */
+static int score_rows(Model *m, const Layout *layout) {
+    double *xs = NULL;
+    if (layout != NULL && (xs = malloc((size_t)BLOCK * (size_t)(layout->n_slots + 1) * sizeof(double))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (layout != NULL)
+        sum_trees_padded(m, layout, xs);
+    else
+        sum_trees(m);
+    unify_rows(m);
+    Py_END_ALLOW_THREADS
+    free(xs);
+    return 0;
+}
+
 static PyObject *score(PyObject *Py_UNUSED(self), PyObject *args) {
     enum { A_X, A_OFFSETS, A_NODES, A_VALUES, A_BITS, A_ROOTS, A_TARGET, A_DOM_LEN, A_PARAMS, A_PRIOR, A_DISTRIB, A_PREDS, A_TIES, A_COUNT };
     PyObject *o_layout = NULL;
     Py_buffer layout_v[L_COUNT];
     int layout_got = 0;
     Layout layout;
-    double *xs = NULL;
     static const struct { const char *name; char code; Py_ssize_t size; int ndim, writable; } spec[A_COUNT] = {
         {"X", 'd', 8, 2, 0},       {"offsets", 'd', 8, 1, 0}, {"nodes", 'i', 4, 2, 0},  {"values", 'd', 8, 1, 0},
         {"bits", 'B', 1, 1, 0},    {"roots", 'i', 4, 1, 0},   {"target", 'i', 4, 1, 0}, {"dom_len", 'q', 8, 1, 0},
@@ -397,21 +415,9 @@ static PyObject *score(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     if (o_layout != NULL && layout.n_slots >= (1 << 24)) /* slot offsets are int32: walk the node table */
         o_layout = NULL;
-    if (o_layout != NULL && (xs = malloc((size_t)BLOCK * (size_t)(layout.n_slots + 1) * sizeof(double))) == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    if (o_layout != NULL)
-        sum_trees_padded(&m, &layout, xs);
-    else
-        sum_trees(&m);
-    unify_rows(&m);
-    Py_END_ALLOW_THREADS
-    ok = 1;
+    ok = score_rows(&m, o_layout != NULL ? &layout : NULL) == 0;
 
 done:
-    free(xs);
     while (layout_got-- > 0)
         PyBuffer_Release(&layout_v[layout_got]);
     while (got-- > 0)
@@ -880,7 +886,6 @@ static PyObject *score_tables(PyObject *Py_UNUSED(self), PyObject *const *args, 
     int got = 0, ok = 0, padded;
     Tables *t;
     Model m;
-    double *xs = NULL;
 
     if (nargs != 6 || !PyObject_TypeCheck(args[0], &TablesType)) {
         PyErr_SetString(PyExc_TypeError, "score_tables() takes Tables, X, offsets, preds, ties and padded");
@@ -904,22 +909,9 @@ static PyObject *score_tables(PyObject *Py_UNUSED(self), PyObject *const *args, 
         PyErr_SetString(PyExc_ValueError, "score_tables(): array shapes do not fit the tables");
         goto done;
     }
-    padded = padded && t->padded;
-    if (padded && (xs = malloc((size_t)BLOCK * (size_t)(t->layout.n_slots + 1) * sizeof(double))) == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    if (padded)
-        sum_trees_padded(&m, &t->layout, xs);
-    else
-        sum_trees(&m);
-    unify_rows(&m);
-    Py_END_ALLOW_THREADS
-    ok = 1;
+    ok = score_rows(&m, padded && t->padded ? &t->layout : NULL) == 0;
 
 done:
-    free(xs);
     while (got-- > 0)
         PyBuffer_Release(&views[got]);
     if (!ok)
