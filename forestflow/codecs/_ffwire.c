@@ -402,13 +402,9 @@ static char *put_map(char *out, char tag, PyObject *mapping) { /* after map_size
         *out++ = tag;
         out = put_varint(out, entry);
         *out++ = 0x0A;
-        out = put_varint(out, (uint64_t)klen);
-        memcpy(out, kd, (size_t)klen);
-        out += klen;
+        out = put_delimited(out, kd, (size_t)klen);
         *out++ = 0x12;
-        out = put_varint(out, (uint64_t)vlen);
-        memcpy(out, vd, (size_t)vlen);
-        out += vlen;
+        out = put_delimited(out, vd, (size_t)vlen);
     }
     return out;
 }
@@ -766,9 +762,7 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
         for (k = 0; k < groups[g].count; k++) {
             Py_ssize_t at = ordered[groups[g].first + k] - cols;
             *out++ = 0x12; /* TensorSchema.fields */
-            out = put_varint(out, (uint64_t)name_len[at]);
-            memcpy(out, names_utf8[at], (size_t)name_len[at]);
-            out += name_len[at];
+            out = put_delimited(out, names_utf8[at], (size_t)name_len[at]);
         }
     }
     if (n_groups > 0)
@@ -932,9 +926,7 @@ static PyObject *head_and_wire(const char *fn, PyObject *const *args, Py_ssize_t
     *out++ = 0x50; /* 10: eventTimeMS, varint */
     out = put_varint(out, (uint64_t)event_time);
     *out++ = 0x5A; /* 11: requestId, length-delimited */
-    out = put_varint(out, (uint64_t)request_id_len);
-    memcpy(out, request_id, (size_t)request_id_len);
-    out += request_id_len;
+    out = put_delimited(out, request_id, (size_t)request_id_len);
     memcpy(out, fqrv, (size_t)fqrv_len);
     out += fqrv_len;
     *out++ = 0x69; /* 13: latencyMs, fixed64 (little-endian host, checked at import) */
@@ -948,15 +940,11 @@ static PyObject *head_and_wire(const char *fn, PyObject *const *args, Py_ssize_t
     if (wire) { /* keys of fields 18-21: (number << 3 | wire type) as two-byte varints */
         if (request != NULL) {
             *out++ = (char)0x92, *out++ = 0x01; /* 18: wireRequest, length-delimited */
-            out = put_varint(out, (uint64_t)request_len);
-            memcpy(out, request, (size_t)request_len);
-            out += request_len;
+            out = put_delimited(out, request, (size_t)request_len);
         }
         if (response != NULL) {
             *out++ = (char)0x9A, *out++ = 0x01; /* 19: wireResponse, length-delimited */
-            out = put_varint(out, (uint64_t)response_len);
-            memcpy(out, response, (size_t)response_len);
-            out += response_len;
+            out = put_delimited(out, response, (size_t)response_len);
         }
         if (has_request_json) {
             *out++ = (char)0xA0, *out++ = 0x01; /* 20: wireRequestJsonLength, varint */
@@ -968,16 +956,12 @@ static PyObject *head_and_wire(const char *fn, PyObject *const *args, Py_ssize_t
         }
     } else if (kind == EVENT_GRAPHPIPE) {
         *out++ = 0x1A; /* 3: inferBytes, length-delimited */
-        out = put_varint(out, (uint64_t)request_len);
-        memcpy(out, request, (size_t)request_len);
-        out += request_len;
+        out = put_delimited(out, request, (size_t)request_len);
         if (response != NULL) {
             *out++ = 0x0A; /* 1: prediction, length-delimited */
             out = put_varint(out, (uint64_t)prediction_len);
             *out++ = 0x0A; /* its 1: inferResponse, length-delimited */
-            out = put_varint(out, (uint64_t)response_len);
-            memcpy(out, response, (size_t)response_len);
-            out += response_len;
+            out = put_delimited(out, response, (size_t)response_len);
             memcpy(out, prediction_fqrv, (size_t)prediction_fqrv_len);
             out += prediction_fqrv_len;
         }

@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 static inline size_t varint_len(uint64_t v) {
     size_t n = 1;
@@ -21,6 +22,13 @@ static inline char *put_varint(char *out, uint64_t v) {
     }
     *out++ = (char)v;
     return out;
+}
+
+/* ``len`` bytes of ``data`` after their length as a varint (a length-delimited field's value); returns the end. */
+static inline char *put_delimited(char *out, const void *data, size_t len) {
+    out = put_varint(out, (uint64_t)len);
+    memcpy(out, data, len);
+    return out + len;
 }
 
 /* Reads the varint at in[0..size); returns the bytes it took, or 0 if it runs past size or past 10 bytes. */
