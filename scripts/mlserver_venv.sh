@@ -9,7 +9,7 @@ VENV=.venv-mlserver
 REQS=scripts/mlserver-requirements.txt
 current() { [ -x "$VENV/bin/mlserver" ] && cmp -s "$REQS" "$VENV/requirements.installed"; }
 current && exit 0
-# Two test processes may get here at once (pytest -n 2, each fixture calls this): one installs.
+# Several test processes may get here at once (pytest -n, each fixture calls this): one installs.
 exec 9>".venv-mlserver.lock"
 flock 9
 current && exit 0

@@ -48,5 +48,6 @@ fi
 # test starts would compile the package again, and every pytest worker re-rewrite ~400 modules.
 unset PYTHONDONTWRITEBYTECODE
 
-# Two test processes by default (FORESTFLOW_TEST_WORKERS=0 runs them in this one).
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${FORESTFLOW_TEST_WORKERS:-2}" "$@"
+# Three test processes by default: on two cores two workers left them idle ~40% of the suite (waiting on
+# subprocesses, brokers and sockets), see docs/developing.md. FORESTFLOW_TEST_WORKERS=0 runs them in this one.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${FORESTFLOW_TEST_WORKERS:-3}" "$@"

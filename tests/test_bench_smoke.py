@@ -55,8 +55,10 @@ def test_profile_bench_smoke_prints_shares_that_add_up() -> None:
     assert rows["category"] == ["score-1-NONE"], result.stdout
     assert int(rows["samples"][0]) > 0, result.stdout
     assert abs(float(rows["total"][0]) - 100.0) < 0.5, result.stdout
-    # The request path is seen: aiohttp's server and the gateway's own front-end code both have samples.
-    assert float(rows["aiohttp"][0]) > 0 and float(rows["front-end"][0]) > 0, result.stdout
+    # The request path is seen: the gateway's front-end code and the event loop both have samples. aiohttp may
+    # have none (the 1-row /score request is read and answered by api/fast_http.py, without aiohttp); its row stays.
+    assert float(rows["front-end"][0]) > 0 and float(rows["asyncio"][0]) > 0, result.stdout
+    assert "aiohttp" in rows, result.stdout
 
 
 @pytest.mark.slow
