@@ -22,6 +22,10 @@ wrk.headers["Content-Type"] = os.getenv("BENCH_CT")
 for name, value in (os.getenv("BENCH_HEADERS") or ""):gmatch("([^:\\n]+): ([^\\n]*)") do
   wrk.headers[name] = value
 end
+local pause = tonumber(os.getenv("BENCH_DELAY_MS") or "0")
+if pause > 0 then
+  delay = function() return pause end
+end
 done = function(summary, latency, requests)
   local e = summary.errors
   io.stderr:write(string.format(
@@ -59,12 +63,16 @@ def drive(
     duration_s: float,
     headers: dict[str, str] | None = None,
     timeout_s: float = 2.0,
+    pause_ms: int = 0,
 ) -> Result:
     """POST ``body`` to ``url`` at ``concurrency`` for ``duration_s`` seconds (with ``headers`` besides
     the content type, e.g. V2's Inference-Header-Content-Length); wrk counts a request unanswered after
-    ``timeout_s`` as an error (its default, 2 s)."""
+    ``timeout_s`` as an error (its default, 2 s). ``pause_ms``: each connection waits that long after an
+    answer before its next request (wrk's ``delay``), which paces the load below saturation."""
     if shutil.which("wrk"):
-        return _wrk(url, body, content_type, concurrency, duration_s, headers or {}, timeout_s)
+        return _wrk(url, body, content_type, concurrency, duration_s, headers or {}, timeout_s, pause_ms)
+    if pause_ms:
+        raise RuntimeError("a paced load (pause_ms) needs wrk (apt-get install wrk)")
     global _warned
     if not _warned:
         _warned = True
@@ -78,7 +86,14 @@ def drive(
 
 
 def _wrk(
-    url: str, body: bytes, content_type: str, concurrency: int, duration_s: float, headers: dict[str, str], timeout_s: float
+    url: str,
+    body: bytes,
+    content_type: str,
+    concurrency: int,
+    duration_s: float,
+    headers: dict[str, str],
+    timeout_s: float,
+    pause_ms: int = 0,
 ) -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "body"
@@ -99,6 +114,7 @@ def _wrk(
                 "BENCH_BODY": str(body_file),
                 "BENCH_CT": content_type,
                 "BENCH_HEADERS": "\n".join(f"{k}: {v}" for k, v in headers.items()),
+                "BENCH_DELAY_MS": str(pause_ms),
             },
             timeout=duration_s + 60,
         )

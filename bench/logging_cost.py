@@ -9,8 +9,16 @@ logging cost. Each cell is measured ``--rounds`` times, the gateways swapping no
 the median and the quartiles are printed. ``bench/run.py`` takes its logging-cost lines from
 :func:`measure`.
 
+Each wrk drives its gateway as hard as it can (the target's measure). ``--paced F`` instead has every
+connection pause after each answer so that both gateways together keep about ``F`` of the core busy:
+a production server's load rather than its limit (the same requests, each costlier, since fewer wait
+together in one loop turn). ``--calibrate-us N`` first measures a cell whose cost is known: two NONE
+gateways, one of them busy-waiting N us in every request (bench/spin/sitecustomize.py); the line says
+how many microseconds the method reports for those N.
+
     python bench/logging_cost.py                     # file and Kafka, /score and V2, 1 and 100 rows
     python bench/logging_cost.py --sinks kafka --rows 1 --rounds 9
+    python bench/logging_cost.py --calibrate-us 10 --paced 0.6
 """
 
 from __future__ import annotations
@@ -28,7 +36,17 @@ from typing import TypeVar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.servers import LOGGING_CONCURRENCY, Server, deploy, endpoints, pin_process, side_by_side, start_gateway  # noqa: E402
+from bench.servers import (  # noqa: E402
+    LOGGING_CONCURRENCY,
+    ROOT,
+    Result,
+    Server,
+    deploy,
+    endpoints,
+    pin_process,
+    side_by_side,
+    start_gateway,
+)
 
 CONTRACT = ("bench", "log", 1)
 #: The most a FULL gateway may spend per request over a NONE one (issue 23).
@@ -107,6 +125,49 @@ class Cost:
         )
 
 
+def pause_for(warm_up: Result, concurrency: int, paced: float) -> int:
+    """The pause (ms) after each answer that brings one of two gateways sharing a core to ``paced / 2`` of
+    it, from its request rate in a side-by-side warm-up at full load (where it had about half the core)."""
+    rate = warm_up.rps * paced  # requests per second wanted
+    return max(1, round(concurrency / rate * 1000 - warm_up.p50_ms))
+
+
+def _cell(
+    pair: tuple[Server, Server],
+    label: tuple[str, str, int],
+    rounds: int,
+    seconds: float,
+    concurrency: int,
+    paced: float,
+) -> Cost | None:
+    """One cell of ``label`` = (sink, endpoint, rows) on the (NONE, FULL) ``pair``; None without its client."""
+    sink, name, rows = label
+    entry = endpoints(rows, ".".join(map(str, CONTRACT))).get(name)
+    if entry is None:  # GraphPipe without its client library
+        return None
+    path, body, ctype = entry
+    none, full = pair
+    warm, _ = side_by_side(none, full, path, body, ctype, concurrency, 2.0)
+    pause = pause_for(warm, concurrency, paced) if paced else 0
+    costs, cpu, system, errors = [], [], [], 0
+    for _ in range(rounds):
+        a, b = side_by_side(none, full, path, body, ctype, concurrency, seconds, pause_ms=pause)
+        costs.append(1 - a.cpu_us / b.cpu_us)
+        cpu.append((a.cpu_us, b.cpu_us))
+        system.append(b.sys_us - a.sys_us)
+        errors += a.errors + b.errors
+    return Cost(
+        sink,
+        name,
+        rows,
+        costs,
+        statistics.median(c[0] for c in cpu),
+        statistics.median(c[1] for c in cpu),
+        errors,
+        statistics.median(system),
+    )
+
+
 def measure(
     work: Path,
     sinks: list[str],
@@ -116,38 +177,55 @@ def measure(
     seconds: float,
     concurrency: int,
     report: Callable[[Cost], None] = lambda cost: None,
+    paced: float = 0.0,
 ) -> list[Cost]:
     """Every (sink, rows, endpoint) cell, each handed to ``report`` as soon as it is measured."""
     out: list[Cost] = []
     for sink in sinks:
-        with gateway_pair(work, sink) as (none, full):
+        with gateway_pair(work, sink) as pair:
             for rows in row_counts:
                 for name in endpoint_names:
-                    entry = endpoints(rows, ".".join(map(str, CONTRACT))).get(name)
-                    if entry is None:  # GraphPipe without its client library
-                        continue
-                    path, body, ctype = entry
-                    side_by_side(none, full, path, body, ctype, concurrency, 2.0)  # warm-up
-                    costs, cpu, system, errors = [], [], [], 0
-                    for _ in range(rounds):
-                        a, b = side_by_side(none, full, path, body, ctype, concurrency, seconds)
-                        costs.append(1 - a.cpu_us / b.cpu_us)
-                        cpu.append((a.cpu_us, b.cpu_us))
-                        system.append(b.sys_us - a.sys_us)
-                        errors += a.errors + b.errors
-                    cost = Cost(
-                        sink,
-                        name,
-                        rows,
-                        costs,
-                        statistics.median(c[0] for c in cpu),
-                        statistics.median(c[1] for c in cpu),
-                        errors,
-                        statistics.median(system),
-                    )
-                    report(cost)
-                    out.append(cost)
+                    cost = _cell(pair, (sink, name, rows), rounds, seconds, concurrency, paced)
+                    if cost is not None:
+                        report(cost)
+                        out.append(cost)
     return out
+
+
+def calibrate(
+    work: Path,
+    spin_us: float,
+    endpoint_names: list[str],
+    row_counts: list[int],
+    rounds: int,
+    seconds: float,
+    concurrency: int,
+    paced: float = 0.0,
+) -> list[str]:
+    """Lines saying what the method reports for a known ``spin_us`` per request (two NONE gateways, the
+    second one busy-waiting), one per (rows, endpoint) cell."""
+    lines = []
+    with contextlib.ExitStack() as stack:
+        pair = []
+        for name, env in (
+            ("calibrate-NONE", {}),
+            ("calibrate-SPIN", {"PYTHONPATH": str(ROOT / "bench" / "spin"), "BENCH_SPIN_US": str(spin_us)}),
+        ):
+            server = start_gateway(work / f"data-{name}", env, work, name)
+            stack.callback(server.stop)
+            deploy(server, CONTRACT, "NONE")
+            pair.append(server)
+        for rows in row_counts:
+            for name in endpoint_names:
+                cost = _cell((pair[0], pair[1]), ("spin", name, rows), rounds, seconds, concurrency, paced)
+                if cost is None:
+                    continue
+                extra, share = cost.full_us - cost.none_us, spin_us / (cost.none_us + spin_us)
+                lines.append(
+                    f"calibration {name} {rows}-row: a known {spin_us:.0f} us per request ({share:.1%} of it) measures "
+                    f"{extra:.1f} us ({cost.median:.1%}), {extra / spin_us:.2f}x; CPU per request {cost.none_us:.0f} us without"
+                )
+    return lines
 
 
 def add_cell_arguments(parser: argparse.ArgumentParser) -> None:
@@ -163,6 +241,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7, help="side-by-side measurements per cell (median)")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument(
+        "--paced",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="pace both loads so the two gateways keep about F (0-1) of the core busy (default: each as fast as it can)",
+    )
+    parser.add_argument("--calibrate-us", type=float, default=0.0, metavar="N", help="first measure a known N us per request")
+    parser.add_argument(
         "--concurrency",
         type=int,
         default=LOGGING_CONCURRENCY,
@@ -175,6 +261,13 @@ def main() -> int:
         f"CPU per request of both, over {args.rounds} rounds of {args.seconds:.0f} s",
         flush=True,
     )
+    if args.paced:
+        print(f"# paced: each connection pauses after an answer, both gateways together ~{args.paced:.0%} of the core")
+    if args.calibrate_us:
+        calibration = calibrate(
+            work, args.calibrate_us, args.endpoints, args.rows, args.rounds, args.seconds, args.concurrency, args.paced
+        )
+        print("\n".join(calibration), flush=True)
     costs = measure(
         work,
         args.sinks,
@@ -184,6 +277,7 @@ def main() -> int:
         args.seconds,
         args.concurrency,
         lambda cost: print(cost.line(args.concurrency), flush=True),
+        args.paced,
     )
     print(f"# {sum(c.holds for c in costs)} of {len(costs)} cells hold")
     return 0

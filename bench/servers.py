@@ -215,18 +215,19 @@ def side_by_side(
     other: Request | None = None,
     headers: dict[str, str] | None = None,
     timeout_s: float = 2.0,
+    pause_ms: int = 0,
 ) -> tuple[Result, Result]:
     """Two servers loaded at once, each by its own load generator; each result carries its server's CPU
     per request (the ratio of the two is what bench/logging_cost.py and bench/versus.py report). The
     second server gets ``other`` instead of the same request when given (bench/images.py); a request
-    unanswered after ``timeout_s`` is an error."""
+    unanswered after ``timeout_s`` is an error. ``pause_ms`` paces both loads (:func:`drive`)."""
     results: dict[str, Result] = {}
     before = {"none": none.cpu_split_s(), "full": full.cpu_split_s()}
     requests_of = {"none": (path, body, ctype, headers or {}), "full": other or (path, body, ctype, headers or {})}
 
     def load(name: str, server: Server) -> None:
         p, b, c, h = requests_of[name]
-        results[name] = drive(server.url + p, b, c, concurrency, seconds, h, timeout_s)
+        results[name] = drive(server.url + p, b, c, concurrency, seconds, h, timeout_s, pause_ms)
 
     threads = [threading.Thread(target=load, args=(n, s)) for n, s in (("none", none), ("full", full))]
     for t in threads:
