@@ -128,3 +128,28 @@ def test_same_model_bench_pins_the_test_venvs_xgboost_and_lightgbm() -> None:
     bench, suite = pins("bench/mlserver-trees-constraints.txt"), pins("scripts/test-constraints.txt")
     assert bench["xgboost"] == suite["xgboost-cpu"] and bench["lightgbm"] == suite["lightgbm"]
     assert bench["mlserver"] == bench["mlserver-xgboost"] == bench["mlserver-lightgbm"] == "1.7.1"
+
+
+@pytest.mark.slow
+def test_logging_cost_calibration_sees_its_known_cost_and_paces_the_load() -> None:
+    # Two short rounds: the calibration pair (NONE, NONE busy-waiting 200 us in every request), then the
+    # file cell, both paced; the measured extra of a known 200 us cannot fall far below it.
+    argv = [sys.executable, "bench/logging_cost.py", "--calibrate-us", "200", "--paced", "0.5", "--sinks", "file"]
+    argv += ["--endpoints", "score", "--rows", "1", "--rounds", "2", "--seconds", "1"]
+    result = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    calibration = re.search(r"^calibration score 1-row: a known 200 us .* measures ([\d.]+) us", result.stdout, re.M)
+    assert calibration is not None and float(calibration.group(1)) > 100, result.stdout
+    assert "# paced:" in result.stdout, result.stdout
+    cost = [line for line in result.stdout.splitlines() if line.startswith("logging FULL-file cost score 1-row")]
+    assert len(cost) == 1 and "errors 0)" in cost[0], result.stdout
+
+
+def test_a_pause_brings_the_rate_to_the_paced_share() -> None:
+    from bench.driver import Result
+    from bench.logging_cost import pause_for
+
+    # 4000 req/s at full load with 16 connections and a 2 ms median: 60% of that rate is 2400 req/s, one
+    # request per connection every 6.67 ms, of which 2 ms are the answer's wait.
+    assert pause_for(Result(12000, 4000.0, 2.0, 5.0, 0), 16, 0.6) == 5
+    assert pause_for(Result(100, 50000.0, 0.3, 1.0, 0), 16, 0.9) == 1  # never less than 1 ms
