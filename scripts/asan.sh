@@ -47,7 +47,7 @@ if [ $# -eq 0 ]; then
   set -- -m "not slow" tests/test_c_fuzz.py tests/codecs tests/runtime/test_h2o_invalid.py \
     tests/api_gp/test_graphpipe_codec.py tests/api_gp/test_graphpipe_c_strings.py \
     tests/predlog/test_kafka_batch.py tests/predlog/test_encode_protobuf.py tests/predlog/test_jsonl_line.py \
-    tests/predlog/test_graphpipe_events.py tests/predlog/test_encode_golden.py \
+    tests/predlog/test_graphpipe_events.py tests/predlog/test_encode_golden.py tests/predlog/test_usual_entry.py \
     tests/runtime/test_h2o_native.py tests/runtime/test_h2o_padded.py tests/runtime/test_tree_engine.py tests/runtime/test_treeshap.py -k "not genmodel and not jvm and not java and not auto and not calibrated"
 fi
 echo "running pytest $* under ASan/UBSan (log: $LOG)"

@@ -374,6 +374,7 @@ static PyTypeObject EntryType = {
 
 #define MAX_RECORD_FIELDS 32
 static PyTypeObject *record_type;
+static PyObject *record_names; /* the fields' names, in constructor order */
 static Py_ssize_t record_fields, record_offsets[MAX_RECORD_FIELDS];
 static PyObject *record_defaults[MAX_RECORD_FIELDS]; /* NULL: the field has no default */
 
@@ -413,6 +414,7 @@ static PyObject *set_record_type(PyObject *Py_UNUSED(self), PyObject *const *arg
         Py_DECREF(descr);
     }
     Py_XSETREF(record_type, (PyTypeObject *)Py_NewRef(cls));
+    Py_XSETREF(record_names, Py_NewRef(names));
     for (i = 0; i < MAX_RECORD_FIELDS; i++)
         Py_CLEAR(record_defaults[i]);
     for (i = 0; i < n; i++) {
@@ -453,11 +455,387 @@ static PyObject *new_record(PyObject *Py_UNUSED(self), PyObject *const *args, Py
     return obj;
 }
 
+
+/* ---- usual_entry: the LogEntry of the usual event, in one call ----------------------------------
+ * Nearly every logged prediction is a V2 or GraphPipe answer (to Kafka or a protobuf file), or a
+ * /score, V2 or GraphPipe answer (to the JSON-lines file), with no error, pin, trace or feedback. In
+ * Python its entry took five frames (emit, the key, the servable's cached fields, the encoder's
+ * dispatch and its checks) around the one C call that writes the event; here the checks, the key and
+ * the dispatch run in C, the servable's fields come from a small cache kept here, and the event is
+ * written by the same C encoders (set_usual() hands them over), so the bytes are the Python path's.
+ * Anything else returns None and is encoded by predlog/encode.py. */
+
+enum { F_FQRV, F_SERVED, F_REQUEST, F_CONFIGS, F_LOGGING, F_REQUEST_ID, F_PROTOCOL, F_TIME, F_LATENCY, F_STATUS, F_RESPONSE,
+       F_ERROR, F_RAW_REQUEST, F_RAW_RESPONSE, F_REQUEST_JSON, F_RESPONSE_JSON, F_TRACE_ID, F_PINNED, F_FEEDBACK,
+       USED_FIELDS };
+static const char *const used_names[USED_FIELDS] = {
+    "fqrv", "served", "request", "configs", "logging", "request_id", "protocol", "event_time_ms", "latency_ms", "status",
+    "response", "error", "raw_request", "raw_response", "request_json", "response_json", "trace_id", "pinned", "feedback",
+};
+static Py_ssize_t used_offsets[USED_FIELDS];
+static PyObject *used_for; /* the record_names used_offsets were read from */
+
+/* What set_usual() hands over: the servable-fields function, the protocol-field cache, the encoders. */
+static PyObject *fields_of, *protocol_fields, *wire_event, *graphpipe_event, *usual_line, *dumps, *wire_body_type, *message;
+static PyObject *s_json_length, *s_parameters, *s_metadata, *s_intermediate, *s_key_features, *s_v2, *s_columns;
+/* A /score event's constants: the Prediction (field 1) and InferenceRequest (field 3) keys, b"", and the
+ * schema and datum field tags of each message, as predlog/encode.py hands them to _ffwire.message. */
+static PyObject *prediction_key, *request_key, *empty_bytes, *tag_0a, *tag_12, *tag_1a, *minus_one;
+
+/* A servable's fields, by the identity of its fqrv and logging settings (strong references: neither
+ * object can be freed and its address reused while it is cached). */
+enum { SV_SERVED_HEAD, SV_SHADOW_HEAD, SV_FQRV_FIELD, SV_GRAPHPIPE_FQRV, SV_PREDICTION_FQRV, SV_LOGGING_JSON,
+       SV_FQRV_JSON, SV_CE_SERVED, SV_CE_SHADOW, SV_FIELDS };
+static const char *const servable_names[SV_FIELDS] = {
+    "served_head", "shadow_head", "fqrv_field", "graphpipe_fqrv", "prediction_fqrv", "logging_json_bytes",
+    "fqrv_json_bytes", "ce_served", "ce_shadow",
+};
+typedef struct {
+    PyObject *fqrv, *logging;
+    PyObject *key_feature; /* the one key feature (str), NULL for none; a servable with more is not cached */
+    PyObject *fields[SV_FIELDS];
+} Servable;
+#define SERVABLES 8
+static Servable servables[SERVABLES];
+static unsigned next_servable;
+
+static void servable_clear(Servable *sv) {
+    Py_CLEAR(sv->fqrv);
+    Py_CLEAR(sv->logging);
+    Py_CLEAR(sv->key_feature);
+    for (int i = 0; i < SV_FIELDS; i++)
+        Py_CLEAR(sv->fields[i]);
+}
+
+/* The cached fields of (fqrv, logging); NULL with no error when the servable is not a usual one (more
+ * than one key feature, or a field that is not bytes), NULL with an error on failure. */
+static Servable *servable_of(PyObject *fqrv, PyObject *logging) {
+    Servable *sv;
+    PyObject *fields, *features;
+    for (int i = 0; i < SERVABLES; i++)
+        if (servables[i].fqrv == fqrv && servables[i].logging == logging)
+            return &servables[i];
+    if ((features = PyObject_GetAttr(logging, s_key_features)) == NULL)
+        return NULL;
+    if (!PyTuple_CheckExact(features) || PyTuple_GET_SIZE(features) > 1 ||
+        (PyTuple_GET_SIZE(features) == 1 && !PyUnicode_CheckExact(PyTuple_GET_ITEM(features, 0)))) {
+        Py_DECREF(features);
+        return NULL;
+    }
+    if ((fields = PyObject_CallFunctionObjArgs(fields_of, logging, fqrv, NULL)) == NULL) {
+        Py_DECREF(features);
+        return NULL;
+    }
+    sv = &servables[next_servable++ % SERVABLES];
+    servable_clear(sv);
+    for (int i = 0; i < SV_FIELDS; i++) {
+        PyObject *value = PyObject_GetAttrString(fields, servable_names[i]);
+        if (value == NULL || !PyBytes_CheckExact(value)) {
+            Py_XDECREF(value);
+            servable_clear(sv);
+            Py_DECREF(fields);
+            Py_DECREF(features);
+            return NULL; /* with the error of a missing field; without one for a field that is not bytes */
+        }
+        sv->fields[i] = value;
+    }
+    Py_DECREF(fields);
+    sv->key_feature = PyTuple_GET_SIZE(features) ? Py_NewRef(PyTuple_GET_ITEM(features, 0)) : NULL;
+    Py_DECREF(features);
+    sv->fqrv = Py_NewRef(fqrv);
+    sv->logging = Py_NewRef(logging);
+    return sv;
+}
+
+/* Where each used field lives in the record (read once per set_record_type()). */
+static int find_offsets(void) {
+    if (used_for == record_names)
+        return 0;
+    for (int u = 0; u < USED_FIELDS; u++) {
+        Py_ssize_t i;
+        for (i = 0; i < record_fields; i++)
+            if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(record_names, i), used_names[u]) == 0)
+                break;
+        if (i == record_fields) {
+            PyErr_Format(PyExc_TypeError, "usual_entry(): the record type has no field %s", used_names[u]);
+            return -1;
+        }
+        used_offsets[u] = record_offsets[i];
+    }
+    Py_XSETREF(used_for, Py_NewRef(record_names));
+    return 0;
+}
+
+/* 1 when ``o`` is a WireBody, else 0; its json_length (a new reference) in *length when it is one. */
+static int wire_body(PyObject *o, PyObject **length) {
+    if (!PyObject_TypeCheck(o, (PyTypeObject *)wire_body_type))
+        return 0;
+    return (*length = PyObject_GetAttr(o, s_json_length)) == NULL ? -1 : 1;
+}
+
+/* Whether a pipeline's answer carries what the JSON line leaves to Python (step metadata or
+ * intermediate tensors in its parameters): 1, 0, or -1 on failure. */
+static int pipeline_extras(PyObject *response) {
+    PyObject *parameters, *value;
+    int found = 0;
+    if (response == Py_None)
+        return 0;
+    if ((parameters = PyObject_GetAttr(response, s_parameters)) == NULL)
+        return -1;
+    if (!PyDict_CheckExact(parameters)) {
+        Py_DECREF(parameters);
+        return 1; /* not the usual answer: Python decides */
+    }
+    for (int i = 0; i < 2 && !found; i++) {
+        value = PyDict_GetItemWithError(parameters, i ? s_intermediate : s_metadata);
+        if (value == NULL && PyErr_Occurred()) {
+            found = -1;
+            break;
+        }
+        if (value != NULL && (found = PyObject_IsTrue(value)) < 0)
+            break;
+    }
+    Py_DECREF(parameters);
+    return found;
+}
+
+static PyObject *call(PyObject *callable, PyObject *const *args, size_t nargs) {
+    return PyObject_Vectorcall(callable, args, nargs, NULL);
+}
+
+/* A /score answer's PredictionEvent: the head (wire_event with no wire fields), then the request and the
+ * answer written from their frames by _ffwire.message, as encode.py's _event does. None when message
+ * leaves a frame to Python (a column that is not 1-D, a dtype it does not write). */
+static PyObject *score_event(PyObject **f, Servable *sv, PyObject *head, PyObject *tail) {
+    PyObject *payload = NULL, *prediction = NULL, *answer_columns = NULL, *request_columns = NULL, *value = NULL;
+    PyObject *head_args[11] = {head, f[F_TIME], f[F_REQUEST_ID], sv->fields[SV_FQRV_FIELD], f[F_LATENCY], f[F_STATUS],
+                               tail, Py_None, Py_None, Py_None, Py_None};
+    if ((answer_columns = PyObject_GetAttr(f[F_RESPONSE], s_columns)) == NULL ||
+        (request_columns = PyObject_GetAttr(f[F_REQUEST], s_columns)) == NULL)
+        goto done;
+    PyObject *answer_args[8] = {prediction_key, sv->fields[SV_PREDICTION_FQRV], tag_12, tag_1a, minus_one,
+                                answer_columns, Py_None, Py_True};
+    if ((prediction = call(message, answer_args, 8)) == NULL || prediction == Py_None)
+        goto done;
+    if ((payload = call(wire_event, head_args, 11)) == NULL)
+        goto done;
+    PyObject *request_args[10] = {request_key, empty_bytes, tag_0a, tag_12, minus_one, request_columns, f[F_CONFIGS],
+                                  Py_False, payload, prediction};
+    value = call(message, request_args, 10);
+done:
+    Py_XDECREF(payload);
+    Py_XDECREF(prediction);
+    Py_XDECREF(answer_columns);
+    Py_XDECREF(request_columns);
+    return value;
+}
+
+enum { MODE_KAFKA, MODE_PROTOBUF, MODE_JSONL };
+
+PyDoc_STRVAR(usual_entry_doc,
+"usual_entry(record, mode) -> LogEntry or None\n\n"
+"The entry of a usual prediction record (see the comment in _kafka_records.c) for ``mode`` 0 (Kafka:\n"
+"the protobuf event with its CloudEvents headers), 1 (a protobuf file) or 2 (a JSON-lines file), the\n"
+"same entry predlog/encode.py builds; None for any other record (or any object that is not an instance\n"
+"of the set_record_type() class), which Python encodes.");
+
+static PyObject *usual_entry(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *f[USED_FIELDS], *key_text = NULL, *key = NULL, *value = NULL, *headers = NULL, *result = NULL;
+    PyObject *request_length = NULL, *response_length = NULL;
+    Servable *sv;
+    int mode, served, wire, graphpipe, truth;
+    if (nargs != 2 || !PyLong_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "usual_entry() takes (record, mode)");
+        return NULL;
+    }
+    if (fields_of == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "usual_entry() needs set_usual() first");
+        return NULL;
+    }
+    if (record_type == NULL || !Py_IS_TYPE(args[0], record_type))
+        Py_RETURN_NONE; /* another kind of record (a subclass, a test's own): Python encodes it */
+    mode = (int)PyLong_AsLong(args[1]);
+    if (mode < MODE_KAFKA || mode > MODE_JSONL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "usual_entry(): mode is 0 (Kafka), 1 (protobuf) or 2 (JSON lines)");
+        return NULL;
+    }
+    if (find_offsets() < 0)
+        return NULL;
+    /* New references: the encoders called below cannot free what this reads from the record. */
+    for (int u = 0; u < USED_FIELDS; u++) {
+        f[u] = *(PyObject **)((char *)args[0] + used_offsets[u]);
+        if (f[u] == NULL) { /* a slot never set: not a record new_record() or the dataclass built */
+            for (int k = 0; k < u; k++)
+                Py_DECREF(f[k]);
+            PyErr_Format(PyExc_AttributeError, "usual_entry(): the record has no %s", used_names[u]);
+            return NULL;
+        }
+        Py_INCREF(f[u]);
+    }
+    /* An error, a pin, a trace or a feedback event: not the usual event. */
+    if (f[F_FEEDBACK] != Py_None)
+        goto unusual;
+    for (int u = 0; u < 3; u++) {
+        truth = PyObject_IsTrue(f[u == 0 ? F_ERROR : u == 1 ? F_PINNED : F_TRACE_ID]);
+        if (truth != 0)
+            goto unusual_or_error;
+    }
+    if (!PyDict_CheckExact(f[F_CONFIGS]) || !PyUnicode_CheckExact(f[F_PROTOCOL]) || !PyUnicode_CheckExact(f[F_REQUEST_ID]))
+        goto unusual;
+    if ((sv = servable_of(f[F_FQRV], f[F_LOGGING])) == NULL)
+        goto unusual_or_error;
+    if (sv->key_feature != NULL) {
+        PyObject *found = PyDict_GetItemWithError(f[F_CONFIGS], sv->key_feature); /* borrowed */
+        if (found == NULL && PyErr_Occurred())
+            goto done;
+        if (found != NULL && !PyUnicode_CheckExact(found))
+            goto unusual;
+        key_text = Py_NewRef(found != NULL ? found : Py_None);
+    } else {
+        key_text = Py_NewRef(Py_None);
+    }
+    if (key_text == Py_None)
+        key = Py_NewRef(Py_None);
+    else if ((key = PyUnicode_AsUTF8String(key_text)) == NULL)
+        goto done;
+    if ((served = PyObject_IsTrue(f[F_SERVED])) < 0)
+        goto done;
+    if ((wire = wire_body(f[F_REQUEST_JSON], &request_length)) < 0)
+        goto done;
+    graphpipe = f[F_RAW_REQUEST] != Py_None;
+    if (mode == MODE_JSONL) {
+        PyObject *request = graphpipe ? f[F_RAW_REQUEST] : f[F_REQUEST_JSON];
+        PyObject *answer = graphpipe ? f[F_RAW_RESPONSE] : f[F_RESPONSE_JSON];
+        long kind = graphpipe ? 2 : wire ? 1 : 0;
+        if ((truth = pipeline_extras(f[F_RESPONSE])) != 0)
+            goto unusual_or_error;
+        if (request == Py_None || answer == Py_None)
+            goto unusual;
+        if (kind == 1) {
+            int v2 = PyUnicode_Compare(f[F_PROTOCOL], s_v2);
+            if (v2 == -1 && PyErr_Occurred())
+                goto done;
+            if (v2 != 0 || request_length != Py_None)
+                goto unusual;
+            if ((truth = wire_body(answer, &response_length)) < 0)
+                goto done;
+            if (truth && response_length != Py_None)
+                goto unusual;
+        }
+        PyObject *latency = call(dumps, &f[F_LATENCY], 1), *kind_obj = latency ? PyLong_FromLong(kind) : NULL;
+        if (kind_obj != NULL) {
+            PyObject *line_args[12] = {
+                kind_obj, key_text, request, answer, f[F_SERVED], sv->fields[SV_LOGGING_JSON], f[F_TIME],
+                f[F_REQUEST_ID], sv->fields[SV_FQRV_JSON], latency, f[F_STATUS], f[F_PROTOCOL],
+            };
+            value = call(usual_line, line_args, 12);
+        }
+        Py_XDECREF(kind_obj);
+        Py_XDECREF(latency);
+        if (value == NULL)
+            goto done;
+        if (value == Py_None)
+            goto unusual;
+        headers = Py_NewRef(no_headers);
+    } else {
+        PyObject *tail = PyDict_GetItemWithError(protocol_fields, f[F_PROTOCOL]);
+        PyObject *head = sv->fields[served ? SV_SERVED_HEAD : SV_SHADOW_HEAD];
+        if (tail == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            goto unusual; /* a protocol not seen yet: Python writes its field and caches it */
+        }
+        if (wire) {
+            int answer_wire = wire_body(f[F_RESPONSE_JSON], &response_length);
+            if (answer_wire < 0)
+                goto done;
+            PyObject *event_args[11] = {
+                head, f[F_TIME], f[F_REQUEST_ID], sv->fields[SV_FQRV_FIELD], f[F_LATENCY], f[F_STATUS], tail,
+                f[F_REQUEST_JSON], f[F_RESPONSE_JSON], request_length, answer_wire ? response_length : Py_None,
+            };
+            value = call(wire_event, event_args, 11);
+        } else if (graphpipe) {
+            PyObject *event_args[10] = {
+                head, f[F_TIME], f[F_REQUEST_ID], sv->fields[SV_FQRV_FIELD], f[F_LATENCY], f[F_STATUS], tail,
+                f[F_RAW_REQUEST], f[F_RAW_RESPONSE], sv->fields[SV_GRAPHPIPE_FQRV],
+            };
+            value = call(graphpipe_event, event_args, 10);
+        } else if (f[F_RESPONSE] != Py_None) {
+            value = score_event(f, sv, head, tail);
+        } else {
+            goto unusual; /* no answer: its event is written in Python */
+        }
+        if (value == NULL)
+            goto done;
+        if (value == Py_None)
+            goto unusual;
+        if (mode == MODE_KAFKA) {
+            PyObject *ce_args[3] = {sv->fields[served ? SV_CE_SERVED : SV_CE_SHADOW], f[F_REQUEST_ID], f[F_TIME]};
+            if ((headers = ce_headers(NULL, ce_args, 3)) == NULL)
+                goto done;
+            if (headers == Py_None)
+                goto unusual; /* a time written in Python */
+        } else {
+            headers = Py_NewRef(no_headers);
+        }
+    }
+    result = entry_make(&EntryType, graphpipe ? Py_True : Py_False, key, value, headers);
+    goto done;
+unusual_or_error:
+    if (PyErr_Occurred())
+        goto done;
+unusual:
+    result = Py_NewRef(Py_None);
+done:
+    for (int u = 0; u < USED_FIELDS; u++)
+        Py_DECREF(f[u]);
+    Py_XDECREF(key_text);
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    Py_XDECREF(headers);
+    Py_XDECREF(request_length);
+    Py_XDECREF(response_length);
+    return result;
+}
+
+PyDoc_STRVAR(set_usual_doc,
+"set_usual(fields_of, protocol_fields, wire_event, graphpipe_event, usual_line, dumps, wire_body_type, message)\n\n"
+"What usual_entry() uses: ``fields_of(logging, fqrv)`` a servable's cached fields (bytes attributes\n"
+"named as in predlog/encode.py), ``protocol_fields`` the dict of protocol name -> written field, the\n"
+"C encoders, orjson's ``dumps`` (a latency's shortest form), the WireBody class and _ffwire.message.");
+
+static PyObject *set_usual(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !PyDict_Check(args[1]) || !PyType_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "set_usual() takes (fields_of, dict, wire_event, graphpipe_event, usual_line, dumps, type, message)");
+        return NULL;
+    }
+    for (int i = 0; i < 8; i++)
+        if (i != 1 && i != 6 && !PyCallable_Check(args[i])) {
+            PyErr_Format(PyExc_TypeError, "set_usual(): argument %d is not callable", i + 1);
+            return NULL;
+        }
+    for (int i = 0; i < SERVABLES; i++)
+        servable_clear(&servables[i]);
+    Py_XSETREF(fields_of, Py_NewRef(args[0]));
+    Py_XSETREF(protocol_fields, Py_NewRef(args[1]));
+    Py_XSETREF(wire_event, Py_NewRef(args[2]));
+    Py_XSETREF(graphpipe_event, Py_NewRef(args[3]));
+    Py_XSETREF(usual_line, Py_NewRef(args[4]));
+    Py_XSETREF(dumps, Py_NewRef(args[5]));
+    Py_XSETREF(wire_body_type, Py_NewRef(args[6]));
+    Py_XSETREF(message, Py_NewRef(args[7]));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"set_record_type", (PyCFunction)(void (*)(void))set_record_type, METH_FASTCALL, set_record_type_doc},
     {"new_record", (PyCFunction)(void (*)(void))new_record, METH_FASTCALL, new_record_doc},
     {"records", records, METH_O, records_doc},
     {"ce_headers", (PyCFunction)(void (*)(void))ce_headers, METH_FASTCALL, ce_headers_doc},
+    {"usual_entry", (PyCFunction)(void (*)(void))usual_entry, METH_FASTCALL, usual_entry_doc},
+    {"set_usual", (PyCFunction)(void (*)(void))set_usual, METH_FASTCALL, set_usual_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -468,6 +846,19 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__kafka_records(void) {
     PyObject *m;
     if (PyType_Ready(&EntryType) < 0 || (no_headers = PyBytes_FromStringAndSize("\x00", 1)) == NULL)
+        return NULL;
+    if ((s_json_length = PyUnicode_InternFromString("json_length")) == NULL ||
+        (s_parameters = PyUnicode_InternFromString("parameters")) == NULL ||
+        (s_metadata = PyUnicode_InternFromString("metadata")) == NULL ||
+        (s_intermediate = PyUnicode_InternFromString("intermediate")) == NULL ||
+        (s_key_features = PyUnicode_InternFromString("key_features")) == NULL ||
+        (s_v2 = PyUnicode_InternFromString("v2")) == NULL ||
+        (s_columns = PyUnicode_InternFromString("columns")) == NULL ||
+        (prediction_key = PyBytes_FromStringAndSize("\x0a", 1)) == NULL ||
+        (request_key = PyBytes_FromStringAndSize("\x1a", 1)) == NULL ||
+        (empty_bytes = PyBytes_FromStringAndSize("", 0)) == NULL || (tag_0a = PyLong_FromLong(0x0A)) == NULL ||
+        (tag_12 = PyLong_FromLong(0x12)) == NULL || (tag_1a = PyLong_FromLong(0x1A)) == NULL ||
+        (minus_one = PyLong_FromLong(-1)) == NULL)
         return NULL;
     if ((m = PyModule_Create(&module)) == NULL)
         return NULL;

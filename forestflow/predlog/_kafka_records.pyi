@@ -18,3 +18,15 @@ class LogEntry:
 
 def set_record_type(cls: type, names: tuple[str, ...], defaults: tuple[Any, ...], /) -> None: ...
 def new_record(*fields: Any) -> Any: ...
+def usual_entry(record: Any, mode: int, /) -> LogEntry | None: ...
+def set_usual(
+    fields_of: Any,
+    protocol_fields: dict[str, bytes],
+    wire_event: Any,
+    graphpipe_event: Any,
+    usual_line: Any,
+    dumps: Any,
+    wire_body_type: type,
+    message: Any,
+    /,
+) -> None: ...

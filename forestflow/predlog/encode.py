@@ -19,7 +19,7 @@ import orjson
 from google.protobuf import json_format
 
 from forestflow._proto import forestflow_pb2 as pb
-from forestflow.codecs._ffwire import graphpipe_event, wire_event
+from forestflow.codecs._ffwire import graphpipe_event, message, wire_event
 from forestflow.codecs.ff_protobuf import (
     embedded,
     fqrv_bytes,
@@ -35,7 +35,7 @@ from forestflow.codecs.schema_datum import prediction_json, request_json
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
 from forestflow.predlog._jsonl import usual_line
-from forestflow.predlog._kafka_records import LogEntry, ce_headers
+from forestflow.predlog._kafka_records import LogEntry, ce_headers, set_usual
 from forestflow.predlog.cloudevents import fixed_headers, python_record_headers
 from forestflow.predlog.record import PredictionRecord, WireBody
 
@@ -409,3 +409,10 @@ def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_
             event["intermediate"] = {name: column.tolist() for name, column in between.items()}
     line = {"topic": "graphpipe" if graphpipe else "basic", "key": kafka_key, "event": event}
     return orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+#: The modes of ``_kafka_records.usual_entry(record, mode)``, the LogEntry of the usual record in one C call
+#: (set up here): the same bytes as :func:`kafka_entry` (``USUAL_KAFKA``), or an entry of :func:`encode_event`
+#: (``USUAL_PROTOBUF``) or of :func:`encode_event_json` (``USUAL_JSONL``); None for any other record.
+USUAL_KAFKA, USUAL_PROTOBUF, USUAL_JSONL = 0, 1, 2
+set_usual(_servable_fields, _PROTOCOL_FIELDS, wire_event, graphpipe_event, usual_line, orjson.dumps, WireBody, message)

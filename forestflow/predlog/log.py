@@ -19,7 +19,8 @@ from typing import Protocol
 import structlog
 
 from forestflow.predlog import _kafka_records
-from forestflow.predlog.encode import encode_event, encode_event_json, kafka_entry
+from forestflow.predlog._kafka_records import usual_entry
+from forestflow.predlog.encode import USUAL_JSONL, USUAL_KAFKA, USUAL_PROTOBUF, encode_event, encode_event_json, kafka_entry
 from forestflow.predlog.record import PredictionRecord
 
 log = structlog.get_logger("forestflow.predlog")
@@ -124,6 +125,8 @@ class PredictionLog:
         self._jsonl = getattr(sink, "encoding", "protobuf") == "jsonl"
         #: Whether records carry CloudEvents headers (a sink with record headers: Kafka).
         self._cloudevents = getattr(sink, "cloudevents", False)
+        #: usual_entry()'s mode for this sink.
+        self._usual = USUAL_KAFKA if self._cloudevents else USUAL_JSONL if self._jsonl else USUAL_PROTOBUF
         self._queue: deque[LogEntry] = deque()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -138,17 +141,10 @@ class PredictionLog:
         """Encode and buffer one event without waiting; False if it was dropped."""
         stats = self.stats
         stats.produced += 1
-        key_text = record.logging.key_for(record.configs)
         try:
-            if self._cloudevents:  # Kafka: the entry, its headers included, in one call
-                entry = kafka_entry(record, key_text)
-            else:
-                entry = LogEntry(
-                    record.raw_request is not None,
-                    None if key_text is None else key_text.encode(),
-                    encode_event_json(record, key_text) if self._jsonl else encode_event(record),
-                    NO_HEADERS,
-                )
+            # The usual event in one C call; any other (an error, a pin, a trace, feedback, a frame the
+            # C writers leave to Python) in Python.
+            entry = usual_entry(record, self._usual) or self._entry(record)
         except Exception:  # a model output the encoder cannot represent must not fail the request
             self.stats.encode_errors += 1
             log.exception("prediction_log_encode_failed", fqrv=str(record.fqrv), request_id=record.request_id)
@@ -165,6 +161,18 @@ class PredictionLog:
         stats.buffered += 1
         stats.buffered_bytes += size
         return True
+
+    def _entry(self, record: PredictionRecord) -> LogEntry:
+        """The entry of any record, encoded in Python (predlog/encode.py)."""
+        key_text = record.logging.key_for(record.configs)
+        if self._cloudevents:  # Kafka: the entry, its headers included, in one call
+            return kafka_entry(record, key_text)
+        return LogEntry(
+            record.raw_request is not None,
+            None if key_text is None else key_text.encode(),
+            encode_event_json(record, key_text) if self._jsonl else encode_event(record),
+            NO_HEADERS,
+        )
 
     def _maybe_warn(self) -> None:
         now = time.monotonic()
