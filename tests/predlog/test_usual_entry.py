@@ -58,6 +58,8 @@ def variants() -> dict[str, PredictionRecord]:
     v2 = out["v2-wire-1"]
     graphpipe = out.get("graphpipe-1")
     one_key = LoggingSettings(LogLevel.FULL, ("reqid",))
+    assert v2.response is not None
+    answer = dict(v2.response.columns)
     out |= {
         "v2-shadow": dataclasses.replace(v2, served=False),
         "v2-no-key-feature": dataclasses.replace(v2, logging=LoggingSettings(LogLevel.FULL, ())),
@@ -73,8 +75,8 @@ def variants() -> dict[str, PredictionRecord]:
         "v2-traced": dataclasses.replace(v2, trace_id="0af7651916cd43dd8448eb211c80319c"),
         "v2-feedback": dataclasses.replace(v2, feedback=1.0),
         "v2-before-1970": dataclasses.replace(v2, event_time_ms=-5),
-        "v2-pipeline": dataclasses.replace(v2, response=Frame(dict(v2.response.columns), {"intermediate": {"x": np.array([1.0])}})),  # type: ignore[union-attr]
-        "v2-flavor-parameters": dataclasses.replace(v2, response=Frame(dict(v2.response.columns), {"unknown": ["a"]})),  # type: ignore[union-attr]
+        "v2-pipeline": dataclasses.replace(v2, response=Frame(answer, {"intermediate": {"x": np.array([1.0])}})),
+        "v2-flavor-parameters": dataclasses.replace(v2, response=Frame(answer, {"unknown": ["a"]})),
         "score-other-fqrv": dataclasses.replace(out["score-1"], fqrv=FQRV.parse("a.b.2.c"), logging=one_key),
     }
     if graphpipe is not None:
