@@ -137,6 +137,11 @@ class Settings:
 
     log_file: str = _doc("local prediction log (relative to data_dir) used without Kafka", default="predictions.jsonl")
     log_file_format: str = _doc("jsonl or protobuf (length-delimited)", default="jsonl")
+    log_file_cache_mb: int = _doc(
+        "MiB of the local prediction log's end kept in the page cache for readers (logs tail, a log shipper); "
+        "older parts are handed to writeback and dropped from the cache as the file grows (0: left to the kernel)",
+        default=64,
+    )
     log_buffer_bytes: int = _doc("bytes of prediction events held while the sink is slow or away", default=64 * 1024 * 1024)
     log_linger_ms: int = _doc(
         "how long the prediction log gathers events into one write/produce batch (each Kafka produce costs "
@@ -297,6 +302,7 @@ class Settings:
             "kafka_linger_ms",
             "workers",
             "log_linger_ms",
+            "log_file_cache_mb",
             "warm_concurrency",
             "model_memory_budget_mb",
         ):

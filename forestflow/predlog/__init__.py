@@ -14,7 +14,7 @@ def make_sink(settings: Settings) -> Sink:
         return KafkaSink.from_settings(settings)
     from forestflow.predlog.file_sink import FileSink
 
-    return FileSink(settings.data_dir / settings.log_file, settings.log_file_format)
+    return FileSink(settings.data_dir / settings.log_file, settings.log_file_format, settings.log_file_cache_mb * 1024 * 1024)
 
 
 def make_prediction_log(settings: Settings) -> PredictionLog:

@@ -35,6 +35,54 @@ INLINE_WRITE_BYTES = 4 * 1024 * 1024
 #: Buffers per writev() call (Linux's IOV_MAX is 1024).
 _IOV_MAX = 1024
 
+#: posix_fadvise where the platform has it (Linux does; macOS does not: the cache is then left to the kernel).
+_FADVISE = getattr(os, "posix_fadvise", None)
+
+
+class _DropBehind:
+    """Keeps ``cache_bytes`` of a growing log file's end in the page cache and drops the rest as it ages.
+
+    A prediction log is written once and read, if at all, near its end (``forestflow logs tail``, a log
+    shipper). Left to the kernel, every appended page is a new page-cache page that stays until memory runs
+    short; taking fresh pages is most of what a write costs (a loop of 20 KB appends on this project's VM:
+    14-30 us of kernel time each, 5-8 us with drop-behind; docs/performance.md), and the log evicts the pages
+    other work reads. So each time the file grows by a chunk (an eighth of ``cache_bytes``), the chunk
+    before the newest one is handed to writeback (``POSIX_FADV_DONTNEED`` starts writeback of dirty pages
+    without waiting for it) and the chunk ``cache_bytes`` further back, written back by then, is dropped. No
+    call waits for the disk. Offsets are the file's, so the workers appending to one file each advise the
+    same ranges."""
+
+    def __init__(self, cache_bytes: int) -> None:
+        self.chunk = max(1 << 20, cache_bytes // 8)
+        self.keep = max(cache_bytes, 2 * self.chunk)
+        #: The offset below which writeback was started, a multiple of ``chunk``; None: off for this file.
+        self.started: int | None = None
+
+    def opened(self, fd: int) -> None:
+        """Start at the end of the file as it is opened (what was there is left as it is)."""
+        try:
+            self.started = os.lseek(fd, 0, os.SEEK_END) // self.chunk * self.chunk if _FADVISE is not None else None
+        except OSError:  # not seekable (a FIFO): nothing to drop
+            self.started = None
+
+    def written(self, fd: int) -> None:
+        """After an append: advise the chunks the file's end has moved past."""
+        started = self.started
+        if started is None or _FADVISE is None:
+            return
+        try:
+            end = os.lseek(fd, 0, os.SEEK_END)
+            while end - started >= 2 * self.chunk:
+                _FADVISE(fd, started, self.chunk, os.POSIX_FADV_DONTNEED)  # writeback starts
+                if started >= self.keep:
+                    _FADVISE(fd, started - self.keep, self.chunk, os.POSIX_FADV_DONTNEED)  # written back: dropped
+                started += self.chunk
+        except OSError as exc:  # not a regular file (a FIFO, a device): nothing to drop
+            log.info("prediction_log_drop_behind_off", error=str(exc))
+            self.started = None
+            return
+        self.started = started
+
 
 class _PartialWrite(Exception):
     """A write that failed after ``done`` bytes reached the file."""
@@ -74,12 +122,13 @@ class FileSink:
     ``stat``), and a file renamed or removed (logrotate's ``mv``) is closed and the path opened anew;
     :meth:`reopen` (SIGHUP) forces that. A write that fails half-way returns only the events that
     did not reach the file, and the next attempt completes a half-written event instead of
-    writing it again: no event is written twice.
+    writing it again: no event is written twice. Only the last ``cache_bytes`` of each file stay in the
+    page cache (:class:`_DropBehind`).
     """
 
     name = "file"
 
-    def __init__(self, path: Path, fmt: str = "jsonl") -> None:
+    def __init__(self, path: Path, fmt: str = "jsonl", cache_bytes: int = 64 * 1024 * 1024) -> None:
         self.path = path
         self.gp_path = path.with_name(f"{path.stem}.gp{path.suffix}")
         self.fmt = fmt
@@ -89,6 +138,9 @@ class FileSink:
         #: Per file: the entry a failed write left half-written, and how many of its bytes are in.
         self._resume: dict[bool, tuple[LogEntry, int]] = {}
         self._inodes: dict[bool, tuple[int, int]] = {}
+        #: Bytes of each file's end kept in the page cache (``log_file_cache_mb``); 0 leaves it to the kernel.
+        self.cache_bytes = cache_bytes
+        self._behind: dict[bool, _DropBehind] = {}
         self._reopen_requested = False
         #: Times a file was reopened (rotation seen, or SIGHUP).
         self.reopened = 0
@@ -128,6 +180,9 @@ class FileSink:
             fh = self._files[graphpipe] = open(path, "ab", buffering=0)
             st = os.fstat(fh.fileno())
             self._inodes[graphpipe] = (st.st_ino, st.st_dev)
+            if self.cache_bytes:
+                behind = self._behind[graphpipe] = _DropBehind(self.cache_bytes)
+                behind.opened(fh.fileno())
         return fh
 
     def _write(self, entries: list[LogEntry]) -> list[LogEntry]:
@@ -168,6 +223,8 @@ class FileSink:
                 pieces.insert(0, prefix)
             try:
                 _append(fh.fileno(), pieces)
+                if self.cache_bytes:
+                    self._behind[graphpipe].written(fh.fileno())
             except _PartialWrite as exc:
                 if exc.done < len(prefix):
                     self._resume[graphpipe] = resume  # type: ignore[assignment]  # set above whenever prefix is
