@@ -49,7 +49,7 @@ class _DropBehind:
     other work reads. So each time the file grows by a chunk (an eighth of ``cache_bytes``), the chunk
     before the newest one is handed to writeback (``POSIX_FADV_DONTNEED`` starts writeback of dirty pages
     without waiting for it) and the chunk ``cache_bytes`` further back, written back by then, is dropped. No
-    call waits for the disk. Offsets are the file's, so the workers appending to one file each advise the
+    call waits for a write to complete. Offsets are the file's, so the workers appending to one file each advise the
     same ranges."""
 
     def __init__(self, cache_bytes: int) -> None:
