@@ -606,14 +606,14 @@ static PyObject *call(PyObject *callable, PyObject *const *args, size_t nargs) {
 /* A /score answer's PredictionEvent: the head (wire_event with no wire fields), then the request and the
  * answer written from their frames by _ffwire.message, as encode.py's _event does. None when message
  * leaves a frame to Python (a column that is not 1-D, a dtype it does not write). */
-static PyObject *score_event(PyObject **f, Servable *sv, PyObject *head, PyObject *tail) {
+static PyObject *score_event(PyObject **f, PyObject **svf, PyObject *head, PyObject *tail) {
     PyObject *payload = NULL, *prediction = NULL, *answer_columns = NULL, *request_columns = NULL, *value = NULL;
-    PyObject *head_args[11] = {head, f[F_TIME], f[F_REQUEST_ID], sv->fields[SV_FQRV_FIELD], f[F_LATENCY], f[F_STATUS],
+    PyObject *head_args[11] = {head, f[F_TIME], f[F_REQUEST_ID], svf[SV_FQRV_FIELD], f[F_LATENCY], f[F_STATUS],
                                tail, Py_None, Py_None, Py_None, Py_None};
     if ((answer_columns = PyObject_GetAttr(f[F_RESPONSE], s_columns)) == NULL ||
         (request_columns = PyObject_GetAttr(f[F_REQUEST], s_columns)) == NULL)
         goto done;
-    PyObject *answer_args[8] = {prediction_key, sv->fields[SV_PREDICTION_FQRV], tag_12, tag_1a, minus_one,
+    PyObject *answer_args[8] = {prediction_key, svf[SV_PREDICTION_FQRV], tag_12, tag_1a, minus_one,
                                 answer_columns, Py_None, Py_True};
     if ((prediction = call(message, answer_args, 8)) == NULL || prediction == Py_None)
         goto done;
@@ -642,6 +642,9 @@ PyDoc_STRVAR(usual_entry_doc,
 static PyObject *usual_entry(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     PyObject *f[USED_FIELDS], *key_text = NULL, *key = NULL, *value = NULL, *headers = NULL, *result = NULL;
     PyObject *request_length = NULL, *response_length = NULL;
+    /* The servable's fields, new references: a finalizer run by the collector during an encoder's
+     * allocation could log an event of its own and evict the cache entry they came from. */
+    PyObject *svf[SV_FIELDS] = {NULL};
     Servable *sv;
     int mode, served, wire, graphpipe, truth;
     if (nargs != 2 || !PyLong_CheckExact(args[1])) {
@@ -685,6 +688,8 @@ static PyObject *usual_entry(PyObject *Py_UNUSED(self), PyObject *const *args, P
         goto unusual;
     if ((sv = servable_of(f[F_FQRV], f[F_LOGGING])) == NULL)
         goto unusual_or_error;
+    for (int i = 0; i < SV_FIELDS; i++)
+        svf[i] = Py_NewRef(sv->fields[i]);
     if (sv->key_feature != NULL) {
         PyObject *found = PyDict_GetItemWithError(f[F_CONFIGS], sv->key_feature); /* borrowed */
         if (found == NULL && PyErr_Occurred())
@@ -726,8 +731,8 @@ static PyObject *usual_entry(PyObject *Py_UNUSED(self), PyObject *const *args, P
         PyObject *latency = call(dumps, &f[F_LATENCY], 1), *kind_obj = latency ? PyLong_FromLong(kind) : NULL;
         if (kind_obj != NULL) {
             PyObject *line_args[12] = {
-                kind_obj, key_text, request, answer, f[F_SERVED], sv->fields[SV_LOGGING_JSON], f[F_TIME],
-                f[F_REQUEST_ID], sv->fields[SV_FQRV_JSON], latency, f[F_STATUS], f[F_PROTOCOL],
+                kind_obj, key_text, request, answer, f[F_SERVED], svf[SV_LOGGING_JSON], f[F_TIME],
+                f[F_REQUEST_ID], svf[SV_FQRV_JSON], latency, f[F_STATUS], f[F_PROTOCOL],
             };
             value = call(usual_line, line_args, 12);
         }
@@ -740,7 +745,7 @@ static PyObject *usual_entry(PyObject *Py_UNUSED(self), PyObject *const *args, P
         headers = Py_NewRef(no_headers);
     } else {
         PyObject *tail = PyDict_GetItemWithError(protocol_fields, f[F_PROTOCOL]);
-        PyObject *head = sv->fields[served ? SV_SERVED_HEAD : SV_SHADOW_HEAD];
+        PyObject *head = svf[served ? SV_SERVED_HEAD : SV_SHADOW_HEAD];
         if (tail == NULL) {
             if (PyErr_Occurred())
                 goto done;
@@ -751,18 +756,18 @@ static PyObject *usual_entry(PyObject *Py_UNUSED(self), PyObject *const *args, P
             if (answer_wire < 0)
                 goto done;
             PyObject *event_args[11] = {
-                head, f[F_TIME], f[F_REQUEST_ID], sv->fields[SV_FQRV_FIELD], f[F_LATENCY], f[F_STATUS], tail,
+                head, f[F_TIME], f[F_REQUEST_ID], svf[SV_FQRV_FIELD], f[F_LATENCY], f[F_STATUS], tail,
                 f[F_REQUEST_JSON], f[F_RESPONSE_JSON], request_length, answer_wire ? response_length : Py_None,
             };
             value = call(wire_event, event_args, 11);
         } else if (graphpipe) {
             PyObject *event_args[10] = {
-                head, f[F_TIME], f[F_REQUEST_ID], sv->fields[SV_FQRV_FIELD], f[F_LATENCY], f[F_STATUS], tail,
-                f[F_RAW_REQUEST], f[F_RAW_RESPONSE], sv->fields[SV_GRAPHPIPE_FQRV],
+                head, f[F_TIME], f[F_REQUEST_ID], svf[SV_FQRV_FIELD], f[F_LATENCY], f[F_STATUS], tail,
+                f[F_RAW_REQUEST], f[F_RAW_RESPONSE], svf[SV_GRAPHPIPE_FQRV],
             };
             value = call(graphpipe_event, event_args, 10);
         } else if (f[F_RESPONSE] != Py_None) {
-            value = score_event(f, sv, head, tail);
+            value = score_event(f, svf, head, tail);
         } else {
             goto unusual; /* no answer: its event is written in Python */
         }
@@ -771,7 +776,7 @@ static PyObject *usual_entry(PyObject *Py_UNUSED(self), PyObject *const *args, P
         if (value == Py_None)
             goto unusual;
         if (mode == MODE_KAFKA) {
-            PyObject *ce_args[3] = {sv->fields[served ? SV_CE_SERVED : SV_CE_SHADOW], f[F_REQUEST_ID], f[F_TIME]};
+            PyObject *ce_args[3] = {svf[served ? SV_CE_SERVED : SV_CE_SHADOW], f[F_REQUEST_ID], f[F_TIME]};
             if ((headers = ce_headers(NULL, ce_args, 3)) == NULL)
                 goto done;
             if (headers == Py_None)
@@ -796,6 +801,8 @@ done:
     Py_XDECREF(headers);
     Py_XDECREF(request_length);
     Py_XDECREF(response_length);
+    for (int i = 0; i < SV_FIELDS; i++)
+        Py_XDECREF(svf[i]);
     return result;
 }
 
