@@ -34,6 +34,7 @@ from forestflow.codecs.ff_settings import fqrv_to_json, logging_to_json
 from forestflow.codecs.schema_datum import prediction_json, request_json
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings
+from forestflow.predlog import _kafka_records
 from forestflow.predlog._jsonl import usual_line
 from forestflow.predlog._kafka_records import LogEntry, ce_headers, set_usual
 from forestflow.predlog.cloudevents import fixed_headers, python_record_headers
@@ -416,3 +417,5 @@ def encode_event_json(record: PredictionRecord, kafka_key: str | None = _KEY_OF_
 #: (``USUAL_PROTOBUF``) or of :func:`encode_event_json` (``USUAL_JSONL``); None for any other record.
 USUAL_KAFKA, USUAL_PROTOBUF, USUAL_JSONL = 0, 1, 2
 set_usual(_servable_fields, _PROTOCOL_FIELDS, wire_event, graphpipe_event, usual_line, orjson.dumps, WireBody, message)
+#: Imported from here, not from the extension: this module is what sets it up (set_usual above).
+usual_entry = _kafka_records.usual_entry

@@ -19,8 +19,15 @@ from typing import Protocol
 import structlog
 
 from forestflow.predlog import _kafka_records
-from forestflow.predlog._kafka_records import usual_entry
-from forestflow.predlog.encode import USUAL_JSONL, USUAL_KAFKA, USUAL_PROTOBUF, encode_event, encode_event_json, kafka_entry
+from forestflow.predlog.encode import (
+    USUAL_JSONL,
+    USUAL_KAFKA,
+    USUAL_PROTOBUF,
+    encode_event,
+    encode_event_json,
+    kafka_entry,
+    usual_entry,
+)
 from forestflow.predlog.record import PredictionRecord
 
 log = structlog.get_logger("forestflow.predlog")

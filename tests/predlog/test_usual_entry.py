@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from forestflow.core.frame import Frame
 from forestflow.core.ids import FQRV
 from forestflow.core.policies import LoggingSettings, LogLevel
-from forestflow.predlog._kafka_records import LogEntry, usual_entry
+from forestflow.predlog._kafka_records import LogEntry
 from forestflow.predlog.encode import (
     USUAL_JSONL,
     USUAL_KAFKA,
@@ -22,6 +22,7 @@ from forestflow.predlog.encode import (
     encode_event,
     encode_event_json,
     kafka_entry,
+    usual_entry,
 )
 from forestflow.predlog.log import NO_HEADERS, PredictionLog
 from forestflow.predlog.record import PredictionRecord, WireBody
