@@ -5,16 +5,20 @@ consecutive 3-4 s cells with no change at all. Here two gateways run side by sid
 core (core 0): one serves the contract with logging NONE, the other the same contract with FULL
 (to the file, or to the test Kafka broker), each loaded by its own wrk at the same concurrency for
 the same seconds. Whatever slows the core slows both, so the ratio of their CPU per request is the
-logging cost. Each cell is measured ``--rounds`` times, the gateways swapping nothing but time;
-the median and the quartiles are printed. ``bench/run.py`` takes its logging-cost lines from
+logging cost. The two also differ by themselves: two NONE gateways side by side measured 2-7% apart,
+the same one cheaper in every round. So the rounds cross over: both are started with the same
+sink, and each round PUTs FULL on one and NONE on the other, in turn; each two rounds make one cost
+(1 - the geometric mean of their two NONE/FULL ratios), in which the gateways' own difference
+cancels (printed as their bias). The median and the quartiles of ``--rounds`` (made even) rounds'
+costs are printed. ``bench/run.py`` takes its logging-cost lines from
 :func:`measure`.
 
 Each wrk drives its gateway as hard as it can (the target's measure). ``--paced F`` instead has every
 connection pause after each answer so that both gateways together keep about ``F`` of the core busy:
 a production server's load rather than its limit (the same requests, each costlier, since fewer wait
 together in one loop turn). ``--calibrate-us N`` first measures a cell whose cost is known: two NONE
-gateways, one of them busy-waiting N us in every request (bench/spin/sitecustomize.py); the line says
-how many microseconds the method reports for those N.
+gateways, the one cast as FULL busy-waiting N us in every request (bench/spin/sitecustomize.py); the
+line says how many microseconds the method reports for those N.
 
     python bench/logging_cost.py                     # file and Kafka, /score and V2, 1 and 100 rows
     python bench/logging_cost.py --sinks kafka --rows 1 --rounds 9
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import statistics
 import sys
 import tempfile
@@ -32,6 +37,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+
+import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -102,6 +109,9 @@ class Cost:
     errors: int
     #: FULL's system CPU per request over NONE's (median of the rounds): the sink's writes and sends.
     extra_sys_us: float = float("nan")
+    #: How much more CPU per request the first gateway of the pair spent than the second at the same
+    #: level (median of the pairs of rounds): what the crossover took out of ``costs``.
+    bias: float = 0.0
 
     @property
     def median(self) -> float:
@@ -120,7 +130,7 @@ class Cost:
             f"logging FULL-{self.sink} cost {self.endpoint} {self.rows}-row c{concurrency} <= {TARGET:.0%}: "
             f"{self.median * 100:.1f}% (quartiles {q1 * 100:.1f} / {q3 * 100:.1f}; CPU per request NONE "
             f"{self.none_us:.0f} us, FULL {self.full_us:.0f} us, of its extra {self.extra_sys_us:+.0f} us in the kernel; "
-            f"errors {self.errors}) "
+            f"gateway bias {self.bias * 100:+.1f}%; errors {self.errors}) "
             f"{'HOLDS' if self.holds else 'MISSED'}"
         )
 
@@ -132,6 +142,50 @@ def pause_for(warm_up: Result, concurrency: int, paced: float) -> int:
     return max(1, round(concurrency / rate * 1000 - warm_up.p50_ms))
 
 
+#: Sets which gateway of a pair plays FULL (0 or 1), the other NONE, before a round.
+Roles = Callable[[int], None]
+
+
+def logging_roles(pair: tuple[Server, Server]) -> Roles:
+    """:data:`Roles` of a logging pair: the contract's logging settings PUT on both gateways (both were
+    started with the same sink, so a level is all that tells them apart)."""
+    release = "/{}/{}/{}/gbm/logging".format(*CONTRACT)
+
+    def cast(full: int) -> None:
+        for i, server in enumerate(pair):
+            level = "FULL" if i == full else "NONE"
+            body = {"logLevel": level, "keyFeatures": ["reqid"] if level == "FULL" else []}
+            requests.put(server.url + release, json=body, timeout=30).raise_for_status()
+
+    return cast
+
+
+def spin_roles(pair: tuple[Server, Server]) -> Roles:
+    """:data:`Roles` of the calibration pair: the one cast as FULL busy-waits (bench/spin/sitecustomize.py),
+    both log nothing."""
+    release = "/{}/{}/{}/gbm/logging".format(*CONTRACT)
+
+    def cast(full: int) -> None:
+        for i, server in enumerate(pair):
+            body = {"logLevel": "NONE", "keyFeatures": ["spin"] if i == full else []}
+            requests.put(server.url + release, json=body, timeout=30).raise_for_status()
+
+    return cast
+
+
+def crossover(second_full: list[float], first_full: list[float]) -> tuple[list[float], float]:
+    """Costs and the gateways' bias from the NONE/FULL CPU ratios of rounds with the second gateway cast as
+    FULL and of rounds with the first (paired in order).
+
+    With a logging cost ``c`` and the first gateway spending ``1 + b`` times the second's CPU on the same
+    work, a round of the first casting reads ``(1 - c) * (1 + b)`` and one of the other ``(1 - c) / (1 + b)``:
+    their geometric mean is ``1 - c`` whatever ``b``, their ratio ``(1 + b) ** 2``. Returns each pair's
+    cost and the median ``b``."""
+    pairs = list(zip(second_full, first_full, strict=True))
+    costs = [1 - math.sqrt(x * y) for x, y in pairs]
+    return costs, statistics.median(math.sqrt(x / y) for x, y in pairs) - 1
+
+
 def _cell(
     pair: tuple[Server, Server],
     label: tuple[str, str, int],
@@ -139,23 +193,37 @@ def _cell(
     seconds: float,
     concurrency: int,
     paced: float,
+    roles: Roles,
 ) -> Cost | None:
-    """One cell of ``label`` = (sink, endpoint, rows) on the (NONE, FULL) ``pair``; None without its client."""
+    """One cell of ``label`` = (sink, endpoint, rows) on ``pair``; None without its client.
+
+    A crossover: the rounds alternate which gateway plays FULL (``roles``), so whatever makes one
+    process or one position cheaper than the other (two idle NONE gateways side by side differ by a
+    few percent here, the same one cheaper run after run) cancels. Each two rounds, one of each
+    casting, give one cost: 1 - the geometric mean of their NONE/FULL CPU ratios."""
     sink, name, rows = label
     entry = endpoints(rows, ".".join(map(str, CONTRACT))).get(name)
     if entry is None:  # GraphPipe without its client library
         return None
     path, body, ctype = entry
-    none, full = pair
-    warm, _ = side_by_side(none, full, path, body, ctype, concurrency, 2.0)
+    warm: Result | None = None
+    for full in (1, 0):  # each casting warmed once (a sink connects on its first event); ends with 0
+        roles(full)
+        warm, _ = side_by_side(pair[1 - full], pair[full], path, body, ctype, concurrency, 1.0)
+    assert warm is not None
     pause = pause_for(warm, concurrency, paced) if paced else 0
-    costs, cpu, system, errors = [], [], [], 0
-    for _ in range(rounds):
-        a, b = side_by_side(none, full, path, body, ctype, concurrency, seconds, pause_ms=pause)
-        costs.append(1 - a.cpu_us / b.cpu_us)
+    ratios: list[list[float]] = [[], []]  # NONE/FULL CPU per request, by which gateway plays FULL
+    cpu, system, errors = [], [], 0
+    for i in range(rounds + rounds % 2):  # an even count: as many rounds of each casting
+        full = i % 2  # the warm-up left the first gateway cast as FULL
+        if i:
+            roles(full)
+        a, b = side_by_side(pair[1 - full], pair[full], path, body, ctype, concurrency, seconds, pause_ms=pause)
+        ratios[full].append(a.cpu_us / b.cpu_us)
         cpu.append((a.cpu_us, b.cpu_us))
         system.append(b.sys_us - a.sys_us)
         errors += a.errors + b.errors
+    costs, bias = crossover(ratios[1], ratios[0])
     return Cost(
         sink,
         name,
@@ -165,6 +233,7 @@ def _cell(
         statistics.median(c[1] for c in cpu),
         errors,
         statistics.median(system),
+        bias,
     )
 
 
@@ -185,7 +254,7 @@ def measure(
         with gateway_pair(work, sink) as pair:
             for rows in row_counts:
                 for name in endpoint_names:
-                    cost = _cell(pair, (sink, name, rows), rounds, seconds, concurrency, paced)
+                    cost = _cell(pair, (sink, name, rows), rounds, seconds, concurrency, paced, logging_roles(pair))
                     if cost is not None:
                         report(cost)
                         out.append(cost)
@@ -203,24 +272,26 @@ def calibrate(
     paced: float = 0.0,
 ) -> list[str]:
     """Lines saying what the method reports for a known ``spin_us`` per request (two NONE gateways, the
-    second one busy-waiting), one per (rows, endpoint) cell."""
+    one cast as FULL busy-waiting), one per (rows, endpoint) cell."""
     lines = []
+    spin = {"PYTHONPATH": str(ROOT / "bench" / "spin"), "BENCH_SPIN_US": str(spin_us)}
     with contextlib.ExitStack() as stack:
         pair = []
-        for name, env in (
-            ("calibrate-NONE", {}),
-            ("calibrate-SPIN", {"PYTHONPATH": str(ROOT / "bench" / "spin"), "BENCH_SPIN_US": str(spin_us)}),
-        ):
-            server = start_gateway(work / f"data-{name}", env, work, name)
+        for name in ("calibrate-0", "calibrate-1"):
+            server = start_gateway(work / f"data-{name}", spin, work, name)
             stack.callback(server.stop)
             deploy(server, CONTRACT, "NONE")
             pair.append(server)
+        roles = spin_roles((pair[0], pair[1]))
         for rows in row_counts:
             for name in endpoint_names:
-                cost = _cell((pair[0], pair[1]), ("spin", name, rows), rounds, seconds, concurrency, paced)
+                cost = _cell((pair[0], pair[1]), ("spin", name, rows), rounds, seconds, concurrency, paced, roles)
                 if cost is None:
                     continue
-                extra, share = cost.full_us - cost.none_us, spin_us / (cost.none_us + spin_us)
+                # The extra the cost stands for on a request of the NONE gateway's CPU (the medians of the
+                # two CPU figures come from different rounds, their difference from the casting as well).
+                extra = cost.none_us * cost.median / (1 - cost.median)
+                share = spin_us / (cost.none_us + spin_us)
                 lines.append(
                     f"calibration {name} {rows}-row: a known {spin_us:.0f} us per request ({share:.1%} of it) measures "
                     f"{extra:.1f} us ({cost.median:.1%}), {extra / spin_us:.2f}x; CPU per request {cost.none_us:.0f} us without"

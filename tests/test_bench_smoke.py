@@ -143,6 +143,7 @@ def test_logging_cost_calibration_sees_its_known_cost_and_paces_the_load() -> No
     assert "# paced:" in result.stdout, result.stdout
     cost = [line for line in result.stdout.splitlines() if line.startswith("logging FULL-file cost score 1-row")]
     assert len(cost) == 1 and "errors 0)" in cost[0], result.stdout
+    assert re.search(r"gateway bias [+-]\d+\.\d%", cost[0]), cost[0]  # the rounds crossed over
 
 
 def test_a_pause_brings_the_rate_to_the_paced_share() -> None:
@@ -153,3 +154,14 @@ def test_a_pause_brings_the_rate_to_the_paced_share() -> None:
     # request per connection every 6.67 ms, of which 2 ms are the answer's wait.
     assert pause_for(Result(12000, 4000.0, 2.0, 5.0, 0), 16, 0.6) == 5
     assert pause_for(Result(100, 50000.0, 0.3, 1.0, 0), 16, 0.9) == 1  # never less than 1 ms
+
+
+def test_the_crossover_takes_the_gateways_own_difference_out_of_the_cost() -> None:
+    from bench.logging_cost import crossover
+
+    # A 12% logging cost measured on a pair whose first gateway spends 5% more CPU than the second on the
+    # same work: the rounds read 0.88 * 1.05 (second FULL) and 0.88 / 1.05 (first FULL), 7.6% and 16.2%
+    # each alone, then a pair of a 20% cost.
+    costs, bias = crossover([0.88 * 1.05, 0.80 * 1.05], [0.88 / 1.05, 0.80 / 1.05])
+    assert costs == pytest.approx([0.12, 0.20])
+    assert bias == pytest.approx(0.05)
