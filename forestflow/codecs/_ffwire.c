@@ -705,9 +705,13 @@ static PyObject *message(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
             PyErr_NoMemory();
             goto done;
         }
-        for (r = 0; r < rows; r++)
-            for (g = 0; g < n_groups; g++)
-                data_len[r * n_groups + g] = fixed[g];
+        /* Group by group: record by record, GCC makes each record's few entries a copy (rep movsq), whose
+         * start-up cost ~30% of the whole sizing pass at 100 rows. */
+        for (g = 0; g < n_groups; g++) {
+            const size_t length = fixed[g];
+            for (r = 0; r < rows; r++)
+                data_len[r * n_groups + g] = length;
+        }
         for (g = 0; g < n_groups; g++) {
             if (!variable[g])
                 continue;

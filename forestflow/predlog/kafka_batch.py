@@ -29,11 +29,15 @@ from forestflow.predlog._kafka_records import records
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 #: Where the CRC'd part starts (the attributes) and where the length counts from.
 _CRC_FROM, _LENGTH_FROM = struct.calcsize(">qiibI"), struct.calcsize(">qi")
-#: zstd's level for prediction log batches. aiokafka's default is 3 (the broker's); level 1 compresses
-#: prediction events as small (1-row events: 743 against 743 bytes per 125; 100-row events 2717
-#: against 2684 per 40) for 0.37x the instructions at 1 row and 0.59x at 100 rows (callgrind, per
-#: batch, 2026-11-26), and any level decodes the same.
-ZSTD_LEVEL = 1
+#: zstd's level for prediction log batches: -1, the first of zstd's fast levels. aiokafka's default is 3
+#: (the broker's); level 1 cost 0.37-0.59x its instructions for the same bytes (callgrind, 2026-11-26).
+#: Level -1 against 1, batches of 70 1-row or 50 100-row events of the bench's rows with varied answers
+#: and request ids (one run, 2026-11-27): 100-row /score events 10.7 against 23.3 us each (their random
+#: probabilities do not compress, and level 1 searches them for matches) for 1780 against 1700 bytes;
+#: 100-row GraphPipe 4.1 against 5.6 us, 127 against 113 bytes; 100-row V2 3.7 against 4.1 us, 137
+#: against 96 bytes; 1-row events 0.84-0.93 against 1.06-1.08 us, 45-62 against 40-59 bytes. Any level
+#: decodes the same.
+ZSTD_LEVEL = -1
 #: Record batch attributes of each compression (the low three bits).
 _CODECS: dict[str, tuple[int, Callable[[bytes], bytes] | None]] = {
     "none": (0, None),
