@@ -5,8 +5,8 @@ consecutive 3-4 s cells with no change at all. Here two gateways run side by sid
 core (core 0): one serves the contract with logging NONE, the other the same contract with FULL
 (to the file, or to the test Kafka broker), each loaded by its own wrk at the same concurrency for
 the same seconds. Whatever slows the core slows both, so the ratio of their CPU per request is the
-logging cost. The two also differ by themselves: two NONE gateways side by side measured 2-7% apart,
-the same one cheaper in every round. So the rounds cross over: both are started with the same
+logging cost. The two also differ by themselves: two NONE gateways side by side measured 1.7-6.6% apart,
+the second one started cheaper in 28 of 30 rounds. So the rounds cross over: both are started with the same
 sink, and each round PUTs FULL on one and NONE on the other, in turn; each two rounds make one cost
 (1 - the geometric mean of their two NONE/FULL ratios), in which the gateways' own difference
 cancels (printed as their bias). The median and the quartiles of ``--rounds`` (made even) rounds'
