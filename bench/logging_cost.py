@@ -146,31 +146,27 @@ def pause_for(warm_up: Result, concurrency: int, paced: float) -> int:
 Roles = Callable[[int], None]
 
 
-def logging_roles(pair: tuple[Server, Server]) -> Roles:
-    """:data:`Roles` of a logging pair: the contract's logging settings PUT on both gateways (both were
-    started with the same sink, so a level is all that tells them apart)."""
+def _casting(pair: tuple[Server, Server], settings: Callable[[bool], dict[str, object]]) -> Roles:
+    """:data:`Roles` that PUT ``settings(plays_full)`` as the contract's logging settings on each gateway."""
     release = "/{}/{}/{}/gbm/logging".format(*CONTRACT)
 
     def cast(full: int) -> None:
         for i, server in enumerate(pair):
-            level = "FULL" if i == full else "NONE"
-            body = {"logLevel": level, "keyFeatures": ["reqid"] if level == "FULL" else []}
-            requests.put(server.url + release, json=body, timeout=30).raise_for_status()
+            requests.put(server.url + release, json=settings(i == full), timeout=30).raise_for_status()
 
     return cast
+
+
+def logging_roles(pair: tuple[Server, Server]) -> Roles:
+    """:data:`Roles` of a logging pair: FULL (keyed as deployed) or NONE; both gateways were started with the
+    same sink, so the level is all that tells them apart."""
+    return _casting(pair, lambda full: {"logLevel": "FULL", "keyFeatures": ["reqid"]} if full else {"logLevel": "NONE"})
 
 
 def spin_roles(pair: tuple[Server, Server]) -> Roles:
-    """:data:`Roles` of the calibration pair: the one cast as FULL busy-waits (bench/spin/sitecustomize.py),
-    both log nothing."""
-    release = "/{}/{}/{}/gbm/logging".format(*CONTRACT)
-
-    def cast(full: int) -> None:
-        for i, server in enumerate(pair):
-            body = {"logLevel": "NONE", "keyFeatures": ["spin"] if i == full else []}
-            requests.put(server.url + release, json=body, timeout=30).raise_for_status()
-
-    return cast
+    """:data:`Roles` of the calibration pair: both log nothing, the one cast as FULL busy-waits
+    (bench/spin/sitecustomize.py)."""
+    return _casting(pair, lambda full: {"logLevel": "NONE", "keyFeatures": ["spin"] if full else []})
 
 
 def crossover(second_full: list[float], first_full: list[float]) -> tuple[list[float], float]:
@@ -178,9 +174,9 @@ def crossover(second_full: list[float], first_full: list[float]) -> tuple[list[f
     FULL and of rounds with the first (paired in order).
 
     With a logging cost ``c`` and the first gateway spending ``1 + b`` times the second's CPU on the same
-    work, a round of the first casting reads ``(1 - c) * (1 + b)`` and one of the other ``(1 - c) / (1 + b)``:
-    their geometric mean is ``1 - c`` whatever ``b``, their ratio ``(1 + b) ** 2``. Returns each pair's
-    cost and the median ``b``."""
+    work, a round with the second gateway FULL reads ``(1 - c) * (1 + b)`` and one with the first FULL
+    ``(1 - c) / (1 + b)``: their geometric mean is ``1 - c`` whatever ``b``, their ratio ``(1 + b) ** 2``.
+    Returns each pair's cost and the median ``b``."""
     pairs = list(zip(second_full, first_full, strict=True))
     costs = [1 - math.sqrt(x * y) for x, y in pairs]
     return costs, statistics.median(math.sqrt(x / y) for x, y in pairs) - 1
