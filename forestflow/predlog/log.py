@@ -136,6 +136,8 @@ class PredictionLog:
         self._usual = USUAL_KAFKA if self._cloudevents else USUAL_JSONL if self._jsonl else USUAL_PROTOBUF
         self._queue: deque[LogEntry] = deque()
         self._wakeup = asyncio.Event()
+        #: Ends a linger early: set when the queue reaches ``batch_size`` and by close().
+        self._ship = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._closed = asyncio.Event()  # set by close(): ends a restart backoff at once
@@ -165,6 +167,8 @@ class PredictionLog:
         if not queue:  # the drain waits only on an empty queue: one wake-up per batch, not per event
             self._wakeup.set()
         queue.append(entry)
+        if len(queue) == self.batch_size:  # a whole batch: no need to linger for more
+            self._ship.set()
         stats.buffered += 1
         stats.buffered_bytes += size
         return True
@@ -256,6 +260,7 @@ class PredictionLog:
         """Stop taking events, deliver what is buffered within ``timeout_s``, count the rest."""
         self._closing = True
         self._wakeup.set()
+        self._ship.set()
         self._closed.set()
         if self._task is not None:
             try:
@@ -314,7 +319,12 @@ class PredictionLog:
                         return
                     continue
             if self.linger_s and len(self._queue) < self.batch_size and not self._closing:
-                await asyncio.sleep(self.linger_s)
+                # Up to linger_s, or until a whole batch waits or the log closes.
+                self._ship.clear()
+                try:
+                    await asyncio.wait_for(self._ship.wait(), self.linger_s)
+                except TimeoutError:
+                    pass
             queue = self._queue
             if len(queue) <= self.batch_size:  # the whole queue, copied in C (the usual batch after a linger)
                 batch = list(queue)

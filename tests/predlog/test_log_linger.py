@@ -20,10 +20,14 @@ class _CountingFileSink(FileSink):
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.batches: list[int] = []
+        #: Set after each batch is written.
+        self.sent = asyncio.Event()
 
     async def send(self, entries: list[LogEntry]) -> list[LogEntry]:
         self.batches.append(len(entries))
-        return await super().send(entries)
+        failed = await super().send(entries)
+        self.sent.set()
+        return failed
 
 
 @pytest.mark.parametrize("linger_s", [0.0, 0.2])
@@ -45,6 +49,21 @@ async def test_linger_gathers_events_of_separate_requests_into_one_batch(tmp_pat
 
 def test_linger_setting() -> None:
     assert make_prediction_log(Settings(log_linger_ms=7)).linger_s == 0.007
-    assert Settings().log_linger_ms == 50
+    assert Settings().log_linger_ms == 200
     with pytest.raises(Exception, match="log_linger_ms"):
         Settings(log_linger_ms=-1)
+
+
+async def test_a_whole_batch_or_close_ends_a_linger(tmp_path: Path) -> None:
+    sink = _CountingFileSink(tmp_path / "predictions.jsonl")
+    plog = PredictionLog(sink, 1 << 20, batch_size=5, linger_s=60.0)
+    plog.start()
+    for i in range(5):  # the fifth event makes a whole batch: shipped without sitting out the minute
+        assert plog.emit(make_record(i, {"user": f"u{i}"}))
+    await asyncio.wait_for(sink.sent.wait(), 10)
+    assert sink.batches == [5]
+    assert plog.emit(make_record(5, {"user": "u5"}))  # one event: its linger would last a minute
+    await asyncio.sleep(0)
+    await asyncio.wait_for(plog.close(30), 10)  # close() ends it and delivers the event
+    assert plog.stats.delivered == 6 and sink.batches == [5, 1]
+    assert len((tmp_path / "predictions.jsonl").read_bytes().splitlines()) == 6
