@@ -237,9 +237,17 @@ class Gateway:
         """Stop timers, wait briefly for background work, persist counters, flush the log, unload."""
         self.draining = True
         self.replica_sync.close()
-        for timer in self._timers:
-            timer.cancel()
-        await asyncio.gather(*self._timers, return_exceptions=True)
+        # A cancel can be lost (Python 3.11's wait_for drops one that coincides with its inner wait
+        # ending, e.g. inside a Redis call of a timer's action; shutdown then never ended): cancel
+        # again until every timer is done. _every also stops at its next turn once draining.
+        pending = set(self._timers)
+        while pending:
+            for timer in pending:
+                timer.cancel()
+            _done, pending = await asyncio.wait(pending, timeout=1.0)
+        for timer in self._timers:  # their errors, seen (a timer logs its own failures)
+            if not timer.cancelled():
+                timer.exception()
         background = [*self._tasks, *self.loads.tasks, *self.residency.close()]
         if background:
             await asyncio.wait(background, timeout=5.0)
@@ -256,8 +264,10 @@ class Gateway:
         await self.store.close()
 
     async def _every(self, seconds: float, action: Callable[[], Any]) -> None:
-        while True:
+        while not self.draining:
             await asyncio.sleep(seconds)
+            if self.draining:
+                return
             try:
                 await action()
             except StoreUnavailable as error:  # Redis away: the store logs that once; retry next round
