@@ -25,6 +25,7 @@ import structlog
 
 from forestflow import tracing
 from forestflow.administration import Administration
+from forestflow.cancelling import cancel_until_done
 from forestflow.core import declared, input_report
 from forestflow.core.bandit import RewardStats
 from forestflow.core.contract_state import ContractState, ServableEntry
@@ -237,14 +238,9 @@ class Gateway:
         """Stop timers, wait briefly for background work, persist counters, flush the log, unload."""
         self.draining = True
         self.replica_sync.close()
-        # A cancel can be lost (Python 3.11's wait_for drops one that coincides with its inner wait
-        # ending, e.g. inside a Redis call of a timer's action; shutdown then never ended): cancel
-        # again until every timer is done. _every also stops at its next turn once draining.
-        pending = set(self._timers)
-        while pending:
-            for timer in pending:
-                timer.cancel()
-            _done, pending = await asyncio.wait(pending, timeout=1.0)
+        # A cancel lost inside a timer's action (a Redis call) left shutdown waiting for that timer for
+        # ever: cancelled until done, and _every also stops at its next turn once draining.
+        await cancel_until_done(self._timers)
         for timer in self._timers:  # their errors, seen (a timer logs its own failures)
             if not timer.cancelled():
                 timer.exception()
@@ -264,7 +260,7 @@ class Gateway:
         await self.store.close()
 
     async def _every(self, seconds: float, action: Callable[[], Any]) -> None:
-        while not self.draining:
+        while True:
             await asyncio.sleep(seconds)
             if self.draining:
                 return

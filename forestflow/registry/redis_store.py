@@ -40,6 +40,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError, WatchError
 
+from forestflow.cancelling import cancel_until_done
 from forestflow.core.ids import FQRV
 from forestflow.errors import StoreUnavailable
 from forestflow.registry.store import NO_COUNTS, counters_doc, counters_of, merge_shared_metrics, split_counters
@@ -196,15 +197,10 @@ class RedisStore:
     async def close(self) -> None:
         """Stop following and release every connection."""
         self._closing = True
-        pending = set(self._tasks)
-        # A cancel can be lost: Python 3.11's wait_for drops one that coincides with its inner wait
-        # ending, and a timeout raised by the client while cancelled is an OSError the loops catch (the
-        # subscription loop then went on reconnecting and shutdown never ended). So cancel again until
-        # each task is done; the loops also check _closing at every turn.
-        while pending:
-            for task in pending:
-                task.cancel()
-            _done, pending = await asyncio.wait(pending, timeout=1.0)
+        # A timeout raised by the client while cancelled is an OSError the loops catch (the subscription
+        # loop then went on reconnecting and shutdown never ended): cancelled until done, and the loops
+        # also check _closing at every turn.
+        await cancel_until_done(self._tasks)
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
