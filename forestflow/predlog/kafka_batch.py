@@ -53,6 +53,8 @@ class RecordBatch:
     def __init__(self, entries: Sequence[Any], compression: str) -> None:
         attributes, compress = _CODECS[compression]
         body = records(entries)
+        #: Bytes of the records before compression.
+        self.records_bytes = len(body)
         if compress is not None:
             compressed = compress(body)
             if len(compressed) < len(body):  # as aiokafka: sent as it is when compression does not pay

@@ -44,9 +44,15 @@ log = structlog.get_logger("forestflow.predlog.kafka")
 _MARGIN_S = 1.0
 #: aiokafka's own default partitioner: a key goes to the partition ``send()`` would have chosen.
 _PARTITIONER = DefaultPartitioner()
-#: Record batches of up to this many bytes (aiokafka's default is 16 KiB); below Kafka's default
-#: message.max.bytes of 1 MiB.
+#: Record batches of up to this many bytes as sent, compressed (aiokafka's default is 16 KiB); below Kafka's
+#: default message.max.bytes of 1 MiB, which the broker checks against the batch as sent.
 _BATCH_BYTES = 512 * 1024
+#: With compression on, a record batch holds up to this many times ``_BATCH_BYTES`` of records before
+#: compression: a topic's batches are cut at ``_RATIO_HEADROOM`` of the ratio its last batch compressed by.
+#: Each record batch is a produce round trip of its own (aiokafka sends a partition's batches one at a time)
+#: and ~0.4 ms of aiokafka's Python: cut at 512 KiB before compression, 500 100-row GraphPipe events made 7
+#: of them per send, and their produce path cost 2.7% of each request (bench/logging_cost.py, 2026-11-28).
+_MOST_RATIO, _RATIO_HEADROOM = 8.0, 0.75
 #: Bytes of a record batch's header, and the most a record adds to its key and value (attributes,
 #: timestamp and offset deltas, three length varints, the header count).
 _BATCH_HEADER, _RECORD_OVERHEAD = 61, 24
@@ -144,8 +150,10 @@ class KafkaSink:
         self._idempotence_checked = False
         #: topic -> (its partitions, key -> partition) while that partition list holds.
         self._partition_of: dict[str, tuple[list[int], dict[bytes, int]]] = {}
-        #: The most bytes of one record batch before compression.
+        #: The most bytes of one record batch as sent (compressed).
         self._batch_bytes = min(_BATCH_BYTES, max_request_size)
+        #: topic -> how many times smaller its last record batch came out of compression (1 without).
+        self._ratio: dict[str, float] = {}
 
     @classmethod
     def from_settings(cls, settings: Any) -> KafkaSink:
@@ -264,13 +272,14 @@ class KafkaSink:
         if packed is not None:
             return packed
         # Per topic (by entry.graphpipe): its name, its partitions and key cache (as _partitions gives
-        # them), that key cache alone, and its record batches by partition, each [bytes so far, entries].
+        # them), that key cache alone, its record batches by partition, each [bytes so far, entries], and
         # Looked up once per topic, not per entry: this loop runs for every event.
-        topics: dict[bool, tuple[str, tuple[list[int], dict[bytes, int]], dict[bytes, int], dict[int, list[list[Any]]]]] = {}
+        # The last is where the topic's record batches are cut (:meth:`_room`).
+        topics: dict[bool, tuple[str, tuple[list[int], dict[bytes, int]], dict[bytes, int], dict[int, list[list[Any]]], int]] = {}
         # Events well under the limit skip the exact estimate (a one-record batch adds under 128 bytes
         # to key and value: 61 of batch header, the rest varints).
         surely_fits = self.max_request_size - 128 + EVENT_OVERHEAD_BYTES  # in entry.size terms
-        batch_bytes, partition_of = self._batch_bytes, self._partition
+        partition_of = self._partition
         for entry in entries:
             size = entry.size
             if (
@@ -290,8 +299,8 @@ class KafkaSink:
             if state is None:
                 topic = self.gp_topic if entry.graphpipe else self.topic
                 known = await self._partitions(producer, topic)
-                state = topics[entry.graphpipe] = (topic, known, known[1], {})
-            _, known, by_key, by_partition = state
+                state = topics[entry.graphpipe] = (topic, known, known[1], {}, self._room(topic))
+            _, known, by_key, by_partition, room = state
             key = entry.key
             partition = by_key.get(key) if key is not None else None  # a cached key's partition without a call
             if partition is None:
@@ -300,16 +309,17 @@ class KafkaSink:
             if batches is None:
                 batches = by_partition[partition] = []
             size += _RECORD_OVERHEAD - EVENT_OVERHEAD_BYTES  # key and value bytes, and the record's own
-            if not batches or batches[-1][0] + size > batch_bytes:  # a first record always fits
+            if not batches or batches[-1][0] + size > room:  # a first record always fits
                 batches.append([_BATCH_HEADER, []])
             last = batches[-1]
             last[0] += size
             last[1].append(entry)
         return [
-            ((topic, partition), RecordBatch(members, self.compression), members)
-            for topic, _, _, by_partition in topics.values()
+            packed
+            for topic, _, _, by_partition, _ in topics.values()
             for partition, batches in by_partition.items()
             for _, members in batches
+            for packed in self._record_batches(topic, partition, members)
         ]
 
     async def _pack_usual(
@@ -318,7 +328,7 @@ class KafkaSink:
         """:meth:`_pack` of the usual batch without a Python step per entry: every event of one topic (all
         GraphPipe or none), none near the size limit, every key's partition cached and all of them on one
         partition (the loops below run in C). Cut into record batches where the general loop cuts it: a
-        batch ends before the event that would take it past ``_batch_bytes`` (found by bisection over the
+        batch ends before the event that would take it past :meth:`_room` (found by bisection over the
         running total, a step per record batch). None for any other batch (``_pack`` sorts it)."""
         if not entries:
             return None
@@ -336,18 +346,38 @@ class KafkaSink:
             return None
         # ends[k]: the bytes of the first k records (key and value bytes, and each record's own).
         ends = list(accumulate(map(add, sizes, repeat(_RECORD_OVERHEAD - EVENT_OVERHEAD_BYTES)), initial=0))
-        room, count = self._batch_bytes - _BATCH_HEADER, len(entries)
+        room, count = self._room(topic) - _BATCH_HEADER, len(entries)
         if ends[count] <= room:  # the usual batch: one record batch
-            return [((topic, partition), RecordBatch(entries, self.compression), entries)]
+            return self._record_batches(topic, partition, entries)
         packed: list[tuple[tuple[str, int], Any, list[LogEntry]]] = []
         start = 0
         while start < count:
             # The records after ``start`` while they fit; a first record always does.
             stop = max(start + 1, bisect_right(ends, ends[start] + room, start + 1) - 1)
-            members = entries[start:stop]
-            packed.append(((topic, partition), RecordBatch(members, self.compression), members))
+            packed += self._record_batches(topic, partition, entries[start:stop])
             start = stop
         return packed
+
+    def _room(self, topic: str) -> int:
+        """Where ``topic``'s record batches are cut: the most bytes of records (before compression, the batch
+        header included) one may hold. ``_batch_bytes`` times what its last batch compressed by, with headroom
+        (at least once, at most ``_MOST_RATIO`` times)."""
+        ratio = self._ratio.get(topic, 1.0) * _RATIO_HEADROOM
+        return int(self._batch_bytes * min(_MOST_RATIO, max(1.0, ratio)))
+
+    def _record_batches(
+        self, topic: str, partition: int, members: list[LogEntry]
+    ) -> list[tuple[tuple[str, int], Any, list[LogEntry]]]:
+        """``members`` as one record batch; as several where it came out of compression over ``_batch_bytes``
+        (the topic's events compressing worse than its last batch did): halved until each fits or holds one
+        event. Remembers the topic's compression ratio for :meth:`_room`."""
+        batch = RecordBatch(members, self.compression)
+        size = batch.size()
+        self._ratio[topic] = batch.records_bytes / size
+        if size <= self._batch_bytes or len(members) == 1:
+            return [((topic, partition), batch, members)]
+        half = len(members) // 2
+        return self._record_batches(topic, partition, members[:half]) + self._record_batches(topic, partition, members[half:])
 
     async def _partitions(self, producer: AIOKafkaProducer, topic: str) -> tuple[list[int], dict[bytes, int]]:
         """The topic's partitions and its key cache, emptied when the partitions change."""

@@ -387,7 +387,9 @@ async def _cut(entries: list[LogEntry], batch_bytes: int | None = None) -> list[
     sink, producer = KafkaSink("x:1", "a", "b", enable_idempotence=False), Partitions()
     if batch_bytes is not None:
         sink._batch_bytes = batch_bytes
+    ratios = dict(sink._ratio)
     general = [(where, members, batch._body) for where, batch, members in await sink._pack(producer, entries, set())]
+    sink._ratio = ratios  # as the general loop found it: both cut at the same place
     usual = await sink._pack_usual(producer, entries)
     assert usual is not None
     assert [(where, members, batch._body) for where, batch, members in usual] == general
@@ -411,6 +413,49 @@ async def test_a_record_batch_filled_to_the_byte_is_cut_after_its_last_event() -
     assert [len(members) for members in await _cut(entries, exact)] == [2, 1]
     assert [len(members) for members in await _cut(entries, exact - 1)][0] == 1
     assert [len(members) for members in await _cut(entries, 10)] == [1, 1, 1]  # a first record always fits
+
+
+async def test_record_batches_hold_what_compresses_to_under_the_cap() -> None:
+    """A topic whose events compress well gets fewer, larger record batches once its ratio is known; one whose
+    events stop compressing is halved until each batch is under the cap, and cut at the cap from then on."""
+
+    class Partitions:  # stands in for the producer's metadata: only partitions_for() is read
+        async def partitions_for(self, topic: str) -> set[int]:
+            return {0, 1, 2}
+
+    sink, producer = KafkaSink("x:1", "a", "b", enable_idempotence=False), Partitions()
+    cap = sink._batch_bytes
+    compressible = [entry(make_record(i, {"user": "u1"}, pad=9000)) for i in range(200)]  # ~1.8 MB of records
+    first = await sink._pack(producer, compressible, set())  # no ratio known: cut at the cap before compression
+    assert len(first) == 4 and all(batch.records_bytes <= cap for _, batch, _ in first)
+    second = await sink._pack(producer, compressible, set())
+    assert len(second) == 1 and second[0][2] == compressible
+    assert second[0][1].records_bytes > cap >= second[0][1].size()
+    rng = random.Random(7)
+    noise = [LogEntry(False, b"u1", rng.randbytes(9000)) for _ in range(200)]  # as much that does not compress
+    halved = await sink._pack(producer, noise, set())
+    assert [e for _, _, members in halved for e in members] == noise
+    assert len(halved) == 4 and all(batch.size() <= cap for _, batch, _ in halved)
+    assert sink._room("a") == cap
+    cut = await sink._pack(producer, noise, set())  # cut before compression now, none halved
+    assert [len(m) for _, _, m in cut] == [58, 58, 58, 26] and all(batch.records_bytes <= cap for _, batch, _ in cut)
+
+
+async def test_a_record_batch_larger_than_the_cap_before_compression_arrives_whole(broker: KafkaBroker, topic: str) -> None:
+    """600 events of ~9 KB that compress well: the second send packs its 300 (~2.7 MB before compression)
+    in one record batch; the broker takes it and every event is read back once."""
+    entries = [entry(make_record(i, {"user": "u1"}, pad=9000)) for i in range(600)]
+    sink = kafka_sink(broker.bootstrap, topic)
+    await sink.start()
+    try:
+        assert await sink.send(entries[:300]) == []
+        assert sink._room(topic) > 300 * 9000
+        assert await sink.send(entries[300:]) == []
+    finally:
+        await sink.close()
+    got = await read_topic(broker.bootstrap, topic, expect=600)
+    assert request_ids(got) == Counter(f"req-{i}" for i in range(600))
+    assert [r.value for r in got] == [e.value for e in entries]  # one partition: in order
 
 
 async def test_refused_entry_then_partitions_timeout_is_counted_once(broker: KafkaBroker, topic: str) -> None:
