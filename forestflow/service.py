@@ -554,13 +554,8 @@ class Gateway:
     def _remember(self, request_id: str, entry: ServableEntry, configs: dict[str, str], pinned: bool) -> None:
         """Index the answer for reward feedback (with the configs its log key is made of)."""
         logging = entry.settings.logging
-        if logging.log_level is _LOG_NONE:
-            key_configs: dict[str, str] = {}
-        elif len(features := logging.key_features) == 1:  # the usual key: no comprehension (a function call)
-            key_configs = {features[0]: configs[features[0]]} if features[0] in configs else {}
-        else:
-            key_configs = {name: configs[name] for name in features if name in configs}
-        self.answers.remember(request_id, Answered(entry.fqrv, key_configs, self.clock(), pinned))
+        features = logging.key_features if logging.log_level is not _LOG_NONE else ()
+        self.answers.remember(request_id, Answered.of(entry.fqrv, features, configs, self.clock(), pinned))
 
     def _fan_out(self, state: ContractState, releases: list[str], context: _RequestContext) -> None:
         timeout = self.settings.request_timeout_ms / 1000

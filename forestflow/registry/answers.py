@@ -39,15 +39,45 @@ SHARE_EVERY_S = 0.02
 LOOK_AGAIN = 3
 
 
+#: No key values: an answer of a release that logs nothing, or of a request without its key features.
+NO_KEY_VALUES: tuple[str | None, ...] = ()
+
+
 @dataclass(slots=True)
 class Answered:
-    """The answer a feedback refers to."""
+    """The answer a feedback refers to.
+
+    The request's configs that make its prediction log key (the feedback event has the same key) are kept as
+    the key features of the answering release's logging settings (their own tuple, shared by every answer)
+    and the request's value of each: the value itself for one feature (the usual key), else a tuple, None where
+    the request had none. Index entries live for ``feedback_index_size`` requests (100,000 by default), and a
+    dict per answer held that long cost ~1.6% of a 100-row ``/score`` request's CPU (bench/logging_cost.py,
+    2026-11-27): the value is an object the request already made. :attr:`key_configs` rebuilds the dict.
+    """
 
     fqrv: FQRV
-    #: The request's ``configs`` that make its prediction log key (the feedback event has the same).
-    key_configs: dict[str, str]
+    key_features: tuple[str, ...]
+    key_values: str | tuple[str | None, ...] | None
     at_ms: int
     pinned: bool = False
+
+    @classmethod
+    def of(cls, fqrv: FQRV, key_features: tuple[str, ...], configs: dict[str, str], at_ms: int, pinned: bool = False) -> Answered:
+        """The answer of ``fqrv`` to a request with ``configs``, keyed by ``key_features``."""
+        values: str | tuple[str | None, ...] | None
+        if len(key_features) == 1:  # the usual key: the request's own str
+            values = configs.get(key_features[0])
+        else:
+            values = tuple(map(configs.get, key_features)) if key_features else NO_KEY_VALUES
+        return cls(fqrv, key_features, values, at_ms, pinned)
+
+    @property
+    def key_configs(self) -> dict[str, str]:
+        """The request's ``configs`` for the key features it was answered with (those it had)."""
+        values = self.key_values
+        if isinstance(values, tuple):
+            return {name: value for name, value in zip(self.key_features, values, strict=False) if value is not None}
+        return {self.key_features[0]: values} if values is not None else {}
 
     def to_bytes(self, request_id: str | None = None) -> bytes:
         """The shared form: a JSON array (led by ``request_id`` when given)."""
@@ -64,7 +94,7 @@ class Answered:
             fqrv = FQRV(Contract.parse(str(contract)), str(release))
         except InvalidInput as error:
             raise ValueError(error.message) from None
-        return cls(fqrv, configs, int(at_ms), bool(pinned))
+        return cls.of(fqrv, tuple(configs), configs, int(at_ms), bool(pinned))
 
 
 class SharedAnswers(Protocol):
