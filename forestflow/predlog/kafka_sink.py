@@ -49,9 +49,10 @@ _PARTITIONER = DefaultPartitioner()
 _BATCH_BYTES = 512 * 1024
 #: With compression on, a record batch holds up to this many times ``_BATCH_BYTES`` of records before
 #: compression: a topic's batches are cut at ``_RATIO_HEADROOM`` of the ratio its last batch compressed by.
-#: Each record batch is a produce round trip of its own (aiokafka sends a partition's batches one at a time)
-#: and ~0.4 ms of aiokafka's Python: cut at 512 KiB before compression, 500 100-row GraphPipe events made 7
-#: of them per send, and their produce path cost 2.7% of each request (bench/logging_cost.py, 2026-11-28).
+#: Each record batch is a produce round trip of its own (aiokafka sends a partition's batches one at a time;
+#: a send of one record batch to the test broker cost ~1.3 ms of CPU besides packing it): cut at 512 KiB
+#: before compression, 500 100-row GraphPipe events made 7 of them per send, and their produce path cost
+#: 2.7% of each request (bench/logging_cost.py, 2026-11-27).
 _MOST_RATIO, _RATIO_HEADROOM = 8.0, 0.75
 #: Bytes of a record batch's header, and the most a record adds to its key and value (attributes,
 #: timestamp and offset deltas, three length varints, the header count).
@@ -273,8 +274,8 @@ class KafkaSink:
             return packed
         # Per topic (by entry.graphpipe): its name, its partitions and key cache (as _partitions gives
         # them), that key cache alone, its record batches by partition, each [bytes so far, entries], and
-        # Looked up once per topic, not per entry: this loop runs for every event.
-        # The last is where the topic's record batches are cut (:meth:`_room`).
+        # where they are cut (:meth:`_room`). Looked up once per topic, not per entry: this loop runs for
+        # every event.
         topics: dict[bool, tuple[str, tuple[list[int], dict[bytes, int]], dict[bytes, int], dict[int, list[list[Any]]], int]] = {}
         # Events well under the limit skip the exact estimate (a one-record batch adds under 128 bytes
         # to key and value: 61 of batch header, the rest varints).
