@@ -241,9 +241,6 @@ class Gateway:
         # A cancel lost inside a timer's action (a Redis call) left shutdown waiting for that timer for
         # ever: cancelled until done, and _every also stops at its next turn once draining.
         await cancel_until_done(self._timers)
-        for timer in self._timers:  # their errors, seen (a timer logs its own failures)
-            if not timer.cancelled():
-                timer.exception()
         background = [*self._tasks, *self.loads.tasks, *self.residency.close()]
         if background:
             await asyncio.wait(background, timeout=5.0)

@@ -201,9 +201,6 @@ class RedisStore:
         # loop then went on reconnecting and shutdown never ended): cancelled until done, and the loops
         # also check _closing at every turn.
         await cancel_until_done(self._tasks)
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
         self._tasks = []
         await self._redis.aclose()
         await self._pool.disconnect()
