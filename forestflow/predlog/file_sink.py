@@ -32,6 +32,15 @@ _VALUE = attrgetter("value")
 INLINE_WRITE_BYTES = 4 * 1024 * 1024
 
 
+#: Bytes of waiting events the prediction log writes at once, from ``emit``, without waiting for its linger
+#: (``WritingSink.ship_bytes``): written while they are still in the core's cache, and a gateway that dies
+#: loses at most this much or a linger's worth. bench/logging_cost.py, side by side with the drain's 500-event
+#: batches (docs/performance.md, issue 45's ninth round): 1-row GraphPipe events cost 9.0-14.5% of a request
+#: against 13.3-17.6% (four runs each), the other file cells the same within the noise; every 64 KB (a bench
+#: variant) 100-row GraphPipe events cost 18-19% against 14%.
+SHIP_BYTES = 256 * 1024
+
+
 #: Buffers per writev() call (Linux's IOV_MAX is 1024).
 _IOV_MAX = 1024
 
@@ -127,6 +136,8 @@ class FileSink:
     """
 
     name = "file"
+    #: See :data:`SHIP_BYTES`.
+    ship_bytes = SHIP_BYTES
 
     def __init__(self, path: Path, fmt: str = "jsonl", cache_bytes: int = 64 * 1024 * 1024) -> None:
         self.path = path
@@ -158,6 +169,13 @@ class FileSink:
         if sum(map(len, map(_VALUE, entries))) <= INLINE_WRITE_BYTES:
             return self._write(entries)
         return await asyncio.to_thread(self._write, entries)
+
+    def write_now(self, entries: list[LogEntry]) -> list[LogEntry] | None:
+        """Write a batch on the event loop; the entries that did not reach the file, or None for a batch of
+        megabytes (left to :meth:`send`, which writes it in a worker thread)."""
+        if sum(map(len, map(_VALUE, entries))) > INLINE_WRITE_BYTES:
+            return None
+        return self._write(entries)
 
     def _file(self, graphpipe: bool) -> BinaryIO:
         """The open file for ``graphpipe`` events, reopened if its path now names another file."""

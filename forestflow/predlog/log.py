@@ -10,8 +10,10 @@ moment ``produced == delivered + dropped + buffered``.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Protocol
@@ -61,6 +63,21 @@ class Sink(Protocol):
         ...
 
 
+class WritingSink(Sink, Protocol):
+    """A sink that can also take a batch at once, without the event loop (the local file).
+
+    The log hands it its waiting events from ``emit`` as soon as ``ship_bytes`` of them wait: written
+    while they are still in the core's cache rather than when the linger ends."""
+
+    #: Bytes of waiting events that are written at once.
+    ship_bytes: int
+
+    def write_now(self, entries: list[LogEntry]) -> list[LogEntry] | None:
+        """Write a batch; return the entries that were NOT written, or None to leave the batch to
+        ``send`` (a batch too large to write on the event loop)."""
+        ...
+
+
 @dataclass(slots=True)
 class LogStats:
     """Counters of the prediction log (metrics and tests read them)."""
@@ -102,6 +119,11 @@ class LogStats:
         }
 
 
+def _leave_to_send(entries: list[LogEntry]) -> None:
+    """``write_now`` of a sink without one: every batch is left to ``send``."""
+    return None
+
+
 class PredictionLog:
     """Owns the buffer and the drain task; one per gateway process."""
 
@@ -134,6 +156,11 @@ class PredictionLog:
         self._cloudevents = getattr(sink, "cloudevents", False)
         #: usual_entry()'s mode for this sink.
         self._usual = USUAL_KAFKA if self._cloudevents else USUAL_JSONL if self._jsonl else USUAL_PROTOBUF
+        write_now = getattr(sink, "write_now", None)
+        #: A sink that writes in place (``WritingSink``): its ``write_now`` and the bytes of waiting events
+        #: that call it; another sink is never called so (no limit), its batches all go through ``send``.
+        self._write_now: Callable[[list[LogEntry]], list[LogEntry] | None] = write_now or _leave_to_send
+        self._ship_bytes: int = (getattr(sink, "ship_bytes", 0) if write_now is not None else 0) or sys.maxsize
         self._queue: deque[LogEntry] = deque()
         self._wakeup = asyncio.Event()
         #: Ends a linger early: set when the queue reaches ``batch_size`` and by close().
@@ -167,11 +194,39 @@ class PredictionLog:
         if not queue:  # the drain waits only on an empty queue: one wake-up per batch, not per event
             self._wakeup.set()
         queue.append(entry)
-        if len(queue) == self.batch_size:  # a whole batch: no need to linger for more
-            self._ship.set()
         stats.buffered += 1
         stats.buffered_bytes += size
+        if len(queue) == self.batch_size:  # a whole batch: no need to linger for more
+            self._ship.set()
+        elif stats.buffered_bytes >= self._ship_bytes:
+            self._write_waiting()
         return True
+
+    def _write_waiting(self) -> None:
+        """Hand the waiting events to a sink that writes in place, now (``WritingSink``).
+
+        Only while deliveries succeed, nothing is in flight and no more than a batch waits: a failing sink
+        is retried by the drain task with its backoff, a backlog is shipped by the drain a batch at a time,
+        and so is a batch the sink leaves to ``send``."""
+        stats, queue = self.stats, self._queue
+        if self._inflight is not None or not stats.connected or stats.failing_reason is not None or len(queue) > self.batch_size:
+            self._ship.set()
+            return
+        batch = list(queue)
+        queue.clear()
+        send_error: str | None = None
+        try:
+            failed = self._write_now(batch)
+        except Exception as exc:  # a bug of the sink must not fail the request that logged the event
+            log.warning("prediction_log_send_failed", sink=self.sink.name, error=str(exc), events=len(batch))
+            send_error, failed = str(exc), batch
+        if failed is None:  # too large to write on the loop: the drain ships it
+            queue.extendleft(reversed(batch))
+            self._ship.set()
+            return
+        if self._settle(batch, failed, send_error):
+            self._wakeup.set()  # the drain retries what failed, with its backoff
+            self._ship.set()
 
     def _entry(self, record: PredictionRecord) -> LogEntry:
         """The entry of any record, encoded in Python (predlog/encode.py)."""
@@ -318,14 +373,21 @@ class PredictionLog:
                     if self._closing:
                         return
                     continue
-            if self.linger_s and len(self._queue) < self.batch_size and not self._closing:
-                # Up to linger_s, or until a whole batch waits or the log closes.
+            if (
+                self.linger_s
+                and len(self._queue) < self.batch_size
+                and self.stats.buffered_bytes < self._ship_bytes
+                and not self._closing
+            ):
+                # Up to linger_s, or until a whole batch (or a WritingSink's ship_bytes) waits or the log closes.
                 self._ship.clear()
                 try:
                     await asyncio.wait_for(self._ship.wait(), self.linger_s)
                 except TimeoutError:
                     pass
             queue = self._queue
+            if not queue:  # written meanwhile (a WritingSink, from emit)
+                continue
             if len(queue) <= self.batch_size:  # the whole queue, copied in C (the usual batch after a linger)
                 batch = list(queue)
                 queue.clear()
@@ -345,19 +407,7 @@ class PredictionLog:
                 send_error = str(exc)
                 failed = batch
             self._inflight = None
-            # A sink that refuses an event for good counts it in ``rejected``: dropped, not delivered.
-            rejected = getattr(self.sink, "rejected", 0) - self._rejected_seen
-            self._rejected_seen += rejected
-            self.stats.dropped_rejected += rejected
-            delivered = len(batch) - len(failed) - rejected
-            self.stats.delivered += delivered
-            self.stats.buffered -= delivered + rejected
-            self.stats.buffered_bytes -= sum(map(_SIZE, batch)) - (sum(map(_SIZE, failed)) if failed else 0)
-            reason = send_error or getattr(self.sink, "last_error", None) or "not confirmed"
-            self.stats.failing_reason = f"delivery failed: {reason}" if failed else None
-            if failed:
-                self.stats.send_failures += 1
-                self._queue.extendleft(reversed(failed))
+            if self._settle(batch, failed, send_error):
                 self.stats.connected = False
                 try:
                     await self.sink.close()
@@ -367,6 +417,25 @@ class PredictionLog:
                 backoff = min(backoff * 2, 5.0)
                 if self._closing and not self._queue:
                     return
+
+    def _settle(self, batch: list[LogEntry], failed: list[LogEntry], send_error: str | None) -> bool:
+        """Count a batch the sink was handed; put what failed back at the head of the queue. True if some failed."""
+        stats = self.stats
+        # A sink that refuses an event for good counts it in ``rejected``: dropped, not delivered.
+        rejected = getattr(self.sink, "rejected", 0) - self._rejected_seen
+        self._rejected_seen += rejected
+        stats.dropped_rejected += rejected
+        delivered = len(batch) - len(failed) - rejected
+        stats.delivered += delivered
+        stats.buffered -= delivered + rejected
+        stats.buffered_bytes -= sum(map(_SIZE, batch)) - (sum(map(_SIZE, failed)) if failed else 0)
+        reason = send_error or getattr(self.sink, "last_error", None) or "not confirmed"
+        stats.failing_reason = f"delivery failed: {reason}" if failed else None
+        if not failed:
+            return False
+        stats.send_failures += 1
+        self._queue.extendleft(reversed(failed))
+        return True
 
     async def _sleep_unless_closing(self, seconds: float) -> None:
         # During shutdown keep retrying quickly until close()'s deadline cancels us.
