@@ -1,7 +1,8 @@
 """The prediction log: a bounded byte buffer in front of a sink, drained by one background task.
 
-``emit`` never waits: it encodes the event, and either appends it to the buffer or, when the
-buffer's byte budget is spent, drops it and counts the drop. The drain task ships batches to the
+``emit`` never awaits: it encodes the event, and either appends it to the buffer or, when the
+buffer's byte budget is spent, drops it and counts the drop; for a sink that writes on the spot (the
+file) the emit that brings the buffer to the sink's ``ship_bytes`` writes it. The drain task ships batches to the
 sink, keeps what the sink could not take (retrying with backoff, so an absent broker only delays
 delivery), and on shutdown flushes within a deadline and counts what is left as dropped. At every
 moment ``produced == delivered + dropped + buffered``.
@@ -64,7 +65,7 @@ class Sink(Protocol):
 
 
 class WritingSink(Sink, Protocol):
-    """A sink that can also take a batch at once, without the event loop (the local file).
+    """A sink that can also take a batch synchronously, on the event loop (the local file).
 
     The log hands it its waiting events from ``emit`` as soon as ``ship_bytes`` of them wait: written
     while they are still in the core's cache rather than when the linger ends."""

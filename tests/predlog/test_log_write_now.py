@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -122,7 +121,6 @@ async def test_a_failed_write_from_emit_is_retried_by_the_drain_in_order(tmp_pat
         n += 1
     await asyncio.wait_for(plog.close(30), 10)
     assert _request_ids(logs / "predictions.jsonl") == [f"req-{i}" for i in range(n)]
-    shutil.rmtree(logs)
 
 
 async def test_a_batch_of_megabytes_is_left_to_the_drain(tmp_path: Path) -> None:
