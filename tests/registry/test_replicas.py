@@ -77,9 +77,10 @@ def releases(gw: GatewayProcess) -> list[str]:
 
 
 def score_counts(gw: GatewayProcess) -> dict[str, int]:
-    """scoreCount by release; empty while the replica does not know the contract yet (404)."""
+    """scoreCount by release; empty while the replica cannot count for the contract yet: 404 before it knows
+    the contract, 422 while it knows the contract but none of its releases yet (they sync one after the other)."""
     r = requests.get(gw.url + "/acme/demo/1/stats", timeout=10)
-    if r.status_code == 404:
+    if r.status_code != 200:
         return {}
     stats = r.json()
     return {e["ServableMetrics"]["fqrv"]["releaseVersion"]: int(e["ServableMetrics"]["scoreCount"]) for e in stats}
