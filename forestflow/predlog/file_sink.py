@@ -93,6 +93,11 @@ class _DropBehind:
         self.started = started
 
 
+def _inline(entries: list[LogEntry]) -> bool:
+    """Whether a batch is small enough to write on the event loop (:data:`INLINE_WRITE_BYTES`)."""
+    return sum(map(len, map(_VALUE, entries))) <= INLINE_WRITE_BYTES
+
+
 class _PartialWrite(Exception):
     """A write that failed after ``done`` bytes reached the file."""
 
@@ -166,16 +171,14 @@ class FileSink:
     async def send(self, entries: list[LogEntry]) -> list[LogEntry]:
         # A batch is an append to the page cache (a writev() without copies): written right here
         # unless it is megabytes. Handing it to a thread costs more, in the hop and the GIL.
-        if sum(map(len, map(_VALUE, entries))) <= INLINE_WRITE_BYTES:
+        if _inline(entries):
             return self._write(entries)
         return await asyncio.to_thread(self._write, entries)
 
     def write_now(self, entries: list[LogEntry]) -> list[LogEntry] | None:
         """Write a batch on the event loop; the entries that did not reach the file, or None for a batch of
         megabytes (left to :meth:`send`, which writes it in a worker thread)."""
-        if sum(map(len, map(_VALUE, entries))) > INLINE_WRITE_BYTES:
-            return None
-        return self._write(entries)
+        return self._write(entries) if _inline(entries) else None
 
     def _file(self, graphpipe: bool) -> BinaryIO:
         """The open file for ``graphpipe`` events, reopened if its path now names another file."""
