@@ -80,8 +80,9 @@ def score_counts(gw: GatewayProcess) -> dict[str, int]:
     """scoreCount by release; empty while the replica cannot count for the contract yet: 404 before it knows
     the contract, 422 while it knows the contract but none of its releases yet (they sync one after the other)."""
     r = requests.get(gw.url + "/acme/demo/1/stats", timeout=10)
-    if r.status_code != 200:
+    if r.status_code in (404, 422):
         return {}
+    r.raise_for_status()
     stats = r.json()
     return {e["ServableMetrics"]["fqrv"]["releaseVersion"]: int(e["ServableMetrics"]["scoreCount"]) for e in stats}
 
