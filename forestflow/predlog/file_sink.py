@@ -160,6 +160,8 @@ class FileSink:
         self._reopen_requested = False
         #: Times a file was reopened (rotation seen, or SIGHUP).
         self.reopened = 0
+        #: Why the last write failed, None once one succeeds (the log's ``failing_reason`` reports it).
+        self.last_error: str | None = None
 
     def reopen(self) -> None:
         """Close and reopen the files before the next batch (SIGHUP, after a rotation)."""
@@ -192,7 +194,6 @@ class FileSink:
                 rotated = True
             if rotated:
                 self._files.pop(graphpipe).close()
-                self._resume.pop(graphpipe, None)  # the old file keeps its torn event; the new one gets it whole
                 self.reopened += 1
                 fh = None
         if fh is None:
@@ -200,7 +201,13 @@ class FileSink:
             # file, so the workers of one gateway can share it without interleaving events.
             fh = self._files[graphpipe] = open(path, "ab", buffering=0)
             st = os.fstat(fh.fileno())
-            self._inodes[graphpipe] = (st.st_ino, st.st_dev)
+            inode = (st.st_ino, st.st_dev)
+            if self._inodes.get(graphpipe) != inode:
+                # Another file than the one a half-written event went to (rotated by logrotate, or while the
+                # log waited to retry the write): the old file keeps the torn start, this one gets the event
+                # whole. The same file reopened (SIGHUP alone) gets the rest of the event.
+                self._resume.pop(graphpipe, None)
+            self._inodes[graphpipe] = inode
             if self.cache_bytes:
                 behind = self._behind[graphpipe] = _DropBehind(self.cache_bytes)
                 behind.opened(fh.fileno())
@@ -215,7 +222,6 @@ class FileSink:
                 fh.close()
                 self.reopened += 1
             self._files.clear()
-            self._resume.clear()
         gp = [e for e in entries if e.graphpipe]
         # One pass over the batch when it holds no GraphPipe event (nearly always).
         for graphpipe, chosen in ((False, [e for e in entries if not e.graphpipe] if gp else entries), (True, gp)):
@@ -224,6 +230,7 @@ class FileSink:
             try:
                 fh = self._file(graphpipe)
             except OSError as exc:
+                self.last_error = str(exc)
                 log.warning("prediction_log_file_open_failed", path=str(self.gp_path if graphpipe else self.path), error=str(exc))
                 failed += chosen
                 continue
@@ -258,7 +265,10 @@ class FileSink:
                     if done:
                         self._resume[graphpipe] = (chosen[index], done)
                     failed += chosen[index:]
+                self.last_error = str(exc.cause)
                 log.warning("prediction_log_write_failed", path=fh.name, error=str(exc.cause))
+        if not failed:
+            self.last_error = None
         return failed
 
     async def close(self) -> None:
