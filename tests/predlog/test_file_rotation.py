@@ -41,13 +41,14 @@ async def test_a_renamed_log_is_left_for_a_new_file_at_the_path(tmp_path: Path) 
     assert plog.sink.reopened == 1
 
 
-@pytest.mark.parametrize(("fmt", "rotated"), [("jsonl", False), ("protobuf", False), ("jsonl", True)])
+@pytest.mark.parametrize(("fmt", "meanwhile"), [("jsonl", None), ("protobuf", None), ("jsonl", "rotated"), ("jsonl", "sighup")])
 async def test_a_write_failing_half_way_writes_no_event_twice(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, rotated: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, meanwhile: str | None
 ) -> None:
     """The disk fills in the middle of the 4th event: the retry completes that event and writes the
     rest; every event is in the file exactly once, whole, and counted delivered once. Rotated as the write
-    fails, the old file keeps the 4th event's torn start and the new one gets it whole."""
+    fails, the old file keeps the 4th event's torn start and the new one gets it whole; reopened by SIGHUP
+    alone, the same file gets the rest of it."""
     path = tmp_path / f"predictions.{fmt}"
     sink = FileSink(path, fmt)
     real_writev, real_write = os.writev, os.write
@@ -62,8 +63,10 @@ async def test_a_write_failing_half_way_writes_no_event_twice(
     def full_disk(fd: int, data: bytes) -> int:
         if failures and fd == sink._files[False].fileno():
             failures.pop()  # the rest of the batch meets a full disk
-            if rotated:
+            if meanwhile == "rotated":
                 path.rename(tmp_path / "rotated.log")
+            elif meanwhile == "sighup":
+                sink.reopen()
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data)
 
@@ -77,12 +80,12 @@ async def test_a_write_failing_half_way_writes_no_event_twice(
     await plog.close(5)
     assert not failures  # the failure did happen
     assert plog.stats.send_failures >= 1 and plog.stats.delivered == 10 and plog.stats.dropped == 0
-    if rotated:  # before the fix: the new file started with the rest of the torn event
+    if meanwhile == "rotated":  # before the fix: the new file started with the rest of the torn event
         *whole, torn = (tmp_path / "rotated.log").read_bytes().split(b"\n")
         new = path.read_bytes().splitlines()
         assert len(whole) == 3 and len(torn) == 40 and new[0].startswith(torn)
         ids = [json.loads(line)["event"]["requestId"] for line in whole + new]
-    elif fmt == "jsonl":
+    elif fmt == "jsonl":  # SIGHUP, before the fix: the 4th event written whole after its own torn start
         ids = request_ids(path)
     else:
         from forestflow._proto import forestflow_pb2 as pb
