@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,6 +56,11 @@ def make_record(
         raw_request=b"\x10flatbuffer-request-%d" % i if graphpipe else None,
         raw_response=b"\x20flatbuffer-response-%d" % i if graphpipe else None,
     )
+
+
+def logged_request_ids(path: Path) -> list[str]:
+    """The request ids of a JSON-lines prediction log, in file order (every line must be an event)."""
+    return [json.loads(line)["event"]["requestId"] for line in path.read_bytes().splitlines()]
 
 
 def columns_of(schema: Any, datum: Any) -> dict[str, list[Any]]:

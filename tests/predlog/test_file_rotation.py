@@ -16,12 +16,8 @@ import requests
 from forestflow.predlog import file_sink
 from forestflow.predlog.file_sink import FileSink
 from forestflow.predlog.log import PredictionLog
-from tests.predlog import make_record, wait_for
+from tests.predlog import logged_request_ids, make_record, wait_for
 from tests.support import GatewayProcess, python_servable, score_body
-
-
-def request_ids(path: Path) -> list[str]:
-    return [json.loads(line)["event"]["requestId"] for line in path.read_text().splitlines() if line]
 
 
 async def test_a_renamed_log_is_left_for_a_new_file_at_the_path(tmp_path: Path) -> None:
@@ -36,8 +32,8 @@ async def test_a_renamed_log_is_left_for_a_new_file_at_the_path(tmp_path: Path) 
         assert plog.emit(make_record(i))
     await wait_for(lambda: plog.stats.delivered == 6, 5, "later events written")
     await plog.close(5)
-    assert request_ids(tmp_path / "predictions.jsonl.1") == ["req-0", "req-1", "req-2"]
-    assert request_ids(path) == ["req-3", "req-4", "req-5"]  # before the fix: absent, all in .1
+    assert logged_request_ids(tmp_path / "predictions.jsonl.1") == ["req-0", "req-1", "req-2"]
+    assert logged_request_ids(path) == ["req-3", "req-4", "req-5"]  # before the fix: absent, all in .1
     assert plog.sink.reopened == 1
 
 
@@ -86,7 +82,7 @@ async def test_a_write_failing_half_way_writes_no_event_twice(
         assert len(whole) == 3 and len(torn) == 40 and new[0].startswith(torn)
         ids = [json.loads(line)["event"]["requestId"] for line in whole + new]
     elif fmt == "jsonl":  # SIGHUP, before the fix: the 4th event written whole after its own torn start
-        ids = request_ids(path)
+        ids = logged_request_ids(path)
     else:
         from forestflow._proto import forestflow_pb2 as pb
         from tests.predlog.test_prediction_log import _delimited

@@ -4,15 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from forestflow.predlog.file_sink import INLINE_WRITE_BYTES, SHIP_BYTES, FileSink
 from forestflow.predlog.log import LogEntry, PredictionLog
-from tests.predlog import make_record
+from tests.predlog import logged_request_ids, make_record, wait_for
 
 
 class _CountingFileSink(FileSink):
@@ -31,17 +28,6 @@ class _CountingFileSink(FileSink):
     def write_now(self, entries: list[LogEntry]) -> list[LogEntry] | None:
         self.written_now.append(len(entries))
         return super().write_now(entries)
-
-
-async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
-
-
-def _request_ids(path: Path) -> list[str]:
-    return [json.loads(line)["event"]["requestId"] for line in path.read_bytes().splitlines()]
 
 
 class _SendingSink:
@@ -71,7 +57,7 @@ async def test_events_are_in_the_file_when_emit_returns_once_ship_bytes_wait(tmp
     plog = PredictionLog(sink, 1 << 20, linger_s=60.0)  # a linger nothing here sits out
     plog.start()
     assert plog.emit(make_record(0))
-    await _until(lambda: plog.stats.connected)  # the drain opened the sink and lingers on event 0
+    await wait_for(lambda: plog.stats.connected, 10, "the sink opened")  # the drain opened the sink and lingers on event 0
     size = plog.stats.buffered_bytes
     n = 1
     while plog.stats.buffered_bytes + 2 * size < 4000:  # below ship_bytes: nothing is written yet
@@ -83,12 +69,12 @@ async def test_events_are_in_the_file_when_emit_returns_once_ship_bytes_wait(tmp
         assert plog.emit(make_record(n)) and n - before < 3
         n += 1
     assert sink.written_now == [n] and sink.sent == []
-    assert _request_ids(path) == [f"req-{i}" for i in range(n)]
+    assert logged_request_ids(path) == [f"req-{i}" for i in range(n)]
     assert (plog.stats.delivered, plog.stats.buffered, plog.stats.buffered_bytes) == (n, 0, 0)
     assert plog.emit(make_record(n))  # one more waits for the linger, here cut by close()
     await asyncio.wait_for(plog.close(30), 10)
     assert sink.sent == [1]  # the drain sent no empty batch for the events emit wrote
-    assert _request_ids(path) == [f"req-{i}" for i in range(n + 1)]
+    assert logged_request_ids(path) == [f"req-{i}" for i in range(n + 1)]
     assert plog.stats.delivered == n + 1 and plog.stats.dropped == 0
 
 
@@ -98,7 +84,7 @@ async def test_a_failed_write_from_emit_is_retried_by_the_drain_in_order(tmp_pat
     plog = PredictionLog(sink, 1 << 20, linger_s=60.0, retry_backoff_s=0.05)
     plog.start()
     assert plog.emit(make_record(0))
-    await _until(lambda: plog.stats.connected)
+    await wait_for(lambda: plog.stats.connected, 10, "the sink opened")
     logs.rmdir()
     logs.write_bytes(b"")  # the file's directory is now a file: opening it fails
     n = 1
@@ -112,16 +98,16 @@ async def test_a_failed_write_from_emit_is_retried_by_the_drain_in_order(tmp_pat
     assert plog.emit(make_record(n))  # while it fails, emit leaves the writing to the drain
     n += 1
     assert len(sink.written_now) == 1
-    await _until(lambda: plog.stats.send_failures >= 3)
+    await wait_for(lambda: plog.stats.send_failures >= 3, 10, "three failed attempts")
     logs.unlink()
-    await _until(lambda: plog.stats.delivered == n)
+    await wait_for(lambda: plog.stats.delivered == n, 10, "every event delivered")
     assert plog.stats.failing_reason is None and plog.stats.buffered == 0
-    assert _request_ids(logs / "predictions.jsonl") == [f"req-{i}" for i in range(n)]
+    assert logged_request_ids(logs / "predictions.jsonl") == [f"req-{i}" for i in range(n)]
     while len(sink.written_now) == 1:  # delivering again: emit writes again
         assert plog.emit(make_record(n)) and n < 200
         n += 1
     await asyncio.wait_for(plog.close(30), 10)
-    assert _request_ids(logs / "predictions.jsonl") == [f"req-{i}" for i in range(n)]
+    assert logged_request_ids(logs / "predictions.jsonl") == [f"req-{i}" for i in range(n)]
 
 
 async def test_a_batch_of_megabytes_is_left_to_the_drain(tmp_path: Path) -> None:
@@ -130,10 +116,11 @@ async def test_a_batch_of_megabytes_is_left_to_the_drain(tmp_path: Path) -> None
     plog = PredictionLog(sink, 64 << 20, linger_s=60.0)
     plog.start()
     assert plog.emit(make_record(0))
-    await _until(lambda: plog.stats.connected)
+    await wait_for(lambda: plog.stats.connected, 10, "the sink opened")
     assert plog.emit(make_record(1, pad=INLINE_WRITE_BYTES))  # too large to write on the event loop
     assert sink.written_now == [2] and not path.exists()
-    await _until(lambda: plog.stats.delivered == 2)  # shipped by the drain (in a worker thread) at once
+    # Shipped by the drain (in a worker thread) at once.
+    await wait_for(lambda: plog.stats.delivered == 2, 10, "both events delivered")
     assert sink.sent == [2]
-    assert _request_ids(path) == ["req-0", "req-1"]
+    assert logged_request_ids(path) == ["req-0", "req-1"]
     await plog.close(10)
